@@ -1,0 +1,663 @@
+//! The process engine for one task: receive, hold, decide, deliver. Records go in; the
+//! deliveries and the state changes a host must persist come out as values. No I/O.
+//!
+//! The engine mutates its memory as it goes. A host stages the changes of one step
+//! ([`Engine::take_changes`]) into one transaction with the projection writes; if that
+//! transaction does not commit, the host discards the engine and restores a new one from
+//! what it persisted ([`Engine::restore`]). The engine never assumes a commit happened.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use crate::channel::{ChannelId, Position, TopicId};
+use crate::codec::{self, DecodeError};
+use crate::decide::{decide, Blocker, Decision};
+use crate::past::CausalPast;
+use crate::refusal::{Refusal, RefusalReason};
+
+/// The ordering-state format this build writes and can restore.
+pub const ORDERING_STATE_FORMAT: u32 = 1;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// The largest `parsley.causes` value accepted or sent, in bytes.
+    pub metadata_budget: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig { metadata_budget: codec::DEFAULT_METADATA_BUDGET }
+    }
+}
+
+/// A received, undelivered record, with whatever the host keeps of it (`payload`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldRecord<P> {
+    pub channel: ChannelId,
+    pub position: Position,
+    pub causes: CausalPast,
+    pub payload: P,
+}
+
+/// A record the engine has delivered: the host hands it to the projection in this step.
+pub type Delivery<P> = HeldRecord<P>;
+
+/// What became of one received record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Receipt<P> {
+    /// A committed step already accounted for this position (delivered or held): dropped.
+    Duplicate,
+    /// Fed and queued; `deliveries` are every record the resulting drain delivered, in
+    /// delivery order (possibly none, possibly records of other channels).
+    Accepted { deliveries: Vec<Delivery<P>> },
+}
+
+/// What a host persisted, from which an engine is restored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PersistedState<P> {
+    pub format_version: u32,
+    /// `fed_up_to` per channel that has a baseline.
+    pub fed_up_to: BTreeMap<ChannelId, Position>,
+    /// Every held record, in any order.
+    pub held: Vec<HeldRecord<P>>,
+    pub frontier: CausalPast,
+    /// The delivered past: what the task's data reflects.
+    pub delivered: CausalPast,
+}
+
+impl<P> Default for PersistedState<P> {
+    fn default() -> Self {
+        PersistedState {
+            format_version: ORDERING_STATE_FORMAT,
+            fed_up_to: BTreeMap::new(),
+            held: Vec::new(),
+            frontier: CausalPast::new(),
+            delivered: CausalPast::new(),
+        }
+    }
+}
+
+/// The net state changes of one step, for the host to persist in the step's transaction.
+/// Held records inserted and delivered within the same step appear in neither list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepChanges<P> {
+    pub held_inserted: Vec<HeldRecord<P>>,
+    pub held_removed: Vec<(ChannelId, Position)>,
+    /// New `fed_up_to` values (upserts).
+    pub fed_up_to: Vec<(ChannelId, Position)>,
+    /// Channels that left the received set: their `fed_up_to` rows go; their delivered
+    /// past stays.
+    pub channels_removed: Vec<ChannelId>,
+    pub frontier_upserts: Vec<(ChannelId, Position)>,
+    pub frontier_removed: Vec<ChannelId>,
+    /// Clock (delivered past) rows to upsert.
+    pub clock_upserts: Vec<(ChannelId, Position)>,
+    /// Clock rows pruned.
+    pub clock_removed: Vec<ChannelId>,
+    /// Set when the task refused during this step.
+    pub refusal: Option<Refusal>,
+}
+
+impl<P> StepChanges<P> {
+    pub fn is_empty(&self) -> bool {
+        self.held_inserted.is_empty()
+            && self.held_removed.is_empty()
+            && self.fed_up_to.is_empty()
+            && self.channels_removed.is_empty()
+            && self.frontier_upserts.is_empty()
+            && self.frontier_removed.is_empty()
+            && self.clock_upserts.is_empty()
+            && self.clock_removed.is_empty()
+            && self.refusal.is_none()
+    }
+}
+
+/// What a host knows of a channel when it prunes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChannelFact {
+    /// The topic exists; positions below `log_start` are gone.
+    Live { log_start: Position },
+    /// The topic no longer resolves (deleted, or its name now names another topic ID).
+    TopicGone,
+    /// Nothing known: keep the pair.
+    Unknown,
+}
+
+/// Per-channel status for operators.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChannelStatus {
+    pub channel: ChannelId,
+    pub fed_up_to: Option<Position>,
+    pub settled: Option<Position>,
+    pub held: usize,
+    pub head: Option<Position>,
+    /// Why the head is held (empty when nothing is held).
+    pub blockers: Vec<Blocker>,
+}
+
+/// A task's status snapshot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskStatus {
+    pub refusal: Option<Refusal>,
+    pub channels: Vec<ChannelStatus>,
+    pub held_total: usize,
+    pub frontier_width: usize,
+    pub clock_width: usize,
+}
+
+#[derive(Debug)]
+struct ChannelState<P> {
+    fed_up_to: Option<Position>,
+    /// Highest position fed in this execution, to detect a host breaking channel order.
+    fed_this_execution: Option<Position>,
+    held: VecDeque<HeldRecord<P>>,
+}
+
+impl<P> ChannelState<P> {
+    fn settled(&self) -> Option<Position> {
+        match self.held.front() {
+            Some(head) => Some(head.position - 1),
+            None => self.fed_up_to,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Pending {
+    held_inserted: BTreeSet<(ChannelId, Position)>,
+    held_removed: BTreeSet<(ChannelId, Position)>,
+    fed_up_to: BTreeSet<ChannelId>,
+    channels_removed: BTreeSet<ChannelId>,
+    frontier: BTreeSet<ChannelId>,
+    clock: BTreeSet<ChannelId>,
+    refusal: Option<Refusal>,
+}
+
+/// The causal delivery engine of one task.
+#[derive(Debug)]
+pub struct Engine<P> {
+    config: EngineConfig,
+    /// The received-channel set, in the fixed drain order.
+    channels: BTreeMap<ChannelId, ChannelState<P>>,
+    /// Kept beside `channels` so the decision unit gets a plain set.
+    received: BTreeSet<ChannelId>,
+    frontier: CausalPast,
+    delivered: CausalPast,
+    refusal: Option<Refusal>,
+    pending: Pending,
+}
+
+impl<P: Clone> Engine<P> {
+    /// A task with no history, receiving `received`. Seed each channel before feeding it.
+    pub fn new(config: EngineConfig, received: impl IntoIterator<Item = ChannelId>) -> Self {
+        let received: BTreeSet<ChannelId> = received.into_iter().collect();
+        Engine {
+            config,
+            channels: received
+                .iter()
+                .map(|&c| (c, ChannelState { fed_up_to: None, fed_this_execution: None, held: VecDeque::new() }))
+                .collect(),
+            received,
+            frontier: CausalPast::new(),
+            delivered: CausalPast::new(),
+            refusal: None,
+            pending: Pending::default(),
+        }
+    }
+
+    /// Restores a task from what its host persisted, now receiving `received` (which may
+    /// differ from the set the state was written under: a scope change).
+    ///
+    /// A channel that left keeps its delivered past; it may leave only if it holds nothing.
+    /// A channel that joined starts with no baseline: seed it.
+    pub fn restore(
+        config: EngineConfig,
+        received: impl IntoIterator<Item = ChannelId>,
+        state: PersistedState<P>,
+    ) -> Result<Self, Refusal> {
+        if state.format_version != ORDERING_STATE_FORMAT {
+            return Err(Refusal::new(
+                RefusalReason::UnknownOrderingStateFormat,
+                format!(
+                    "stored ordering state has format {} but this build reads format {}",
+                    state.format_version, ORDERING_STATE_FORMAT
+                ),
+            ));
+        }
+        let mut engine = Engine::new(config, received);
+        let mut held = state.held;
+        held.sort_by_key(|r| (r.channel, r.position));
+        for record in held {
+            let Some(ch) = engine.channels.get_mut(&record.channel) else {
+                let count = 1; // at least this one
+                return Err(Refusal::at(
+                    RefusalReason::ChannelRemovedWithHeldMessages,
+                    record.channel,
+                    Some(record.position),
+                    format!(
+                        "channel {} is no longer received but holds {count} or more records, the first at position {}; \
+                         deliver them under the old declaration or restore the channel",
+                        record.channel, record.position
+                    ),
+                ));
+            };
+            let fed = state.fed_up_to.get(&record.channel).copied();
+            if fed.is_none_or(|f| f < record.position) || ch.held.back().is_some_and(|b| b.position >= record.position)
+            {
+                return Err(Refusal::at(
+                    RefusalReason::UnknownOrderingStateFormat,
+                    record.channel,
+                    Some(record.position),
+                    format!(
+                        "stored held record at {}@{} is inconsistent with fed_up_to {:?}",
+                        record.channel, record.position, fed
+                    ),
+                ));
+            }
+            ch.held.push_back(record);
+        }
+        for (channel, fed) in state.fed_up_to {
+            match engine.channels.get_mut(&channel) {
+                Some(ch) => ch.fed_up_to = Some(fed),
+                None => {
+                    engine.pending.channels_removed.insert(channel);
+                }
+            }
+        }
+        engine.frontier = state.frontier;
+        engine.delivered = state.delivered;
+        Ok(engine)
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    pub fn received(&self) -> &BTreeSet<ChannelId> {
+        &self.received
+    }
+
+    pub fn refusal(&self) -> Option<&Refusal> {
+        self.refusal.as_ref()
+    }
+
+    /// The frontier: what this task's sends must be stamped with.
+    pub fn frontier(&self) -> &CausalPast {
+        &self.frontier
+    }
+
+    /// The delivered past (the task's clock): what its data reflects.
+    pub fn delivered_past(&self) -> &CausalPast {
+        &self.delivered
+    }
+
+    pub fn fed_up_to(&self, channel: &ChannelId) -> Option<Position> {
+        self.channels.get(channel).and_then(|c| c.fed_up_to)
+    }
+
+    /// How far `channel` is settled: every position at or below it is delivered or will
+    /// never yield a record. `None` before anything is known, or if not received.
+    pub fn settled(&self, channel: &ChannelId) -> Option<Position> {
+        self.channels.get(channel).and_then(|c| c.settled())
+    }
+
+    /// Records held on `channel`, head first.
+    pub fn held(&self, channel: &ChannelId) -> impl Iterator<Item = &HeldRecord<P>> + '_ {
+        self.channels.get(channel).into_iter().flat_map(|c| c.held.iter())
+    }
+
+    pub fn held_count(&self) -> usize {
+        self.channels.values().map(|c| c.held.len()).sum()
+    }
+
+    /// Gives a channel with no baseline its first `fed_up_to`: the committed position
+    /// minus one to resume, or the initial position minus one (`log_start - 1` for
+    /// earliest, `last_stable_offset - 1` for latest). Never below what the task's delivered
+    /// past already accounts for on that channel, so a joining channel cannot deliver a
+    /// cause after its effect. Returns the effective baseline: fetch from it plus one.
+    /// A channel that already has a baseline keeps it.
+    pub fn seed(&mut self, channel: ChannelId, fed_up_to: Position) -> Result<Position, Refusal> {
+        self.check_not_refused()?;
+        let floor = self.delivered.get(&channel).unwrap_or(-1);
+        let Some(ch) = self.channels.get_mut(&channel) else {
+            return Err(self.refuse(Refusal::at(
+                RefusalReason::SubstrateMisconfigured,
+                channel,
+                None,
+                format!("seeded channel {channel}, which this task does not receive"),
+            )));
+        };
+        if let Some(existing) = ch.fed_up_to {
+            return Ok(existing);
+        }
+        let baseline = fed_up_to.max(floor).max(-1);
+        ch.fed_up_to = Some(baseline);
+        self.pending.fed_up_to.insert(channel);
+        Ok(baseline)
+    }
+
+    /// Checks a received channel's log start against what the task has read: if retention
+    /// removed positions the task never fed, refuses `POSITIONS_DISCARDED_UNREAD`. Held
+    /// records are persisted by the host, so retention passing them loses nothing.
+    pub fn observe_log_start(&mut self, channel: ChannelId, log_start: Position) -> Result<(), Refusal> {
+        self.check_not_refused()?;
+        let Some(fed) = self.channels.get(&channel).and_then(|c| c.fed_up_to) else {
+            return Ok(());
+        };
+        if log_start > fed + 1 {
+            return Err(self.refuse(Refusal::at(
+                RefusalReason::PositionsDiscardedUnread,
+                channel,
+                Some(fed + 1),
+                format!(
+                    "log start of {channel} is {log_start}, but positions {}..{} were never read: \
+                     retention discarded them",
+                    fed + 1,
+                    log_start - 1
+                ),
+            )));
+        }
+        Ok(())
+    }
+
+    /// Receives the record at `(channel, position)`, given the values of every
+    /// `parsley.causes` header it carries (`None` for a null value) and what the host keeps
+    /// of it. Decodes strictly, drops replays, queues, and drains.
+    pub fn receive(
+        &mut self,
+        channel: ChannelId,
+        position: Position,
+        causes_headers: &[Option<&[u8]>],
+        payload: P,
+    ) -> Result<Receipt<P>, Refusal> {
+        self.check_not_refused()?;
+        let causes = match codec::decode_headers(causes_headers, self.config.metadata_budget) {
+            Ok(causes) => causes,
+            Err(DecodeError::Undecodable(m)) => {
+                return Err(self.refuse(Refusal::at(
+                    RefusalReason::UndecodableMetadata,
+                    channel,
+                    Some(position),
+                    format!("record {channel}@{position}: {m} ({})", m.class()),
+                )))
+            }
+            Err(e @ DecodeError::OverBudget { .. }) => {
+                return Err(self.refuse(Refusal::at(
+                    RefusalReason::MetadataBudgetExceeded,
+                    channel,
+                    Some(position),
+                    format!("record {channel}@{position}: {e}"),
+                )))
+            }
+        };
+        self.receive_decoded(channel, position, causes, payload)
+    }
+
+    /// As [`Engine::receive`], for causes the host already decoded with this engine's budget.
+    pub fn receive_decoded(
+        &mut self,
+        channel: ChannelId,
+        position: Position,
+        causes: CausalPast,
+        payload: P,
+    ) -> Result<Receipt<P>, Refusal> {
+        self.check_not_refused()?;
+        let Some(ch) = self.channels.get_mut(&channel) else {
+            return Err(self.refuse(Refusal::at(
+                RefusalReason::SubstrateMisconfigured,
+                channel,
+                Some(position),
+                format!("fed a record of {channel}, which this task does not receive"),
+            )));
+        };
+        let Some(fed_up_to) = ch.fed_up_to else {
+            return Err(self.refuse(Refusal::at(
+                RefusalReason::SubstrateMisconfigured,
+                channel,
+                Some(position),
+                format!("fed {channel}@{position} before the channel was seeded with a baseline"),
+            )));
+        };
+        if position < 0 || ch.fed_this_execution.is_some_and(|f| position <= f) {
+            let previous = ch.fed_this_execution;
+            return Err(self.refuse(Refusal::at(
+                RefusalReason::OutOfOrderFeed,
+                channel,
+                Some(position),
+                format!("fed {channel}@{position} after already feeding it up to {previous:?} in this execution"),
+            )));
+        }
+        ch.fed_this_execution = Some(position);
+        if position <= fed_up_to {
+            // A committed step already delivered or holds it: a replay after restart.
+            return Ok(Receipt::Duplicate);
+        }
+        if let Some(own) = causes.get(&channel).filter(|&p| p >= position) {
+            return Err(self.refuse(Refusal::at(
+                RefusalReason::ImpossibleSelfCause,
+                channel,
+                Some(position),
+                format!(
+                    "record {channel}@{position} names its own channel at {own}, at or above itself: \
+                     no honest sender can know that position"
+                ),
+            )));
+        }
+        let was_empty = ch.held.is_empty();
+        ch.fed_up_to = Some(position);
+        self.pending.fed_up_to.insert(channel);
+        for (c, p) in causes.iter() {
+            if self.frontier.get(&c).is_none_or(|f| f < p) {
+                self.frontier.merge_in_place(c, p);
+                self.pending.frontier.insert(c);
+            }
+        }
+        ch.held.push_back(HeldRecord { channel, position, causes, payload });
+        self.pending.held_inserted.insert((channel, position));
+        // Appending behind a head changes no settled position: nothing new can deliver.
+        let deliveries = if was_empty { self.drain_inner() } else { Vec::new() };
+        Ok(Receipt::Accepted { deliveries })
+    }
+
+    /// Delivers every deliverable head, scanning channels in their fixed order and
+    /// repeating until a full pass delivers nothing. Hosts call it after restore, seeding or
+    /// a scope change; `receive` drains by itself.
+    pub fn drain(&mut self) -> Vec<Delivery<P>> {
+        if self.refusal.is_some() {
+            return Vec::new();
+        }
+        self.drain_inner()
+    }
+
+    fn drain_inner(&mut self) -> Vec<Delivery<P>> {
+        let mut deliveries = Vec::new();
+        loop {
+            let before = deliveries.len();
+            let channels: Vec<ChannelId> = self.received.iter().copied().collect();
+            for channel in channels {
+                while let Some(head) = self.channels[&channel].held.front() {
+                    let decision =
+                        decide(&head.causes, &self.received, |c| self.channels.get(c).and_then(|s| s.settled()));
+                    if !decision.is_deliverable() {
+                        break;
+                    }
+                    let record =
+                        self.channels.get_mut(&channel).expect("received channel").held.pop_front().expect("head");
+                    self.deliver(&record);
+                    deliveries.push(record);
+                }
+            }
+            if deliveries.len() == before {
+                return deliveries;
+            }
+        }
+    }
+
+    fn deliver(&mut self, record: &HeldRecord<P>) {
+        let key = (record.channel, record.position);
+        if !self.pending.held_inserted.remove(&key) {
+            self.pending.held_removed.insert(key);
+        }
+        if self.frontier.get(&record.channel).is_none_or(|f| f < record.position) {
+            self.frontier.merge_in_place(record.channel, record.position);
+            self.pending.frontier.insert(record.channel);
+        }
+        let own = std::iter::once((record.channel, record.position));
+        for (c, p) in own.chain(record.causes.iter()) {
+            if self.delivered.get(&c).is_none_or(|d| d < p) {
+                self.delivered.merge_in_place(c, p);
+                self.pending.clock.insert(c);
+            }
+        }
+    }
+
+    /// Drops frontier and clock pairs whose position is below the channel's log start or
+    /// whose topic no longer resolves — the only rule that ever drops a pair. Clock entries
+    /// on the task's own received topics are never pruned: a pruned owner entry would turn
+    /// a valid session token into a permanent gap.
+    pub fn prune(&mut self, fact: impl Fn(&ChannelId) -> ChannelFact) {
+        let dead = |c: &ChannelId, p: Position| match fact(c) {
+            ChannelFact::Live { log_start } => p < log_start,
+            ChannelFact::TopicGone => true,
+            ChannelFact::Unknown => false,
+        };
+        let received_topics: BTreeSet<TopicId> = self.received.iter().map(|c| c.topic).collect();
+        let frontier_dead: Vec<ChannelId> = self.frontier.iter().filter(|(c, p)| dead(c, *p)).map(|(c, _)| c).collect();
+        let clock_dead: Vec<ChannelId> = self
+            .delivered
+            .iter()
+            .filter(|(c, p)| !received_topics.contains(&c.topic) && dead(c, *p))
+            .map(|(c, _)| c)
+            .collect();
+        if !frontier_dead.is_empty() {
+            self.frontier = std::mem::take(&mut self.frontier).retain(|c, _| !frontier_dead.contains(&c));
+            self.pending.frontier.extend(frontier_dead);
+        }
+        if !clock_dead.is_empty() {
+            self.delivered = std::mem::take(&mut self.delivered).retain(|c, _| !clock_dead.contains(&c));
+            self.pending.clock.extend(clock_dead);
+        }
+    }
+
+    /// The frontier encoded for a send, or `None` when it is empty (the header is then
+    /// omitted). Refuses `METADATA_BUDGET_EXCEEDED` rather than send a value over budget.
+    pub fn stamp(&mut self) -> Result<Option<Vec<u8>>, Refusal> {
+        self.check_not_refused()?;
+        if self.frontier.is_empty() {
+            return Ok(None);
+        }
+        match codec::encode_within(&self.frontier, self.config.metadata_budget) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) => {
+                Err(self
+                    .refuse(Refusal::new(RefusalReason::MetadataBudgetExceeded, format!("cannot stamp a send: {e}"))))
+            }
+        }
+    }
+
+    /// Records a refusal the host detected (identity, width, configuration). Sticky.
+    pub fn refuse(&mut self, refusal: Refusal) -> Refusal {
+        if self.refusal.is_none() {
+            self.refusal = Some(refusal.clone());
+            self.pending.refusal = Some(refusal.clone());
+        }
+        refusal
+    }
+
+    fn check_not_refused(&self) -> Result<(), Refusal> {
+        match &self.refusal {
+            Some(r) => Err(r.clone()),
+            None => Ok(()),
+        }
+    }
+
+    /// Takes the net state changes since the last call: everything the host must persist
+    /// in this step's transaction.
+    pub fn take_changes(&mut self) -> StepChanges<P> {
+        let pending = std::mem::take(&mut self.pending);
+        let held_inserted = pending
+            .held_inserted
+            .iter()
+            .map(|(channel, position)| {
+                let queue = &self.channels[channel].held;
+                let i = queue
+                    .binary_search_by_key(position, |r| r.position)
+                    .expect("a record inserted and not removed is still held");
+                queue[i].clone()
+            })
+            .collect();
+        let upserts_or_removals = |touched: &BTreeSet<ChannelId>, past: &CausalPast| {
+            let mut upserts = Vec::new();
+            let mut removed = Vec::new();
+            for c in touched {
+                match past.get(c) {
+                    Some(p) => upserts.push((*c, p)),
+                    None => removed.push(*c),
+                }
+            }
+            (upserts, removed)
+        };
+        let (frontier_upserts, frontier_removed) = upserts_or_removals(&pending.frontier, &self.frontier);
+        let (clock_upserts, clock_removed) = upserts_or_removals(&pending.clock, &self.delivered);
+        StepChanges {
+            held_inserted,
+            held_removed: pending.held_removed.into_iter().collect(),
+            fed_up_to: pending
+                .fed_up_to
+                .iter()
+                .filter_map(|c| self.channels.get(c).and_then(|s| s.fed_up_to).map(|p| (*c, p)))
+                .collect(),
+            channels_removed: pending.channels_removed.into_iter().collect(),
+            frontier_upserts,
+            frontier_removed,
+            clock_upserts,
+            clock_removed,
+            refusal: pending.refusal,
+        }
+    }
+
+    /// Everything a host would have persisted if every change so far had committed: what
+    /// [`Engine::restore`] rebuilds this engine from.
+    pub fn snapshot(&self) -> PersistedState<P> {
+        PersistedState {
+            format_version: ORDERING_STATE_FORMAT,
+            fed_up_to: self.channels.iter().filter_map(|(c, s)| s.fed_up_to.map(|f| (*c, f))).collect(),
+            held: self.channels.values().flat_map(|s| s.held.iter().cloned()).collect(),
+            frontier: self.frontier.clone(),
+            delivered: self.delivered.clone(),
+        }
+    }
+
+    /// Per-channel holds and blockers, the refusal if any, and the widths of the pasts.
+    pub fn status(&self) -> TaskStatus {
+        let channels = self
+            .channels
+            .iter()
+            .map(|(&channel, s)| {
+                let blockers = match s.held.front() {
+                    Some(head) => {
+                        match decide(&head.causes, &self.received, |c| self.channels.get(c).and_then(|s| s.settled())) {
+                            Decision::Held { blockers } => blockers,
+                            Decision::Deliverable => Vec::new(),
+                        }
+                    }
+                    None => Vec::new(),
+                };
+                ChannelStatus {
+                    channel,
+                    fed_up_to: s.fed_up_to,
+                    settled: s.settled(),
+                    held: s.held.len(),
+                    head: s.held.front().map(|h| h.position),
+                    blockers,
+                }
+            })
+            .collect();
+        TaskStatus {
+            refusal: self.refusal.clone(),
+            channels,
+            held_total: self.held_count(),
+            frontier_width: self.frontier.len(),
+            clock_width: self.delivered.len(),
+        }
+    }
+}

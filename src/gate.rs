@@ -1,0 +1,232 @@
+//! The read gate and the token refresh: pure functions of a session token, the model's
+//! received topics, and the clock rows a read fetched. The gateway fetches rows and calls
+//! these; the simulator calls the very same functions.
+//!
+//! Rules, for a read served by tasks `S` of a model with `N` tasks:
+//! - A token pair on a channel of a topic the model receives is covered iff the task that
+//!   owns that channel (task = partition) records it at or above the pair. That task alone
+//!   applies the channel, whichever task serves the read.
+//! - A pair on any other (upstream) channel is covered iff every task in `S` records it at
+//!   or above the pair. A task with no row for the channel fails closed.
+//! - The refreshed token is the old one merged with what the read proved: each served
+//!   task's positions on its own received channels, and for upstream channels only the
+//!   meet over all `N` tasks. Never a task's full clock: an upstream entry one task happens
+//!   to hold would raise the client's future demands on tasks that do not hold it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::channel::{ChannelId, Position, TopicId};
+use crate::past::CausalPast;
+
+/// One clock row: task `task` has delivered past `position` on `channel`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ClockRow {
+    pub task: u32,
+    pub channel: ChannelId,
+    pub position: Position,
+}
+
+/// The model a read is gated against.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelShape {
+    /// Topic IDs of every topic the model receives.
+    pub received_topics: BTreeSet<TopicId>,
+    /// The number of tasks (the received topics' common partition count).
+    pub task_count: u32,
+}
+
+impl ModelShape {
+    /// The task that applies `channel`, if the model receives it.
+    pub fn owner_of(&self, channel: &ChannelId) -> Option<u32> {
+        self.received_topics.contains(&channel.topic).then_some(channel.partition)
+    }
+}
+
+/// One token pair the read cannot yet prove.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GateGap {
+    pub channel: ChannelId,
+    pub required: Position,
+    /// The lowest position the required tasks record (`None` if any lacks the channel).
+    pub recorded: Option<Position>,
+    /// The tasks that must record the channel: the owner for a received channel, the
+    /// served tasks for an upstream channel.
+    pub tasks: Vec<u32>,
+}
+
+/// The verdict of the gate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Covered,
+    NotCovered { gaps: Vec<GateGap> },
+}
+
+impl Verdict {
+    pub fn is_covered(&self) -> bool {
+        matches!(self, Verdict::Covered)
+    }
+}
+
+/// Rows indexed by (task, channel), keeping the greatest position if a row repeats.
+fn index(rows: &[ClockRow]) -> BTreeMap<(u32, ChannelId), Position> {
+    let mut by_key = BTreeMap::new();
+    for r in rows {
+        let e = by_key.entry((r.task, r.channel)).or_insert(r.position);
+        *e = (*e).max(r.position);
+    }
+    by_key
+}
+
+/// Decides whether a read served by `served` may be answered for `token`, listing every gap.
+pub fn gate(token: &CausalPast, model: &ModelShape, rows: &[ClockRow], served: &BTreeSet<u32>) -> Verdict {
+    let rows = index(rows);
+    let mut gaps = Vec::new();
+    for (channel, required) in token.iter() {
+        let tasks: Vec<u32> = match model.owner_of(&channel) {
+            Some(owner) => vec![owner],
+            None => served.iter().copied().collect(),
+        };
+        let mut recorded: Option<Position> = None;
+        let mut all_present = true;
+        for t in &tasks {
+            match rows.get(&(*t, channel)) {
+                Some(&p) => recorded = Some(recorded.map_or(p, |r| r.min(p))),
+                None => all_present = false,
+            }
+        }
+        // An owner beyond the model's width, or no task at all, can never cover a pair.
+        let possible = !tasks.is_empty() && tasks.iter().all(|t| *t < model.task_count);
+        let covered = possible && all_present && recorded.is_some_and(|r| r >= required);
+        if !covered {
+            let recorded = if all_present { recorded } else { None };
+            gaps.push(GateGap { channel, required, recorded, tasks });
+        }
+    }
+    if gaps.is_empty() {
+        Verdict::Covered
+    } else {
+        Verdict::NotCovered { gaps }
+    }
+}
+
+/// The token a covered read hands back: `token` merged with what the read proved.
+pub fn refresh(token: &CausalPast, model: &ModelShape, rows: &[ClockRow], served: &BTreeSet<u32>) -> CausalPast {
+    let rows = index(rows);
+    let mut proved: Vec<(ChannelId, Position)> = Vec::new();
+    // Upstream channels: the meet over all tasks, only if every task records the channel.
+    let mut meet: BTreeMap<ChannelId, (Position, BTreeSet<u32>)> = BTreeMap::new();
+    for (&(task, channel), &position) in &rows {
+        if task >= model.task_count {
+            continue;
+        }
+        match model.owner_of(&channel) {
+            Some(owner) => {
+                if owner == task && served.contains(&task) {
+                    proved.push((channel, position));
+                }
+            }
+            None => {
+                let e = meet.entry(channel).or_insert((position, BTreeSet::new()));
+                e.0 = e.0.min(position);
+                e.1.insert(task);
+            }
+        }
+    }
+    for (channel, (position, tasks)) in meet {
+        if tasks.len() as u32 == model.task_count {
+            proved.push((channel, position));
+        }
+    }
+    token.clone().merge_past(&CausalPast::from_pairs(proved))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn topic(b: u8) -> TopicId {
+        TopicId::from_bytes([b; 16])
+    }
+    fn ch(t: u8, p: u32) -> ChannelId {
+        ChannelId::new(topic(t), p)
+    }
+    fn row(task: u32, channel: ChannelId, position: Position) -> ClockRow {
+        ClockRow { task, channel, position }
+    }
+    fn model() -> ModelShape {
+        ModelShape { received_topics: [topic(1)].into_iter().collect(), task_count: 2 }
+    }
+    fn served(t: &[u32]) -> BTreeSet<u32> {
+        t.iter().copied().collect()
+    }
+
+    #[test]
+    fn received_channel_pairs_are_checked_on_their_owner() {
+        let rows = [row(0, ch(1, 0), 10), row(1, ch(1, 1), 3)];
+        // Token names partition 1; the read is served by task 0; task 1 must cover it.
+        let token = CausalPast::from_pairs([(ch(1, 1), 3)]);
+        assert!(gate(&token, &model(), &rows, &served(&[0])).is_covered());
+        let token = CausalPast::from_pairs([(ch(1, 1), 4)]);
+        assert_eq!(
+            gate(&token, &model(), &rows, &served(&[0])),
+            Verdict::NotCovered {
+                gaps: vec![GateGap { channel: ch(1, 1), required: 4, recorded: Some(3), tasks: vec![1] }]
+            }
+        );
+        // A row on a received channel held by a non-owner does not count.
+        let rows = [row(0, ch(1, 1), 99)];
+        let token = CausalPast::from_pairs([(ch(1, 1), 1)]);
+        assert!(!gate(&token, &model(), &rows, &served(&[0])).is_covered());
+    }
+
+    #[test]
+    fn upstream_pairs_need_every_served_task_and_fail_closed() {
+        let up = ch(7, 0);
+        let rows = [row(0, up, 5), row(1, up, 2)];
+        let token = CausalPast::from_pairs([(up, 4)]);
+        assert!(gate(&token, &model(), &rows, &served(&[0])).is_covered());
+        assert_eq!(
+            gate(&token, &model(), &rows, &served(&[0, 1])),
+            Verdict::NotCovered {
+                gaps: vec![GateGap { channel: up, required: 4, recorded: Some(2), tasks: vec![0, 1] }]
+            }
+        );
+        // A served task with no row for the channel: a gap with nothing recorded.
+        let rows = [row(0, up, 5)];
+        assert_eq!(
+            gate(&token, &model(), &rows, &served(&[0, 1])),
+            Verdict::NotCovered { gaps: vec![GateGap { channel: up, required: 4, recorded: None, tasks: vec![0, 1] }] }
+        );
+        // An empty token is always covered.
+        assert!(gate(&CausalPast::new(), &model(), &[], &served(&[0])).is_covered());
+    }
+
+    #[test]
+    fn owner_beyond_width_is_never_covered() {
+        let rows = [row(5, ch(1, 5), 100)];
+        let token = CausalPast::from_pairs([(ch(1, 5), 0)]);
+        assert!(!gate(&token, &model(), &rows, &served(&[0])).is_covered());
+    }
+
+    #[test]
+    fn refresh_takes_owned_positions_and_the_upstream_meet_only() {
+        let up = ch(7, 0);
+        let lonely = ch(8, 0);
+        let rows = [
+            row(0, ch(1, 0), 10),
+            row(1, ch(1, 1), 20),
+            row(0, ch(1, 1), 15), // a carried cause on task 0: not task 0's to prove
+            row(0, up, 5),
+            row(1, up, 3),
+            row(0, lonely, 9), // only one task records it: no meet
+        ];
+        let token = CausalPast::from_pairs([(ch(9, 0), 1)]);
+        let fresh = refresh(&token, &model(), &rows, &served(&[0]));
+        assert_eq!(fresh, CausalPast::from_pairs([(ch(9, 0), 1), (ch(1, 0), 10), (up, 3)]));
+        let fresh_all = refresh(&token, &model(), &rows, &served(&[0, 1]));
+        assert_eq!(fresh_all, CausalPast::from_pairs([(ch(9, 0), 1), (ch(1, 0), 10), (ch(1, 1), 20), (up, 3)]));
+        // Refresh never lowers the token.
+        let high = CausalPast::from_pairs([(ch(1, 0), 50)]);
+        assert_eq!(refresh(&high, &model(), &rows, &served(&[0])).get(&ch(1, 0)), Some(50));
+    }
+}

@@ -1,0 +1,245 @@
+//! `CausalPast`: a set of `(channel, position)` pairs, one per channel, where a pair stands
+//! for every record on that channel at or below the position. One type for the causes a
+//! record carries, a client's session token, and the past recorded for a task or a row.
+
+use crate::channel::{ChannelId, Position};
+use crate::codec::{self, DecodeError};
+
+/// An immutable causal past: at most one position per channel, kept sorted by channel.
+///
+/// Merging is a pointwise maximum. The value is changed only by consuming it
+/// (`merge`, `merge_past`, `retain`), so a past that has been shared never moves under a
+/// reader.
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
+pub struct CausalPast {
+    /// Strictly ascending by channel; every position is `>= 0`.
+    pairs: Vec<(ChannelId, Position)>,
+}
+
+/// One channel a token requires that the recorded past does not cover.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gap {
+    pub channel: ChannelId,
+    /// The position the token requires.
+    pub required: Position,
+    /// The position the recorded past holds, or `None` if it has never recorded the channel.
+    pub recorded: Option<Position>,
+}
+
+/// The result of checking a token against a recorded past: every gap, in channel order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Coverage {
+    pub gaps: Vec<Gap>,
+}
+
+impl Coverage {
+    pub fn is_covered(&self) -> bool {
+        self.gaps.is_empty()
+    }
+}
+
+impl CausalPast {
+    pub fn new() -> Self {
+        CausalPast { pairs: Vec::new() }
+    }
+
+    /// Builds a past from pairs in any order; several pairs on one channel compress to the
+    /// greatest position.
+    ///
+    /// # Panics
+    /// On a negative position: pasts only ever name real offsets.
+    pub fn from_pairs(pairs: impl IntoIterator<Item = (ChannelId, Position)>) -> Self {
+        let mut v: Vec<(ChannelId, Position)> = pairs.into_iter().collect();
+        assert!(v.iter().all(|&(_, p)| p >= 0), "a causal past names offsets >= 0");
+        v.sort_unstable();
+        // Sorted by (channel, position): keep the last, greatest, entry of each channel.
+        let mut out: Vec<(ChannelId, Position)> = Vec::with_capacity(v.len());
+        for (c, p) in v {
+            match out.last_mut() {
+                Some(last) if last.0 == c => last.1 = p,
+                _ => out.push((c, p)),
+            }
+        }
+        CausalPast { pairs: out }
+    }
+
+    /// Wraps pairs the codec has already proven strictly ascending and non-negative.
+    pub(crate) fn from_sorted_unchecked(pairs: Vec<(ChannelId, Position)>) -> Self {
+        debug_assert!(pairs.windows(2).all(|w| w[0].0 < w[1].0));
+        CausalPast { pairs }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pairs.is_empty()
+    }
+
+    /// Number of channels named.
+    pub fn len(&self) -> usize {
+        self.pairs.len()
+    }
+
+    /// Pairs in channel order (the wire order).
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = (ChannelId, Position)> + '_ {
+        self.pairs.iter().copied()
+    }
+
+    pub(crate) fn as_slice(&self) -> &[(ChannelId, Position)] {
+        &self.pairs
+    }
+
+    pub fn get(&self, channel: &ChannelId) -> Option<Position> {
+        self.pairs.binary_search_by(|(c, _)| c.cmp(channel)).ok().map(|i| self.pairs[i].1)
+    }
+
+    /// This past with `(channel, position)` merged in (pointwise maximum).
+    ///
+    /// # Panics
+    /// On a negative position.
+    #[must_use]
+    pub fn merge(mut self, channel: ChannelId, position: Position) -> Self {
+        self.merge_in_place(channel, position);
+        self
+    }
+
+    /// This past merged with `other` (pointwise maximum over the union of channels).
+    #[must_use]
+    pub fn merge_past(self, other: &CausalPast) -> Self {
+        if other.is_empty() {
+            return self;
+        }
+        if self.is_empty() {
+            return other.clone();
+        }
+        let mut out = Vec::with_capacity(self.pairs.len() + other.pairs.len());
+        let (mut a, mut b) = (self.pairs.into_iter().peekable(), other.pairs.iter().peekable());
+        loop {
+            match (a.peek(), b.peek()) {
+                (Some(&(ca, pa)), Some(&&(cb, pb))) => {
+                    if ca < cb {
+                        out.push((ca, pa));
+                        a.next();
+                    } else if cb < ca {
+                        out.push((cb, pb));
+                        b.next();
+                    } else {
+                        out.push((ca, pa.max(pb)));
+                        a.next();
+                        b.next();
+                    }
+                }
+                (Some(_), None) => out.extend(a.by_ref()),
+                (None, Some(_)) => out.extend(b.by_ref().copied()),
+                (None, None) => break,
+            }
+        }
+        CausalPast { pairs: out }
+    }
+
+    /// Keeps only the pairs `keep` accepts (used by pruning, which is the only rule allowed
+    /// to drop a pair).
+    #[must_use]
+    pub fn retain(mut self, mut keep: impl FnMut(ChannelId, Position) -> bool) -> Self {
+        self.pairs.retain(|&(c, p)| keep(c, p));
+        self
+    }
+
+    pub(crate) fn merge_in_place(&mut self, channel: ChannelId, position: Position) {
+        assert!(position >= 0, "a causal past names offsets >= 0");
+        match self.pairs.binary_search_by(|(c, _)| c.cmp(&channel)) {
+            Ok(i) => {
+                if self.pairs[i].1 < position {
+                    self.pairs[i].1 = position;
+                }
+            }
+            Err(i) => self.pairs.insert(i, (channel, position)),
+        }
+    }
+
+    /// The canonical `parsley.causes` encoding of this past.
+    pub fn encode(&self) -> Vec<u8> {
+        codec::encode(self)
+    }
+
+    /// Decodes a `parsley.causes` value, exactly as strictly as a received header: a damaged
+    /// value is refused, never salvaged into a weaker past.
+    pub fn decode(bytes: &[u8], budget: usize) -> Result<Self, DecodeError> {
+        codec::decode(bytes, budget)
+    }
+
+    /// Checks every channel `token` names against this (recorded) past. Fails closed: a
+    /// channel this past has never recorded is a gap.
+    pub fn coverage_of(&self, token: &CausalPast) -> Coverage {
+        let gaps = token
+            .iter()
+            .filter_map(|(channel, required)| {
+                let recorded = self.get(&channel);
+                match recorded {
+                    Some(r) if r >= required => None,
+                    _ => Some(Gap { channel, required, recorded }),
+                }
+            })
+            .collect();
+        Coverage { gaps }
+    }
+
+    /// True when every pair of `other` is at or below this past's position on its channel.
+    pub fn covers(&self, other: &CausalPast) -> bool {
+        other.iter().all(|(c, p)| self.get(&c).is_some_and(|r| r >= p))
+    }
+}
+
+impl std::fmt::Debug for CausalPast {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map().entries(self.pairs.iter().map(|(c, p)| (c, p))).finish()
+    }
+}
+
+impl FromIterator<(ChannelId, Position)> for CausalPast {
+    fn from_iter<T: IntoIterator<Item = (ChannelId, Position)>>(iter: T) -> Self {
+        CausalPast::from_pairs(iter)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::channel::TopicId;
+
+    fn ch(t: u8, p: u32) -> ChannelId {
+        ChannelId::new(TopicId::from_bytes([t; 16]), p)
+    }
+
+    #[test]
+    fn from_pairs_compresses_to_greatest_and_sorts() {
+        let past = CausalPast::from_pairs([(ch(2, 0), 5), (ch(1, 3), 7), (ch(2, 0), 9), (ch(2, 0), 1)]);
+        assert_eq!(past.iter().collect::<Vec<_>>(), vec![(ch(1, 3), 7), (ch(2, 0), 9)]);
+    }
+
+    #[test]
+    fn merge_is_pointwise_max() {
+        let a = CausalPast::from_pairs([(ch(1, 0), 5), (ch(2, 0), 1)]);
+        let b = CausalPast::from_pairs([(ch(1, 0), 3), (ch(3, 0), 4)]);
+        let m = a.clone().merge_past(&b);
+        assert_eq!(m, CausalPast::from_pairs([(ch(1, 0), 5), (ch(2, 0), 1), (ch(3, 0), 4)]));
+        assert_eq!(m, b.clone().merge_past(&a), "merge commutes");
+        assert_eq!(a.clone().merge(ch(1, 0), 2), a, "a lower position changes nothing");
+        assert_eq!(a.clone().merge(ch(1, 0), 6).get(&ch(1, 0)), Some(6));
+    }
+
+    #[test]
+    fn coverage_lists_every_gap_and_fails_closed_on_unknown_channels() {
+        let recorded = CausalPast::from_pairs([(ch(1, 0), 10), (ch(2, 0), 3)]);
+        let token = CausalPast::from_pairs([(ch(1, 0), 10), (ch(2, 0), 4), (ch(9, 1), 0)]);
+        let cov = recorded.coverage_of(&token);
+        assert_eq!(
+            cov.gaps,
+            vec![
+                Gap { channel: ch(2, 0), required: 4, recorded: Some(3) },
+                Gap { channel: ch(9, 1), required: 0, recorded: None },
+            ]
+        );
+        assert!(!cov.is_covered());
+        assert!(recorded.coverage_of(&CausalPast::new()).is_covered());
+        assert!(recorded.covers(&CausalPast::from_pairs([(ch(1, 0), 9)])));
+    }
+}
