@@ -1,0 +1,17 @@
+//! Kafka and Postgres plumbing shared by the projector and the gateway.
+//!
+//! - [`env`]: where the services are (`PARSLEY_KAFKA_BOOTSTRAP`, `DATABASE_URL`).
+//! - [`kafka`]: client configurations with the project's fixed settings (Java-compatible
+//!   murmur2 partitioning, idempotent producers, read-committed consumers without auto
+//!   commit) and partition offsets (log start, last stable offset, high watermark).
+//! - [`topic_id`]: topic IDs and partition counts through librdkafka's DescribeTopics — the
+//!   one module allowed to use `unsafe`.
+//! - [`pg`]: a Postgres connection pool.
+
+pub mod env;
+pub mod kafka;
+pub mod pg;
+pub mod topic_id;
+
+pub use kafka::PartitionOffsets;
+pub use topic_id::{describe_topics, describe_topics_blocking, TopicDescription};

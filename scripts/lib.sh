@@ -1,0 +1,85 @@
+# Shared settings and helpers for the local-stack scripts. Sourced, not run.
+# shellcheck shell=bash
+
+# Repository root: the parent of this scripts/ folder, wherever the clone lives.
+PARSLEY_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+LOCAL_DIR="$PARSLEY_ROOT/.local"
+LOG_DIR="$LOCAL_DIR/logs"
+RUN_DIR="$LOCAL_DIR/run"
+
+# ---- pinned versions and fixed addresses (see docs/development.md) ----
+KAFKA_VERSION="4.1.1"      # org.apache.kafka:kafka_2.13 from Maven Central
+LOG4J_VERSION="2.24.3"     # the log4j2 line Kafka $KAFKA_VERSION is built against
+KAFKA_HOST="127.0.0.1"
+KAFKA_PORT=9092
+KAFKA_CONTROLLER_PORT=9093
+PG_HOST="127.0.0.1"
+PG_PORT=5432
+PG_DB="parsley"
+PG_USER="parsley"
+PG_PASSWORD="parsley"
+READY_TIMEOUT="${PARSLEY_READY_TIMEOUT:-120}"   # seconds to wait for a service to answer
+
+KAFKA_BOOTSTRAP="$KAFKA_HOST:$KAFKA_PORT"
+DATABASE_URL_LOCAL="postgres://$PG_USER:$PG_PASSWORD@$PG_HOST:$PG_PORT/$PG_DB"
+
+# ---- output ----
+say() { printf '[services] %s\n' "$*"; }
+warn() { printf '[services] WARNING: %s\n' "$*" >&2; }
+
+# fail MESSAGE [LOG_FILE...]: print the message and the tail of each log, exit 1.
+fail() {
+    local msg="$1"
+    shift
+    printf '[services] ERROR: %s\n' "$msg" >&2
+    local f
+    for f in "$@"; do
+        if [ -s "$f" ]; then
+            printf '[services] ---- last 40 lines of %s ----\n' "$f" >&2
+            tail -n 40 "$f" >&2
+            printf '[services] ---- end of %s ----\n' "$f" >&2
+        fi
+    done
+    exit 1
+}
+
+now_s() { date +%s; }
+
+# port_open PORT: true if something accepts TCP connections on 127.0.0.1:PORT.
+port_open() {
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+# who_listens PORT: a best-effort description of the process listening on PORT.
+who_listens() {
+    if command -v ss >/dev/null 2>&1; then
+        ss -ltnpH "sport = :$1" 2>/dev/null | sed 's/^/    /'
+    fi
+}
+
+# apt_install PACKAGE...: install Debian packages (apt-get update once per run).
+APT_UPDATED=0
+apt_install() {
+    command -v apt-get >/dev/null 2>&1 ||
+        fail "need Debian packages ($*) but apt-get is not available; install them by hand"
+    [ "$(id -u)" = 0 ] || fail "need Debian packages ($*): run as root or install them by hand"
+    mkdir -p "$LOG_DIR"
+    local log="$LOG_DIR/apt.log"
+    if [ "$APT_UPDATED" = 0 ]; then
+        say "apt-get update (log: $log)"
+        timeout 600 apt-get update >>"$log" 2>&1 || fail "apt-get update failed" "$log"
+        APT_UPDATED=1
+    fi
+    say "apt-get install -y $* (log: $log)"
+    DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y --no-install-recommends \
+        -o Dpkg::Options::=--force-confold "$@" >>"$log" 2>&1 ||
+        fail "apt-get install $* failed" "$log"
+}
+
+# pid_alive PIDFILE: true if the pid file names a live process.
+pid_alive() {
+    local pid
+    [ -s "$1" ] || return 1
+    pid="$(cat "$1")"
+    [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null
+}

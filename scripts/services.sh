@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The local stack: PostgreSQL and a single-node Apache Kafka (KRaft) on 127.0.0.1.
+#
+#   scripts/services.sh up       install what is missing, start both, wait until they answer
+#   scripts/services.sh down     stop what these scripts started
+#   scripts/services.sh status   show what runs (exit 0 only if both answer)
+#   scripts/services.sh reset    down, then delete all local data (.local/)
+#
+# Everything lives under .local/ in the repository (see docs/development.md).
+set -euo pipefail
+
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# shellcheck source=scripts/postgres.sh
+source "$PARSLEY_ROOT/scripts/postgres.sh"
+# shellcheck source=scripts/kafka.sh
+source "$PARSLEY_ROOT/scripts/kafka.sh"
+
+print_env() {
+    say "use:  export DATABASE_URL=$DATABASE_URL_LOCAL"
+    say "      export PARSLEY_KAFKA_BOOTSTRAP=$KAFKA_BOOTSTRAP"
+}
+
+cmd_up() {
+    [ "$(id -u)" = 0 ] || id -un | grep -qx postgres ||
+        fail "run as root: the scripts install packages and start PostgreSQL as the postgres user"
+    command -v runuser >/dev/null 2>&1 || fail "runuser (util-linux) is needed to start PostgreSQL as the postgres user"
+    mkdir -p "$LOG_DIR" "$RUN_DIR"
+    local t0 t1 t2
+    t0="$(now_s)"
+    pg_install
+    kafka_install
+    t1="$(now_s)"
+    say "install/check of prerequisites took $((t1 - t0))s"
+    pg_up
+    kafka_up
+    t2="$(now_s)"
+    say "start/readiness took $((t2 - t1))s"
+    print_env
+}
+
+cmd_down() {
+    kafka_down
+    pg_down
+}
+
+cmd_status() {
+    local rc=0
+    pg_status || rc=3
+    kafka_status || rc=3
+    [ "$rc" = 0 ] && print_env
+    return "$rc"
+}
+
+cmd_reset() {
+    cmd_down
+    pg_set_paths
+    if [ "$PG_BASE" != "$LOCAL_DIR/postgres" ]; then
+        say "removing $PG_BASE"
+        rm -rf "$PG_BASE"
+    fi
+    say "removing $LOCAL_DIR"
+    rm -rf "$LOCAL_DIR"
+}
+
+case "${1:-}" in
+up) cmd_up ;;
+down) cmd_down ;;
+status) cmd_status ;;
+reset) cmd_reset ;;
+*)
+    echo "usage: $0 up|down|status|reset" >&2
+    exit 2
+    ;;
+esac
