@@ -1,0 +1,101 @@
+//! The `parsley causes` operator commands, run as a process.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+fn run(args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_parsley"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn parsley");
+    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8(bytes.to_vec()).unwrap()
+}
+
+const A: &str = "01234567-89ab-cdef-fedc-ba9876543210";
+const B: &str = "81234567-89ab-cdef-fedc-ba9876543210";
+
+#[test]
+fn encode_compresses_sorts_and_prints_lowercase_hex() {
+    let input = format!(
+        r#"[{{"topic_id":"{B}","partition":0,"position":1}},
+            {{"topic_id":"{A}","partition":3,"position":9}},
+            {{"topic_id":"{A}","partition":3,"position":12}}]"#
+    );
+    let out = run(&["causes", "encode"], &input);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let expected = concat!(
+        "0102",
+        "0123456789abcdeffedcba9876543210",
+        "01",
+        "03",
+        "000000000000000c",
+        "8123456789abcdeffedcba9876543210",
+        "01",
+        "00",
+        "0000000000000001",
+        "\n"
+    );
+    assert_eq!(text(&out.stdout), expected);
+}
+
+#[test]
+fn decode_prints_canonical_json_and_round_trips() {
+    let input = format!(
+        r#"[{{"topic_id":"{B}","partition":200,"position":7}},{{"topic_id":"{A}","partition":0,"position":0}}]"#
+    );
+    let hex = text(&run(&["causes", "encode"], &input).stdout);
+    let out = run(&["causes", "decode", hex.trim()], "");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let expected = format!(
+        r#"[{{"topic_id":"{A}","partition":0,"position":0}},{{"topic_id":"{B}","partition":200,"position":7}}]"#
+    );
+    assert_eq!(text(&out.stdout).trim(), expected);
+    let again = run(&["causes", "encode"], &text(&out.stdout));
+    assert_eq!(text(&again.stdout), hex);
+}
+
+#[test]
+fn undecodable_values_say_so_on_one_line() {
+    for (hex, needle) in [
+        ("0102", "truncated"),
+        ("0200", "unknown version"),
+        ("010", "odd number"),
+        ("01zz", "not a hex byte"),
+        ("010000", "trailing"),
+    ] {
+        let out = run(&["causes", "decode", hex], "");
+        assert_eq!(out.status.code(), Some(2), "{hex}");
+        let err = text(&out.stderr);
+        assert!(err.starts_with("UNDECODABLE_METADATA: "), "{hex}: {err}");
+        assert!(err.contains(needle), "{hex}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{hex}: {err}");
+        assert!(out.stdout.is_empty());
+    }
+}
+
+#[test]
+fn invalid_encode_input_exits_2_with_a_reason() {
+    let zero = "00000000-0000-0000-0000-000000000000";
+    for (input, needle) in [
+        (format!(r#"[{{"topic_id":"{A}","partition":0,"position":-1}}]"#), "negative"),
+        (format!(r#"[{{"topic_id":"{zero}","partition":0,"position":1}}]"#), "all-zero"),
+        (format!(r#"[{{"topic_id":"{A}","partition":2147483648,"position":1}}]"#), "partition"),
+        (format!(r#"[{{"topic_id":"{A}","partition":-1,"position":1}}]"#), "partition"),
+        ("not json".to_string(), "JSON"),
+        (format!(r#"[{{"topic_id":"nope","partition":0,"position":1}}]"#), "UUID"),
+    ] {
+        let out = run(&["causes", "encode"], &input);
+        assert_eq!(out.status.code(), Some(2), "{input}");
+        assert!(text(&out.stderr).contains(needle), "{input}: {}", text(&out.stderr));
+        assert!(out.stdout.is_empty());
+    }
+    assert_eq!(run(&["causes"], "").status.code(), Some(2));
+}
