@@ -36,6 +36,7 @@ cmd_up() {
     kafka_up
     t2="$(now_s)"
     say "start/readiness took $((t2 - t1))s"
+    printf 'install=%s\nstart=%s\n' "$((t1 - t0))" "$((t2 - t1))" >"$RUN_DIR/last-up-timings"
     print_env
 }
 

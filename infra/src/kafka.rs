@@ -39,18 +39,25 @@ pub fn transactional_producer_config(bootstrap: &str, transactional_id: &str) ->
 }
 
 /// Configuration for a consumer: `isolation.level=read_committed`,
-/// `enable.auto.commit=false`, `enable.auto.offset.store=false`. No `group.id` is set: the
-/// project assigns partitions by hand and keeps positions in the database; a caller that
-/// needs a group sets one.
-pub fn consumer_config(bootstrap: &str) -> ClientConfig {
+/// `enable.auto.commit=false`, `enable.auto.offset.store=false`.
+///
+/// The project assigns partitions by hand and keeps positions in the database, never in
+/// Kafka. librdkafka still needs a `group.id` to accept a manual assignment; with `assign`
+/// (not `subscribe`) the consumer joins no group, and without commits the group stores
+/// nothing.
+pub fn consumer_config(bootstrap: &str, group_id: &str) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", bootstrap)
+        .set("group.id", group_id)
         .set("isolation.level", "read_committed")
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("enable.partition.eof", "false");
     c
 }
+
+/// Group id of the short-lived consumers that only query offsets.
+const OFFSETS_QUERY_GROUP: &str = "parsley-offsets-query";
 
 /// Offsets of one partition, as the broker reports them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,11 +81,12 @@ pub fn partition_offsets_blocking(
 ) -> anyhow::Result<PartitionOffsets> {
     // ListOffsets(LATEST) answers the last stable offset under read_committed and the high
     // watermark under read_uncommitted; librdkafka sends the consumer's isolation level.
-    let committed: BaseConsumer = consumer_config(bootstrap).create().context("creating a read-committed consumer")?;
+    let committed: BaseConsumer =
+        consumer_config(bootstrap, OFFSETS_QUERY_GROUP).create().context("creating a read-committed consumer")?;
     let (log_start, last_stable) = committed
         .fetch_watermarks(topic, partition, timeout)
         .with_context(|| format!("querying the last stable offset of {topic}/{partition}"))?;
-    let uncommitted: BaseConsumer = consumer_config(bootstrap)
+    let uncommitted: BaseConsumer = consumer_config(bootstrap, OFFSETS_QUERY_GROUP)
         .set("isolation.level", "read_uncommitted")
         .create()
         .context("creating a read-uncommitted consumer")?;
@@ -112,9 +120,9 @@ mod tests {
         assert_eq!(p.get("enable.idempotence"), Some("true"));
         assert_eq!(p.get("acks"), Some("all"));
         assert_eq!(p.get("transactional.id"), Some("tx"));
-        let c = consumer_config("b:1");
+        let c = consumer_config("b:1", "g");
         assert_eq!(c.get("isolation.level"), Some("read_committed"));
         assert_eq!(c.get("enable.auto.commit"), Some("false"));
-        assert_eq!(c.get("group.id"), None);
+        assert_eq!(c.get("group.id"), Some("g"));
     }
 }

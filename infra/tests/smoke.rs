@@ -1,0 +1,373 @@
+//! Smoke tests against the real local broker and database (`make services-up`).
+//!
+//! They read `PARSLEY_KAFKA_BOOTSTRAP` and `DATABASE_URL` and fail, saying how to start the
+//! services, when either is unset. Every run uses fresh topic, transactional-id and channel
+//! names, so runs and parallel tests do not see each other's data.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use parsley::murmur2::partition_for_key;
+use parsley_infra::kafka::{
+    admin_config, consumer_config, partition_offsets, producer_config, transactional_producer_config,
+};
+use parsley_infra::{describe_topics, env, pg, PartitionOffsets};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::{Offset, TopicPartitionList};
+use sqlx::postgres::PgListener;
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+fn bootstrap() -> String {
+    env::kafka_bootstrap().unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+fn database_url() -> String {
+    env::database_url().unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// A name no other run or test uses: prefix, process id, time, counter.
+fn unique(prefix: &str) -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
+    format!("{prefix}-{}-{nanos}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed))
+}
+
+fn admin() -> AdminClient<DefaultClientContext> {
+    admin_config(&bootstrap()).create().expect("admin client")
+}
+
+fn admin_options() -> AdminOptions {
+    AdminOptions::new().operation_timeout(Some(TIMEOUT)).request_timeout(Some(TIMEOUT))
+}
+
+/// Creates a topic, retrying while a deletion of the same name is still in progress.
+async fn create_topic(name: &str, partitions: i32) {
+    let admin = admin();
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let results = admin
+            .create_topics(&[NewTopic::new(name, partitions, TopicReplication::Fixed(1))], &admin_options())
+            .await
+            .expect("create_topics request");
+        match &results[0] {
+            Ok(_) => return,
+            Err((_, code)) if Instant::now() < deadline => {
+                eprintln!("create {name}: {code}, retrying");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err((_, code)) => panic!("creating topic {name}: {code}"),
+        }
+    }
+}
+
+async fn delete_topic(name: &str) {
+    let results = admin().delete_topics(&[name], &admin_options()).await.expect("delete_topics request");
+    if let Err((_, code)) = &results[0] {
+        panic!("deleting topic {name}: {code}");
+    }
+}
+
+/// Describes one topic, retrying until `accept` holds (the broker's metadata may trail the
+/// controller by a moment right after a create or delete).
+async fn describe_until(
+    name: &str,
+    accept: impl Fn(&parsley_infra::TopicDescription) -> bool,
+) -> parsley_infra::TopicDescription {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let last = describe_topics(&bootstrap(), &[name.to_string()], Duration::from_secs(10)).await;
+        match last {
+            Ok(mut d) if accept(&d[0]) => return d.remove(0),
+            other if Instant::now() >= deadline => panic!("describing {name}: {other:?}"),
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// A read-committed consumer assigned to `topic`/`partition` from `offset`.
+fn consumer_at(topic: &str, partition: i32, offset: i64) -> StreamConsumer {
+    let consumer: StreamConsumer = consumer_config(&bootstrap(), &unique("smoke-reader")).create().expect("consumer");
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, partition, Offset::Offset(offset)).unwrap();
+    consumer.assign(&tpl).expect("assign");
+    consumer
+}
+
+/// Receives messages until `n` have arrived or `wait` has passed, mapping each with `f`.
+async fn receive<T>(
+    consumer: &StreamConsumer,
+    n: usize,
+    wait: Duration,
+    f: impl Fn(&BorrowedMessage<'_>) -> T,
+) -> Vec<T> {
+    let mut out = Vec::new();
+    let deadline = tokio::time::Instant::now() + wait;
+    while out.len() < n {
+        match tokio::time::timeout_at(deadline, consumer.recv()).await {
+            Ok(Ok(m)) => out.push(f(&m)),
+            Ok(Err(e)) => panic!("consumer error: {e}"),
+            Err(_) => break,
+        }
+    }
+    out
+}
+
+fn value_of(m: &BorrowedMessage<'_>) -> (i64, String) {
+    (m.offset(), String::from_utf8(m.payload().unwrap_or_default().to_vec()).unwrap())
+}
+
+async fn offsets(topic: &str) -> PartitionOffsets {
+    partition_offsets(&bootstrap(), topic, 0, Duration::from_secs(10)).await.expect("partition offsets")
+}
+
+/// Offsets of partition 0 once no transaction is open (last stable = high watermark), or the
+/// last answer after [`TIMEOUT`].
+async fn settled_offsets(topic: &str) -> PartitionOffsets {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let o = offsets(topic).await;
+        if o.last_stable == o.high_watermark || Instant::now() >= deadline {
+            return o;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn transactional_producer() -> FutureProducer {
+    let p: FutureProducer =
+        transactional_producer_config(&bootstrap(), &unique("smoke-tx")).create().expect("transactional producer");
+    p.init_transactions(TIMEOUT).expect("init_transactions");
+    p
+}
+
+async fn send(p: &FutureProducer, topic: &str, key: &str, value: &str) -> (i32, i64) {
+    let d = p.send(FutureRecord::to(topic).key(key).payload(value), TIMEOUT).await.map_err(|(e, _)| e).expect("send");
+    (d.partition, d.offset)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topic_ids_are_nonzero_and_change_when_a_topic_is_recreated() {
+    let name = unique("smoke-topic-id");
+    create_topic(&name, 3).await;
+    let first = describe_until(&name, |d| d.partitions == 3).await;
+    assert_eq!(first.name, name);
+    assert_ne!(first.id, [0u8; 16], "topic ID must not be zero");
+
+    let other = unique("smoke-topic-id-b");
+    create_topic(&other, 1).await;
+    describe_until(&other, |d| d.partitions == 1).await;
+    // Several topics in one call come back in the order asked.
+    let both = describe_topics(&bootstrap(), &[other.clone(), name.clone()], TIMEOUT).await.unwrap();
+    assert_eq!(both.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), [other.as_str(), name.as_str()]);
+    assert_eq!(both[1], first);
+    assert_ne!(both[0].id, first.id);
+
+    delete_topic(&name).await;
+    create_topic(&name, 2).await;
+    // The recreated topic is recognisable by its new width; its identity must be new too.
+    let second = describe_until(&name, |d| d.partitions == 2).await;
+    assert_ne!(second.id, [0u8; 16]);
+    assert_ne!(second.id, first.id, "a recreated topic must get a new topic ID");
+    eprintln!("{name}: {} then {}", first.id_string(), second.id_string());
+
+    delete_topic(&name).await;
+    delete_topic(&other).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn describing_an_unknown_topic_is_a_clear_error() {
+    let missing = unique("smoke-no-such-topic");
+    let err = describe_topics(&bootstrap(), &[missing.clone()], TIMEOUT).await.expect_err("unknown topic");
+    let text = format!("{err:#}");
+    assert!(text.contains(&missing) && text.contains("no such topic"), "unexpected error text: {text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_records_land_on_the_java_default_partition() {
+    const PARTITIONS: u32 = 7;
+    let topic = unique("smoke-murmur2");
+    create_topic(&topic, PARTITIONS as i32).await;
+    describe_until(&topic, |d| d.partitions == PARTITIONS).await;
+
+    let producer: FutureProducer = producer_config(&bootstrap()).create().expect("producer");
+    let mut keys: Vec<Vec<u8>> = (0..200).map(|i| format!("key-{i}").into_bytes()).collect();
+    // An empty key is a key (murmur2 of no bytes), unlike a missing one.
+    keys.push(Vec::new());
+    keys.push(b"a".to_vec());
+    keys.push(vec![0x00, 0xff, 0x80, 0x7f]);
+    keys.push("clé-ünïcode-🔑".as_bytes().to_vec());
+    keys.push(vec![0xab; 1000]);
+    let mut seen = std::collections::BTreeSet::new();
+    for key in &keys {
+        let partition = producer
+            .send(FutureRecord::to(&topic).key(key.as_slice()).payload("v"), TIMEOUT)
+            .await
+            .map_err(|(e, _)| e)
+            .expect("send")
+            .partition;
+        assert_eq!(partition as u32, partition_for_key(key, PARTITIONS), "key {key:?} went to partition {partition}");
+        seen.insert(partition);
+    }
+    assert_eq!(seen.len(), PARTITIONS as usize, "200 keys should reach every partition");
+    delete_topic(&topic).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_committed_sees_committed_transactions_only() {
+    let topic = unique("smoke-tx-visibility");
+    create_topic(&topic, 1).await;
+    describe_until(&topic, |d| d.partitions == 1).await;
+    let producer = transactional_producer();
+    let consumer = consumer_at(&topic, 0, 0);
+
+    // An open transaction is invisible.
+    producer.begin_transaction().unwrap();
+    for i in 0..3 {
+        send(&producer, &topic, "k", &format!("committed-{i}")).await;
+    }
+    producer.flush(TIMEOUT).unwrap();
+    let early = receive(&consumer, 1, Duration::from_secs(2), value_of).await;
+    assert!(early.is_empty(), "records of an open transaction were visible: {early:?}");
+
+    // Commit makes it visible, in order.
+    producer.commit_transaction(TIMEOUT).unwrap();
+    let got = receive(&consumer, 3, TIMEOUT, value_of).await;
+    assert_eq!(got, [(0, "committed-0".into()), (1, "committed-1".into()), (2, "committed-2".into())]);
+
+    // Aborted records are skipped; the next committed record follows.
+    producer.begin_transaction().unwrap();
+    send(&producer, &topic, "k", "aborted-0").await;
+    send(&producer, &topic, "k", "aborted-1").await;
+    producer.flush(TIMEOUT).unwrap();
+    producer.abort_transaction(TIMEOUT).unwrap();
+    producer.begin_transaction().unwrap();
+    let (_, after_offset) = send(&producer, &topic, "k", "after-abort").await;
+    producer.commit_transaction(TIMEOUT).unwrap();
+    let got = receive(&consumer, 1, TIMEOUT, value_of).await;
+    assert_eq!(got, [(after_offset, "after-abort".to_string())]);
+    let more = receive(&consumer, 1, Duration::from_secs(1), value_of).await;
+    assert!(more.is_empty(), "unexpected records after the last commit: {more:?}");
+    delete_topic(&topic).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn last_stable_offset_stops_at_an_open_transaction() {
+    let topic = unique("smoke-lso");
+    create_topic(&topic, 1).await;
+    describe_until(&topic, |d| d.partitions == 1).await;
+    let producer = transactional_producer();
+
+    // A committed transaction: records at 0..=1, commit marker at 2.
+    producer.begin_transaction().unwrap();
+    send(&producer, &topic, "k", "a").await;
+    send(&producer, &topic, "k", "b").await;
+    producer.commit_transaction(TIMEOUT).unwrap();
+    // commit_transaction returns once the coordinator has decided; the commit marker is written
+    // to the partition just after, and only then does the last stable offset move.
+    let settled = settled_offsets(&topic).await;
+    assert_eq!(settled, PartitionOffsets { log_start: 0, last_stable: 3, high_watermark: 3 });
+
+    // An open transaction starting at offset 3.
+    producer.begin_transaction().unwrap();
+    let (_, first_open) = send(&producer, &topic, "k", "c").await;
+    send(&producer, &topic, "k", "d").await;
+    producer.flush(TIMEOUT).unwrap();
+    assert_eq!(first_open, 3);
+    let open = offsets(&topic).await;
+    assert_eq!(open, PartitionOffsets { log_start: 0, last_stable: 3, high_watermark: 5 });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(offsets(&topic).await, open, "the last stable offset must stay while the transaction is open");
+
+    // Commit: records 3..=4, marker at 5; everything is stable.
+    producer.commit_transaction(TIMEOUT).unwrap();
+    let after = settled_offsets(&topic).await;
+    assert_eq!(after, PartitionOffsets { log_start: 0, last_stable: 6, high_watermark: 6 });
+    delete_topic(&topic).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn record_headers_read_back_byte_for_byte() {
+    let topic = unique("smoke-headers");
+    create_topic(&topic, 1).await;
+    describe_until(&topic, |d| d.partitions == 1).await;
+    let binary: Vec<u8> = vec![0x00, 0xff, 0x00, 0x7f, 0x80, 0xff, 0x00];
+    let sent: Vec<(&str, Option<Vec<u8>>)> = vec![
+        ("text", Some(b"hello".to_vec())),
+        ("binary", Some(binary.clone())),
+        ("empty", Some(Vec::new())),
+        ("dup", Some(b"1".to_vec())),
+        ("dup", Some(b"2".to_vec())),
+        ("none", None),
+        ("all-bytes", Some((0..=255u8).collect())),
+    ];
+    let mut headers = OwnedHeaders::new();
+    for (key, value) in &sent {
+        headers = headers.insert(Header { key, value: value.as_deref() });
+    }
+    let producer: FutureProducer = producer_config(&bootstrap()).create().expect("producer");
+    producer
+        .send(FutureRecord::to(&topic).key("k").payload(&binary[..]).headers(headers), TIMEOUT)
+        .await
+        .map_err(|(e, _)| e)
+        .expect("send");
+
+    let consumer = consumer_at(&topic, 0, 0);
+    let got = receive(&consumer, 1, TIMEOUT, |m| {
+        let headers = m
+            .headers()
+            .map(|h| h.iter().map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec))).collect::<Vec<_>>())
+            .unwrap_or_default();
+        (m.payload().map(<[u8]>::to_vec), headers)
+    })
+    .await;
+    assert_eq!(got.len(), 1, "the record did not come back");
+    let (payload, headers) = &got[0];
+    assert_eq!(payload.as_deref(), Some(&binary[..]));
+    let expected: Vec<(String, Option<Vec<u8>>)> = sent.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    assert_eq!(headers, &expected);
+    delete_topic(&topic).await;
+}
+
+/// Asserts that no notification arrives for a while.
+async fn quiet(listener: &mut PgListener) {
+    if let Ok(n) = tokio::time::timeout(Duration::from_millis(700), listener.recv()).await {
+        panic!("unexpected notification: {:?}", n.map(|n| n.payload().to_string()));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notify_is_delivered_at_commit_and_never_after_rollback() {
+    let url = database_url();
+    let pool = pg::connect(&url, 2, Duration::from_secs(10)).await.expect("connect");
+    let one: i32 = sqlx::query_scalar("select 1").fetch_one(&pool).await.unwrap();
+    assert_eq!(one, 1);
+
+    let channel = unique("smoke_notify").replace('-', "_");
+    let mut listener = PgListener::connect(&url).await.expect("listener");
+    listener.listen(&channel).await.expect("listen");
+
+    // Sent inside a transaction: nothing before COMMIT, delivered after.
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("select pg_notify($1, 'committed')").bind(&channel).execute(&mut *tx).await.unwrap();
+    quiet(&mut listener).await;
+    tx.commit().await.unwrap();
+    let n = tokio::time::timeout(TIMEOUT, listener.recv()).await.expect("notification after commit").unwrap();
+    assert_eq!((n.channel(), n.payload()), (channel.as_str(), "committed"));
+
+    // Rolled back: never delivered. The next committed notification is the next one seen.
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("select pg_notify($1, 'rolled-back')").bind(&channel).execute(&mut *tx).await.unwrap();
+    tx.rollback().await.unwrap();
+    quiet(&mut listener).await;
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("select pg_notify($1, 'after-rollback')").bind(&channel).execute(&mut *tx).await.unwrap();
+    tx.commit().await.unwrap();
+    let n = tokio::time::timeout(TIMEOUT, listener.recv()).await.expect("notification after commit").unwrap();
+    assert_eq!(n.payload(), "after-rollback");
+    quiet(&mut listener).await;
+}

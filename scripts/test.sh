@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# `make test`: start the local stack, build the workspace's tests, run them.
+# Exit status is the test suite's. Prints how long each phase took.
+set -euo pipefail
+
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$PARSLEY_ROOT"
+
+if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
+    export PATH="$HOME/.cargo/bin:$PATH"
+fi
+command -v cargo >/dev/null 2>&1 || fail "cargo not found: a Rust toolchain is needed to build the workspace"
+# The bundled librdkafka is built from C sources by its configure script and make.
+if ! command -v cc >/dev/null 2>&1 || ! command -v make >/dev/null 2>&1; then
+    say "a C compiler and make are needed to build librdkafka"
+    apt_install build-essential
+fi
+
+phase() { printf '\n==== %s ====\n' "$*"; }
+
+t0="$(now_s)"
+phase "services up"
+bash scripts/services.sh up
+t1="$(now_s)"
+
+export DATABASE_URL="$DATABASE_URL_LOCAL"
+export PARSLEY_KAFKA_BOOTSTRAP="$KAFKA_BOOTSTRAP"
+
+phase "build (cargo test --workspace --no-run)"
+cargo test --workspace --no-run
+t2="$(now_s)"
+
+phase "test (cargo test --workspace)"
+rc=0
+cargo test --workspace || rc=$?
+t3="$(now_s)"
+
+install_s="?" start_s="?"
+if [ -s "$RUN_DIR/last-up-timings" ]; then
+    install_s="$(sed -n 's/^install=//p' "$RUN_DIR/last-up-timings")"
+    start_s="$(sed -n 's/^start=//p' "$RUN_DIR/last-up-timings")"
+fi
+phase "timings"
+printf '  services up: %4ss  (install/check %ss, start/readiness %ss)\n' "$((t1 - t0))" "$install_s" "$start_s"
+printf '  build:       %4ss\n' "$((t2 - t1))"
+printf '  test:        %4ss\n' "$((t3 - t2))"
+printf '  total:       %4ss\n' "$((t3 - t0))"
+if [ "$rc" = 0 ]; then
+    echo "make test: the test suite passed"
+else
+    echo "make test: the test suite FAILED (exit $rc)"
+fi
+exit "$rc"
