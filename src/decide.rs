@@ -43,8 +43,11 @@ pub fn decide(
     settled: impl Fn(&ChannelId) -> Option<Position>,
 ) -> Decision {
     let mut blockers = Vec::new();
+    // Both sequences are sorted by channel: walk them together, linear in their widths.
+    let mut received_iter = received.iter().peekable();
     for (channel, required) in causes.iter() {
-        if !received.contains(&channel) {
+        while received_iter.next_if(|r| **r < channel).is_some() {}
+        if received_iter.peek() != Some(&&channel) {
             continue;
         }
         let now = settled(&channel);

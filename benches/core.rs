@@ -1,0 +1,112 @@
+//! Per-record costs of the core: decode, decide and encode at clock widths 1..64, and the
+//! cost of releasing a held chain of depth r and a burst of k records (per-record slope).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::hint::black_box;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use parsley::codec::{self, DEFAULT_METADATA_BUDGET};
+use parsley::{decide, CausalPast, ChannelId, Engine, EngineConfig, Receipt, TopicId};
+
+const WIDTHS: [usize; 4] = [1, 4, 16, 64];
+
+/// A past naming `width` channels spread over topics of 4 partitions each.
+fn past_of_width(width: usize) -> CausalPast {
+    CausalPast::from_pairs((0..width).map(|i| {
+        let mut id = [0u8; 16];
+        id[0] = 1 + (i / 4) as u8;
+        id[15] = 7;
+        (ChannelId::new(TopicId::from_bytes(id), (i % 4) as u32), 1_000_000 + i as i64)
+    }))
+}
+
+fn codec_and_decide(c: &mut Criterion) {
+    let mut group = c.benchmark_group("per_record");
+    for width in WIDTHS {
+        let past = past_of_width(width);
+        let bytes = past.encode();
+        // The task receives half the channels the record names; all are settled.
+        let received: BTreeSet<ChannelId> = past.iter().map(|(c, _)| c).step_by(2).collect();
+        let settled: BTreeMap<ChannelId, i64> = past.iter().map(|(c, p)| (c, p + 1)).collect();
+        group.bench_with_input(BenchmarkId::new("decode", width), &bytes, |b, bytes| {
+            b.iter(|| codec::decode(black_box(bytes), DEFAULT_METADATA_BUDGET).unwrap())
+        });
+        group.bench_with_input(BenchmarkId::new("decide", width), &past, |b, past| {
+            b.iter(|| decide(black_box(past), &received, |c| settled.get(c).copied()))
+        });
+        group.bench_with_input(BenchmarkId::new("encode", width), &past, |b, past| b.iter(|| black_box(past).encode()));
+        group.bench_with_input(BenchmarkId::new("decode_decide_encode", width), &bytes, |b, bytes| {
+            b.iter(|| {
+                let p = codec::decode(black_box(bytes), DEFAULT_METADATA_BUDGET).unwrap();
+                let d = decide(&p, &received, |c| settled.get(c).copied());
+                (d, p.encode())
+            })
+        });
+    }
+    group.finish();
+}
+
+const CAUSE: ChannelId = ChannelId::new(TopicId::from_bytes([1; 16]), 0);
+const EFFECTS: ChannelId = ChannelId::new(TopicId::from_bytes([2; 16]), 0);
+
+fn fresh() -> Engine<u64> {
+    let mut e = Engine::new(EngineConfig::default(), [CAUSE, EFFECTS]);
+    e.seed(CAUSE, -1).unwrap();
+    e.seed(EFFECTS, -1).unwrap();
+    e
+}
+
+/// `depth` records on one channel held behind a head whose cause is missing, then the cause
+/// arrives: the whole chain is released by one receive.
+fn held_chain(depth: usize) -> (Engine<u64>, Vec<u8>) {
+    let mut e = fresh();
+    let header = CausalPast::from_pairs([(CAUSE, 0)]).encode();
+    for i in 0..depth {
+        let h: Vec<Option<&[u8]>> = if i == 0 { vec![Some(&header)] } else { vec![] };
+        e.receive(EFFECTS, i as i64, &h, i as u64).unwrap();
+    }
+    assert_eq!(e.held_count(), depth);
+    (e, header)
+}
+
+fn release(c: &mut Criterion) {
+    let mut group = c.benchmark_group("release_chain");
+    for depth in [1usize, 16, 256, 4096] {
+        group.throughput(Throughput::Elements(depth as u64));
+        group.bench_function(BenchmarkId::from_parameter(depth), |b| {
+            b.iter_batched(
+                || held_chain(depth).0,
+                |mut e| match e.receive(CAUSE, 0, &[], 0).unwrap() {
+                    Receipt::Accepted { deliveries } => assert_eq!(deliveries.len(), depth + 1),
+                    Receipt::Duplicate => unreachable!(),
+                },
+                criterion::BatchSize::LargeInput,
+            )
+        });
+    }
+    group.finish();
+
+    // A burst of k deliverable records, each carrying a width-16 header: receive + drain +
+    // take_changes, as a host step does.
+    let mut group = c.benchmark_group("burst");
+    let header = past_of_width(16).encode();
+    for k in [1usize, 16, 256, 4096] {
+        group.throughput(Throughput::Elements(k as u64));
+        group.bench_function(BenchmarkId::from_parameter(k), |b| {
+            b.iter_batched(
+                fresh,
+                |mut e| {
+                    for i in 0..k {
+                        e.receive(EFFECTS, i as i64, &[Some(&header)], i as u64).unwrap();
+                    }
+                    e.take_changes()
+                },
+                criterion::BatchSize::LargeInput,
+            )
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, codec_and_decide, release);
+criterion_main!(benches);
