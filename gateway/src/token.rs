@@ -1,0 +1,411 @@
+//! Session tokens: a client's causal past, sealed so clients can carry it but not read or
+//! forge it. A token is untrusted input even though we minted it: every field is checked,
+//! and a damaged token is refused, never read as an empty session.
+//!
+//! Client form: base64url without padding of
+//! `format(0x01) | keyIdLen(u8) | keyId | nonce(24) | ciphertext+tag`, where the first three
+//! fields are authenticated as associated data. The plaintext envelope is
+//! `version(0x01) | issuedAt(u64 BE, unix seconds) | expiresAt(u64 BE) | subjectLen(u8) |
+//! subject(UTF-8) | causes` and `causes` is a `parsley.causes` value, decoded exactly as
+//! strictly as a record header.
+
+use std::fmt;
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine as _;
+use chacha20poly1305::aead::{Aead, AeadCore, KeyInit, OsRng, Payload};
+use chacha20poly1305::{XChaCha20Poly1305, XNonce};
+use parsley::codec::{self, DecodeError};
+use parsley::CausalPast;
+
+/// The outer token format this build reads and writes.
+pub const TOKEN_FORMAT: u8 = 0x01;
+/// The plaintext envelope version.
+pub const ENVELOPE_VERSION: u8 = 0x01;
+const NONCE_LEN: usize = 24;
+const TAG_LEN: usize = 16;
+const MAX_KEY_ID_LEN: usize = 32;
+const MAX_SUBJECT_LEN: usize = 255;
+
+/// A 256-bit sealing key. Never printed.
+#[derive(Clone)]
+pub struct SecretKey([u8; 32]);
+
+impl SecretKey {
+    pub fn from_bytes(bytes: [u8; 32]) -> Self {
+        SecretKey(bytes)
+    }
+
+    /// From base64 (standard or URL-safe, padded or not) of exactly 32 bytes.
+    pub fn from_base64(text: &str) -> Result<Self, KeyError> {
+        let text = text.trim();
+        let bytes = URL_SAFE_NO_PAD
+            .decode(text.trim_end_matches('=').replace('+', "-").replace('/', "_"))
+            .map_err(|_| KeyError::NotBase64)?;
+        let bytes: [u8; 32] = bytes.try_into().map_err(|b: Vec<u8>| KeyError::WrongLength(b.len()))?;
+        Ok(SecretKey(bytes))
+    }
+}
+
+impl fmt::Debug for SecretKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SecretKey(<redacted>)")
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    #[error("a token key must be base64 of 32 bytes: not base64")]
+    NotBase64,
+    #[error("a token key must be base64 of 32 bytes: got {0} bytes")]
+    WrongLength(usize),
+    #[error("a key id must be 1..=32 characters of [A-Za-z0-9._-]: {0:?}")]
+    BadKeyId(String),
+    #[error("key id {0:?} is configured twice")]
+    DuplicateKeyId(String),
+    #[error("no token keys configured")]
+    Empty,
+    #[error("token key entry {0:?} is not `<key id>:<base64 key>`")]
+    BadEntry(String),
+}
+
+/// The configured keys: seal with the newest, open with any.
+#[derive(Clone, Debug)]
+pub struct KeyRing {
+    /// Newest first.
+    keys: Vec<(String, SecretKey)>,
+}
+
+impl KeyRing {
+    /// Keys newest first.
+    pub fn new(keys: Vec<(String, SecretKey)>) -> Result<Self, KeyError> {
+        if keys.is_empty() {
+            return Err(KeyError::Empty);
+        }
+        for (i, (id, _)) in keys.iter().enumerate() {
+            let valid = !id.is_empty()
+                && id.len() <= MAX_KEY_ID_LEN
+                && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+            if !valid {
+                return Err(KeyError::BadKeyId(id.clone()));
+            }
+            if keys[..i].iter().any(|(other, _)| other == id) {
+                return Err(KeyError::DuplicateKeyId(id.clone()));
+            }
+        }
+        Ok(KeyRing { keys })
+    }
+
+    /// Parses `id:base64key[,id:base64key...]`, newest first (the form of the
+    /// `PARSLEY_TOKEN_KEYS` environment variable).
+    pub fn parse(spec: &str) -> Result<Self, KeyError> {
+        let mut keys = Vec::new();
+        for entry in spec.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+            let (id, key) = entry.split_once(':').ok_or_else(|| KeyError::BadEntry(redact(entry)))?;
+            keys.push((id.trim().to_string(), SecretKey::from_base64(key)?));
+        }
+        KeyRing::new(keys)
+    }
+
+    fn newest(&self) -> &(String, SecretKey) {
+        &self.keys[0]
+    }
+
+    fn find(&self, id: &str) -> Option<&SecretKey> {
+        self.keys.iter().find(|(k, _)| k == id).map(|(_, key)| key)
+    }
+}
+
+/// Shows only the key id part of a malformed entry.
+fn redact(entry: &str) -> String {
+    match entry.split_once(':') {
+        Some((id, _)) => format!("{id}:<redacted>"),
+        None => "<redacted>".to_string(),
+    }
+}
+
+/// Bounds a token must stay within, checked before and after opening it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenLimits {
+    /// Longest client form accepted, in characters.
+    pub max_encoded_len: usize,
+    /// Most channels a token may name.
+    pub max_entries: usize,
+}
+
+impl Default for TokenLimits {
+    fn default() -> Self {
+        TokenLimits { max_encoded_len: 16 * 1024, max_entries: 512 }
+    }
+}
+
+/// What a token says: the session's causal past and its validity.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Session {
+    pub issued_at: u64,
+    pub expires_at: u64,
+    /// The subject the token is bound to, if any.
+    pub subject: Option<String>,
+    pub past: CausalPast,
+}
+
+/// Why a token was refused. Each maps to its own problem type.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    #[error("token is malformed: {0}")]
+    Malformed(String),
+    #[error("token is larger than {limit} characters")]
+    TooLarge { limit: usize },
+    #[error("token names {count} channels, more than the {limit} allowed")]
+    TooManyEntries { count: usize, limit: usize },
+    #[error("token was sealed with key {0:?}, which is not configured")]
+    UnknownKey(String),
+    #[error("token failed authentication: it was altered or not sealed by this service")]
+    Tampered,
+    #[error("token expired at {expires_at} (now {now})")]
+    Expired { expires_at: u64, now: u64 },
+    #[error("token is bound to another subject")]
+    WrongSubject,
+    #[error("token's causes are undecodable: {0}")]
+    UndecodableCauses(String),
+}
+
+impl TokenError {
+    /// A short stable name, used for problem types and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            TokenError::Malformed(_) | TokenError::TooLarge { .. } | TokenError::TooManyEntries { .. } => {
+                "token-malformed"
+            }
+            TokenError::UnknownKey(_) | TokenError::Tampered | TokenError::UndecodableCauses(_) => "token-invalid",
+            TokenError::Expired { .. } => "token-expired",
+            TokenError::WrongSubject => "token-wrong-subject",
+        }
+    }
+}
+
+/// Seals `session` with the ring's newest key and a random nonce.
+pub fn seal(ring: &KeyRing, session: &Session) -> String {
+    seal_with_nonce(ring, session, XChaCha20Poly1305::generate_nonce(&mut OsRng).into())
+}
+
+/// Seals with a given nonce. Only for tests: a nonce must never repeat under one key.
+pub fn seal_with_nonce(ring: &KeyRing, session: &Session, nonce: [u8; NONCE_LEN]) -> String {
+    let (key_id, key) = ring.newest();
+    let mut header = vec![TOKEN_FORMAT, key_id.len() as u8];
+    header.extend_from_slice(key_id.as_bytes());
+
+    let subject = session.subject.as_deref().unwrap_or("");
+    assert!(subject.len() <= MAX_SUBJECT_LEN, "subjects are checked when they enter the gateway");
+    let mut plaintext = Vec::with_capacity(18 + subject.len() + codec::encoded_len(&session.past));
+    plaintext.push(ENVELOPE_VERSION);
+    plaintext.extend_from_slice(&session.issued_at.to_be_bytes());
+    plaintext.extend_from_slice(&session.expires_at.to_be_bytes());
+    plaintext.push(subject.len() as u8);
+    plaintext.extend_from_slice(subject.as_bytes());
+    codec::encode_into(&session.past, &mut plaintext);
+
+    let cipher = XChaCha20Poly1305::new((&key.0).into());
+    let nonce = XNonce::from(nonce);
+    let ciphertext = cipher
+        .encrypt(&nonce, Payload { msg: &plaintext, aad: &header })
+        .expect("XChaCha20-Poly1305 encryption cannot fail for in-memory buffers");
+    let mut out = header;
+    out.extend_from_slice(&nonce);
+    out.extend_from_slice(&ciphertext);
+    URL_SAFE_NO_PAD.encode(out)
+}
+
+/// Opens and validates a token: size, format, key, authenticity, envelope, expiry
+/// (`now` in unix seconds), subject binding and the causes' strict decoding.
+///
+/// Subject rule: a token bound to a subject opens only for that subject; an unbound token
+/// opens for anyone (the refreshed token is then bound to the caller's subject).
+pub fn open(
+    ring: &KeyRing,
+    token: &str,
+    now: u64,
+    subject: Option<&str>,
+    limits: &TokenLimits,
+) -> Result<Session, TokenError> {
+    if token.len() > limits.max_encoded_len {
+        return Err(TokenError::TooLarge { limit: limits.max_encoded_len });
+    }
+    let raw = URL_SAFE_NO_PAD
+        .decode(token.trim())
+        .map_err(|_| TokenError::Malformed("not base64url without padding".into()))?;
+    let malformed = |what: &str| TokenError::Malformed(what.to_string());
+    let (&format, rest) = raw.split_first().ok_or_else(|| malformed("empty"))?;
+    if format != TOKEN_FORMAT {
+        return Err(TokenError::Malformed(format!("unknown token format 0x{format:02x}")));
+    }
+    let (&key_id_len, rest) = rest.split_first().ok_or_else(|| malformed("truncated before the key id"))?;
+    let key_id_len = usize::from(key_id_len);
+    if key_id_len == 0 || key_id_len > MAX_KEY_ID_LEN || rest.len() < key_id_len + NONCE_LEN + TAG_LEN {
+        return Err(malformed("truncated or bad key id length"));
+    }
+    let (key_id, rest) = rest.split_at(key_id_len);
+    let key_id = std::str::from_utf8(key_id).map_err(|_| malformed("key id is not UTF-8"))?;
+    let (nonce, ciphertext) = rest.split_at(NONCE_LEN);
+    let key = ring.find(key_id).ok_or_else(|| TokenError::UnknownKey(key_id.to_string()))?;
+    let header = &raw[..2 + key_id_len];
+    let cipher = XChaCha20Poly1305::new((&key.0).into());
+    let plaintext = cipher
+        .decrypt(XNonce::from_slice(nonce), Payload { msg: ciphertext, aad: header })
+        .map_err(|_| TokenError::Tampered)?;
+
+    // Authenticated from here on, but still checked field by field: a bug in an older
+    // build could have sealed something wrong.
+    let bad = |what: &str| TokenError::Malformed(format!("envelope: {what}"));
+    if plaintext.len() < 18 {
+        return Err(bad("truncated"));
+    }
+    if plaintext[0] != ENVELOPE_VERSION {
+        return Err(bad("unknown envelope version"));
+    }
+    let issued_at = u64::from_be_bytes(plaintext[1..9].try_into().expect("8 bytes"));
+    let expires_at = u64::from_be_bytes(plaintext[9..17].try_into().expect("8 bytes"));
+    let subject_len = usize::from(plaintext[17]);
+    let causes_at = 18 + subject_len;
+    if plaintext.len() < causes_at {
+        return Err(bad("truncated subject"));
+    }
+    let bound = std::str::from_utf8(&plaintext[18..causes_at]).map_err(|_| bad("subject is not UTF-8"))?;
+    let bound = (!bound.is_empty()).then(|| bound.to_string());
+    if now >= expires_at {
+        return Err(TokenError::Expired { expires_at, now });
+    }
+    if let Some(bound) = &bound {
+        if subject != Some(bound.as_str()) {
+            return Err(TokenError::WrongSubject);
+        }
+    }
+    let past = codec::decode(&plaintext[causes_at..], usize::MAX).map_err(|e| match e {
+        DecodeError::Undecodable(m) => TokenError::UndecodableCauses(format!("{m} ({})", m.class())),
+        DecodeError::OverBudget { .. } => TokenError::UndecodableCauses(e.to_string()),
+    })?;
+    if past.len() > limits.max_entries {
+        return Err(TokenError::TooManyEntries { count: past.len(), limit: limits.max_entries });
+    }
+    Ok(Session { issued_at, expires_at, subject: bound, past })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use parsley::{ChannelId, TopicId};
+
+    fn ring(ids: &[(&str, u8)]) -> KeyRing {
+        KeyRing::new(ids.iter().map(|(id, b)| (id.to_string(), SecretKey::from_bytes([*b; 32]))).collect()).unwrap()
+    }
+
+    fn session(subject: Option<&str>) -> Session {
+        let c = ChannelId::new(TopicId::from_bytes([7; 16]), 2);
+        Session {
+            issued_at: 100,
+            expires_at: 200,
+            subject: subject.map(String::from),
+            past: CausalPast::from_pairs([(c, 42)]),
+        }
+    }
+
+    #[test]
+    fn round_trip_and_nonces_differ() {
+        let r = ring(&[("k1", 1)]);
+        let s = session(None);
+        let a = seal(&r, &s);
+        let b = seal(&r, &s);
+        assert_ne!(a, b, "a fresh nonce per seal");
+        assert_eq!(open(&r, &a, 150, None, &TokenLimits::default()).unwrap(), s);
+        assert_eq!(open(&r, &a, 150, Some("alice"), &TokenLimits::default()).unwrap(), s, "unbound opens for anyone");
+        assert!(!a.contains('=') && !a.contains('+') && !a.contains('/'));
+    }
+
+    #[test]
+    fn rotation_seals_with_newest_and_opens_with_any() {
+        let old = ring(&[("k1", 1)]);
+        let rotated = ring(&[("k2", 2), ("k1", 1)]);
+        let s = session(None);
+        let t_old = seal(&old, &s);
+        assert_eq!(open(&rotated, &t_old, 150, None, &TokenLimits::default()).unwrap(), s);
+        let t_new = seal(&rotated, &s);
+        assert_eq!(open(&old, &t_new, 150, None, &TokenLimits::default()), Err(TokenError::UnknownKey("k2".into())));
+    }
+
+    #[test]
+    fn every_refusal_has_its_reason() {
+        let r = ring(&[("k1", 1)]);
+        let lim = TokenLimits::default();
+        let t = seal_with_nonce(&r, &session(Some("alice")), [9; 24]);
+        assert_eq!(open(&r, &t, 200, Some("alice"), &lim), Err(TokenError::Expired { expires_at: 200, now: 200 }));
+        assert_eq!(open(&r, &t, 150, Some("bob"), &lim), Err(TokenError::WrongSubject));
+        assert_eq!(open(&r, &t, 150, None, &lim), Err(TokenError::WrongSubject));
+        assert!(open(&r, &t, 150, Some("alice"), &lim).is_ok());
+        assert_eq!(open(&ring(&[("k1", 3)]), &t, 150, Some("alice"), &lim), Err(TokenError::Tampered));
+        assert!(matches!(open(&r, "%%%", 150, None, &lim), Err(TokenError::Malformed(_))));
+        assert!(matches!(open(&r, "", 150, None, &lim), Err(TokenError::Malformed(_))));
+        assert_eq!(
+            open(&r, &t, 150, Some("alice"), &TokenLimits { max_encoded_len: 10, max_entries: 10 }),
+            Err(TokenError::TooLarge { limit: 10 })
+        );
+        assert_eq!(
+            open(&r, &t, 150, Some("alice"), &TokenLimits { max_encoded_len: 10_000, max_entries: 0 }),
+            Err(TokenError::TooManyEntries { count: 1, limit: 0 })
+        );
+    }
+
+    #[test]
+    fn every_flipped_bit_is_refused() {
+        let r = ring(&[("k1", 1)]);
+        let t = seal_with_nonce(&r, &session(None), [5; 24]);
+        let raw = URL_SAFE_NO_PAD.decode(&t).unwrap();
+        for i in 0..raw.len() {
+            for bit in [0x01u8, 0x80] {
+                let mut damaged = raw.clone();
+                damaged[i] ^= bit;
+                let err = open(&r, &URL_SAFE_NO_PAD.encode(&damaged), 150, None, &TokenLimits::default()).unwrap_err();
+                assert!(
+                    matches!(err, TokenError::Tampered | TokenError::Malformed(_) | TokenError::UnknownKey(_)),
+                    "byte {i} bit {bit:#x}: {err:?}"
+                );
+            }
+        }
+        // Truncations too.
+        for n in 0..raw.len() {
+            assert!(open(&r, &URL_SAFE_NO_PAD.encode(&raw[..n]), 150, None, &TokenLimits::default()).is_err());
+        }
+    }
+
+    #[test]
+    fn a_sealed_but_undecodable_past_is_refused_not_emptied() {
+        // Seal an envelope by hand whose causes are damaged (as a buggy build might have).
+        let r = ring(&[("k1", 1)]);
+        let header = vec![TOKEN_FORMAT, 2, b'k', b'1'];
+        let mut plain = vec![ENVELOPE_VERSION];
+        plain.extend_from_slice(&1u64.to_be_bytes());
+        plain.extend_from_slice(&500u64.to_be_bytes());
+        plain.push(0);
+        plain.extend_from_slice(&[0x01, 0x01, 0x00]);
+        let cipher = XChaCha20Poly1305::new((&[1u8; 32]).into());
+        let nonce = XNonce::from([3u8; 24]);
+        let ct = cipher.encrypt(&nonce, Payload { msg: &plain, aad: &header }).unwrap();
+        let token = URL_SAFE_NO_PAD.encode([header, nonce.to_vec(), ct].concat());
+        assert!(matches!(open(&r, &token, 10, None, &TokenLimits::default()), Err(TokenError::UndecodableCauses(_))));
+    }
+
+    #[test]
+    fn key_configuration_is_checked_and_never_printed() {
+        let key = URL_SAFE_NO_PAD.encode([4u8; 32]);
+        let r = KeyRing::parse(&format!("new:{key}, old:{key}")).unwrap();
+        assert_eq!(r.newest().0, "new");
+        assert!(!format!("{r:?}").contains(&key), "keys never appear in Debug output");
+        assert!(matches!(KeyRing::parse(""), Err(KeyError::Empty)));
+        assert!(matches!(KeyRing::parse("nokey"), Err(KeyError::BadEntry(_))));
+        assert!(matches!(KeyRing::parse("a:c2hvcnQ"), Err(KeyError::WrongLength(5))));
+        assert!(matches!(KeyRing::parse(&format!("a b:{key}")), Err(KeyError::BadKeyId(_))));
+        assert!(matches!(KeyRing::parse(&format!("a:{key},a:{key}")), Err(KeyError::DuplicateKeyId(_))));
+        // A malformed entry is echoed without its secret part.
+        let err = KeyRing::parse("a-secret-with-no-id").unwrap_err();
+        assert!(!err.to_string().contains("secret"), "{err}");
+    }
+}
