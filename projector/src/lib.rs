@@ -1,1 +1,39 @@
-//! The Parsley engine hosted on Postgres (see docs/projector.md once it lands).
+//! The Parsley engine hosted on Postgres: a projector that consumes Kafka records
+//! (`read_committed`), lets the engine decide delivery, and commits projection rows,
+//! ordering state, clock rows and consumed positions in one SQL transaction per step.
+//!
+//! # Layout
+//! - [`config`]: the TOML configuration (shared with the gateway) and its environment
+//!   overrides.
+//! - [`migrations`]: the embedded schema migrations (`migrations/` at the workspace root).
+//! - [`store`]: every statement against the ordering state (`parsley` schema): models,
+//!   topic identities, task epochs, loading state, writing a step's changes.
+//! - [`record`]: what is kept of a Kafka record (the engine's payload).
+//! - [`projection`]: the [`Projection`] seam; [`documents`]: the shipped document
+//!   projection (replace / JSON merge patch / tombstone).
+//! - [`kafka`]: topic resolution, the task consumer's settings, watermarks.
+//! - [`task`]: one task's runner — consumer, engine, steps, fencing, failure and restore.
+//! - [`model`]: a model's topics checked against recorded identities and width, and its
+//!   task runners; `run` (until shutdown) and `run_once` (one step per task).
+//! - [`status`]: task status read back from the database; [`metrics`]: Prometheus text.
+//!
+//! See `docs/projector.md` for the model, schema, step, fencing and restart.
+
+pub mod config;
+pub mod documents;
+pub mod kafka;
+pub mod metrics;
+pub mod migrations;
+pub mod model;
+pub mod projection;
+pub mod record;
+pub mod status;
+pub mod store;
+pub mod task;
+
+pub use config::Config;
+pub use documents::DocumentProjection;
+pub use model::{ModelPlan, ModelProjector};
+pub use projection::{Delivered, Projection, StepContext};
+pub use record::RecordData;
+pub use task::{StepOutcome, TaskRunner, TaskState};

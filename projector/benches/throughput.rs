@@ -1,0 +1,2 @@
+//! Projector throughput against a naive projector (written below).
+fn main() {}

@@ -1,0 +1,502 @@
+//! Configuration: one TOML file shared with the gateway, then environment overrides.
+//!
+//! Every table refuses unknown keys, and every check names the key it failed on, so a typo
+//! stops the process at start with a message instead of silently taking a default. The
+//! `[gateway]` table belongs to the gateway, which parses it itself; the projector only
+//! carries it through. Every key, its default and its override are listed in
+//! `docs/configuration.md`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use serde::Deserialize;
+
+/// Environment variable overriding `kafka.bootstrap`.
+pub const ENV_KAFKA_BOOTSTRAP: &str = "PARSLEY_KAFKA_BOOTSTRAP";
+/// Environment variable overriding `database.url` (preferred over [`ENV_DATABASE_URL_FALLBACK`]).
+pub const ENV_DATABASE_URL: &str = "PARSLEY_DATABASE_URL";
+/// The conventional `DATABASE_URL`, used when [`ENV_DATABASE_URL`] is unset.
+pub const ENV_DATABASE_URL_FALLBACK: &str = "DATABASE_URL";
+/// Environment variable overriding `projector.metrics_address`.
+pub const ENV_METRICS_ADDRESS: &str = "PARSLEY_METRICS_ADDRESS";
+/// Environment variable overriding `projector.owner`.
+pub const ENV_OWNER: &str = "PARSLEY_OWNER";
+
+/// librdkafka consumer properties the projector fixes; `kafka.consumer` may not set them.
+pub const FIXED_CONSUMER_PROPERTIES: [&str; 6] = [
+    "bootstrap.servers",
+    "isolation.level",
+    "enable.auto.commit",
+    "enable.auto.offset.store",
+    "auto.offset.reset",
+    "group.id",
+];
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub kafka: KafkaConfig,
+    #[serde(default)]
+    pub database: DatabaseConfig,
+    #[serde(default)]
+    pub projector: ProjectorSettings,
+    #[serde(default)]
+    pub models: Vec<ModelConfig>,
+    /// The gateway's own table: parsed (strictly) by the gateway, carried through here.
+    #[serde(default)]
+    pub gateway: Option<toml::Table>,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaConfig {
+    /// Bootstrap servers, `host:port[,host:port...]`.
+    #[serde(default = "default_bootstrap")]
+    pub bootstrap: String,
+    /// Extra librdkafka consumer properties (e.g. `fetch.wait.max.ms`). The properties in
+    /// [`FIXED_CONSUMER_PROPERTIES`] are refused.
+    #[serde(default)]
+    pub consumer: BTreeMap<String, String>,
+    /// Timeout of metadata, watermark and admin requests, in milliseconds.
+    #[serde(default = "default_kafka_timeout_ms")]
+    pub request_timeout_ms: u64,
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        KafkaConfig {
+            bootstrap: default_bootstrap(),
+            consumer: BTreeMap::new(),
+            request_timeout_ms: default_kafka_timeout_ms(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseConfig {
+    /// Postgres URL. Usually from the environment (it may hold a password); never logged.
+    #[serde(default)]
+    pub url: Option<String>,
+    #[serde(default = "default_max_connections")]
+    pub max_connections: u32,
+    /// How long to wait for a connection from the pool, in milliseconds.
+    #[serde(default = "default_acquire_timeout_ms")]
+    pub acquire_timeout_ms: u64,
+}
+
+impl Default for DatabaseConfig {
+    fn default() -> Self {
+        DatabaseConfig {
+            url: None,
+            max_connections: default_max_connections(),
+            acquire_timeout_ms: default_acquire_timeout_ms(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ProjectorSettings {
+    /// This instance's name in `parsley.tasks.owner`. Default: `<hostname>-<pid>`.
+    #[serde(default)]
+    pub owner: Option<String>,
+    /// Address of the Prometheus endpoint (`GET /metrics`); empty to disable.
+    #[serde(default = "default_metrics_address")]
+    pub metrics_address: String,
+    /// Largest `parsley.causes` value accepted, in bytes.
+    #[serde(default = "default_metadata_budget")]
+    pub metadata_budget: usize,
+    /// First wait after a failed step, in milliseconds; doubles per failure.
+    #[serde(default = "default_initial_backoff_ms")]
+    pub initial_backoff_ms: u64,
+    /// Longest wait between retries of a failing step, in milliseconds.
+    #[serde(default = "default_max_backoff_ms")]
+    pub max_backoff_ms: u64,
+}
+
+impl Default for ProjectorSettings {
+    fn default() -> Self {
+        ProjectorSettings {
+            owner: None,
+            metrics_address: default_metrics_address(),
+            metadata_budget: default_metadata_budget(),
+            initial_backoff_ms: default_initial_backoff_ms(),
+            max_backoff_ms: default_max_backoff_ms(),
+        }
+    }
+}
+
+impl ProjectorSettings {
+    pub fn initial_backoff(&self) -> Duration {
+        Duration::from_millis(self.initial_backoff_ms)
+    }
+    pub fn max_backoff(&self) -> Duration {
+        Duration::from_millis(self.max_backoff_ms)
+    }
+}
+
+/// Where a channel with no prior state starts.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum InitialPosition {
+    /// The log start: everything still retained.
+    #[default]
+    Earliest,
+    /// The last stable offset: only what is committed from now on.
+    Latest,
+}
+
+/// How the document projection applies a topic's records.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Apply {
+    /// The record's JSON value replaces the document.
+    #[default]
+    Replace,
+    /// The record's JSON value is a merge patch (RFC 7396) applied to the document.
+    Merge,
+}
+
+/// Which projection a model runs.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ProjectionKind {
+    /// JSON documents keyed by record key (`projection.documents`).
+    #[default]
+    Documents,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// Unique model name: letters, digits, `_`, `-`, `.`; at most 63 bytes.
+    pub name: String,
+    #[serde(default)]
+    pub projection: ProjectionKind,
+    /// The received topics, co-partitioned (equal partition counts).
+    pub topics: Vec<TopicConfig>,
+    /// Default initial position of the model's topics.
+    #[serde(default)]
+    pub initial_position: InitialPosition,
+    /// Most records fed to a task in one step.
+    #[serde(default = "default_max_step_records")]
+    pub max_step_records: usize,
+    /// Longest a step waits for records before it commits what it has, in milliseconds.
+    #[serde(default = "default_max_step_ms")]
+    pub max_step_ms: u64,
+    /// The tasks this instance runs; all of them when absent.
+    #[serde(default)]
+    pub tasks: Option<Vec<u32>>,
+}
+
+impl ModelConfig {
+    pub fn max_step_time(&self) -> Duration {
+        Duration::from_millis(self.max_step_ms)
+    }
+
+    pub fn topic(&self, name: &str) -> Option<&TopicConfig> {
+        self.topics.iter().find(|t| t.name == name)
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TopicConfig {
+    pub name: String,
+    #[serde(default)]
+    pub apply: Apply,
+    /// Overrides the model's `initial_position` for this topic.
+    #[serde(default)]
+    pub initial_position: Option<InitialPosition>,
+}
+
+impl TopicConfig {
+    pub fn initial_position(&self, model: &ModelConfig) -> InitialPosition {
+        self.initial_position.unwrap_or(model.initial_position)
+    }
+}
+
+fn default_bootstrap() -> String {
+    parsley_infra::env::LOCAL_KAFKA_BOOTSTRAP.to_string()
+}
+fn default_kafka_timeout_ms() -> u64 {
+    10_000
+}
+fn default_max_connections() -> u32 {
+    8
+}
+fn default_acquire_timeout_ms() -> u64 {
+    5_000
+}
+fn default_metrics_address() -> String {
+    "127.0.0.1:9464".to_string()
+}
+fn default_metadata_budget() -> usize {
+    parsley::codec::DEFAULT_METADATA_BUDGET
+}
+fn default_initial_backoff_ms() -> u64 {
+    100
+}
+fn default_max_backoff_ms() -> u64 {
+    30_000
+}
+fn default_max_step_records() -> usize {
+    2_000
+}
+fn default_max_step_ms() -> u64 {
+    100
+}
+
+impl Config {
+    /// Parses and validates `text` (no environment overrides).
+    pub fn parse(text: &str) -> anyhow::Result<Config> {
+        let config: Config = toml::from_str(text).map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads `path`, applies the environment overrides, validates.
+    pub fn load(path: &Path) -> anyhow::Result<Config> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let mut config: Config = toml::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("invalid configuration in {}: {e}", path.display()))?;
+        config.apply_env(|name| std::env::var(name).ok());
+        config.validate().with_context(|| format!("invalid configuration in {}", path.display()))?;
+        Ok(config)
+    }
+
+    /// Applies the environment overrides, reading variables through `var`.
+    pub fn apply_env(&mut self, var: impl Fn(&str) -> Option<String>) {
+        let set = |name: &str| var(name).filter(|v| !v.trim().is_empty());
+        if let Some(v) = set(ENV_KAFKA_BOOTSTRAP) {
+            self.kafka.bootstrap = v;
+        }
+        if let Some(v) = set(ENV_DATABASE_URL).or_else(|| set(ENV_DATABASE_URL_FALLBACK)) {
+            self.database.url = Some(v);
+        }
+        if let Some(v) = var(ENV_METRICS_ADDRESS) {
+            self.projector.metrics_address = v;
+        }
+        if let Some(v) = set(ENV_OWNER) {
+            self.projector.owner = Some(v);
+        }
+    }
+
+    /// Checks what serde cannot; every message names the key.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.kafka.bootstrap.trim().is_empty() {
+            bail!("kafka.bootstrap must not be empty");
+        }
+        for key in self.kafka.consumer.keys() {
+            if FIXED_CONSUMER_PROPERTIES.contains(&key.as_str()) {
+                bail!("kafka.consumer.\"{key}\" is fixed by the projector and may not be set");
+            }
+        }
+        if self.database.max_connections == 0 {
+            bail!("database.max_connections must be at least 1");
+        }
+        if self.projector.metadata_budget < 16 {
+            bail!("projector.metadata_budget must be at least 16 bytes");
+        }
+        if self.projector.initial_backoff_ms == 0 {
+            bail!("projector.initial_backoff_ms must be at least 1");
+        }
+        if self.projector.max_backoff_ms < self.projector.initial_backoff_ms {
+            bail!("projector.max_backoff_ms must be at least projector.initial_backoff_ms");
+        }
+        if !self.projector.metrics_address.is_empty()
+            && self.projector.metrics_address.parse::<std::net::SocketAddr>().is_err()
+        {
+            bail!("projector.metrics_address {:?} is not an address like 127.0.0.1:9464", self.projector.metrics_address);
+        }
+        let mut names = BTreeSet::new();
+        for (i, m) in self.models.iter().enumerate() {
+            let at = format!("models[{i}]");
+            if !valid_model_name(&m.name) {
+                bail!("{at}.name {:?} must be 1 to 63 letters, digits, '_', '-' or '.'", m.name);
+            }
+            if !names.insert(m.name.as_str()) {
+                bail!("{at}.name {:?} is declared twice", m.name);
+            }
+            if m.topics.is_empty() {
+                bail!("{at}.topics must name at least one topic");
+            }
+            let mut topics = BTreeSet::new();
+            for (j, t) in m.topics.iter().enumerate() {
+                if t.name.trim().is_empty() || t.name.len() > 249 {
+                    bail!("{at}.topics[{j}].name must be a Kafka topic name (1 to 249 characters)");
+                }
+                if !topics.insert(t.name.as_str()) {
+                    bail!("{at}.topics[{j}].name {:?} is declared twice in model {:?}", t.name, m.name);
+                }
+            }
+            if m.max_step_records == 0 {
+                bail!("{at}.max_step_records must be at least 1");
+            }
+            if m.max_step_ms == 0 {
+                bail!("{at}.max_step_ms must be at least 1");
+            }
+            if let Some(tasks) = &m.tasks {
+                if tasks.is_empty() {
+                    bail!("{at}.tasks must list at least one task when present");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The model named `name`.
+    pub fn model(&self, name: &str) -> anyhow::Result<&ModelConfig> {
+        self.models.iter().find(|m| m.name == name).with_context(|| {
+            let known: Vec<&str> = self.models.iter().map(|m| m.name.as_str()).collect();
+            format!("no model named {name:?} in the configuration (models: {known:?})")
+        })
+    }
+
+    /// The database URL, or an error naming the key and the variables.
+    pub fn database_url(&self) -> anyhow::Result<&str> {
+        self.database.url.as_deref().filter(|u| !u.trim().is_empty()).with_context(|| {
+            format!("database.url is not set: set it in the file or export {ENV_DATABASE_URL} (or {ENV_DATABASE_URL_FALLBACK})")
+        })
+    }
+
+    /// This instance's owner name.
+    pub fn owner(&self) -> String {
+        self.projector.owner.clone().unwrap_or_else(default_owner)
+    }
+}
+
+/// `<hostname>-<pid>`: distinct per process, readable in status.
+pub fn default_owner() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "projector".to_string());
+    format!("{host}-{}", std::process::id())
+}
+
+/// Model names appear in NOTIFY payloads (`<model>:<task>`) and metric labels.
+pub fn valid_model_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FULL: &str = r#"
+[kafka]
+bootstrap = "k:9092"
+consumer = { "fetch.wait.max.ms" = "50" }
+
+[database]
+url = "postgres://u:p@h/db"
+max_connections = 4
+
+[projector]
+owner = "a"
+metrics_address = "127.0.0.1:9000"
+
+[[models]]
+name = "shop"
+initial_position = "latest"
+max_step_records = 10
+max_step_ms = 20
+topics = [
+  { name = "orders", apply = "replace" },
+  { name = "payments", apply = "merge", initial_position = "earliest" },
+]
+
+[gateway]
+listen = "127.0.0.1:8080"
+"#;
+
+    fn error_of(text: &str) -> String {
+        format!("{:#}", Config::parse(text).unwrap_err())
+    }
+
+    #[test]
+    fn a_full_file_parses() {
+        let c = Config::parse(FULL).unwrap();
+        assert_eq!(c.kafka.bootstrap, "k:9092");
+        let m = c.model("shop").unwrap();
+        assert_eq!(m.topics[1].apply, Apply::Merge);
+        assert_eq!(m.topics[0].initial_position(m), InitialPosition::Latest);
+        assert_eq!(m.topics[1].initial_position(m), InitialPosition::Earliest);
+        assert_eq!(m.max_step_records, 10);
+        assert!(c.gateway.is_some());
+        assert!(c.model("nope").is_err());
+    }
+
+    #[test]
+    fn defaults_apply() {
+        let c = Config::parse("[[models]]\nname = \"m\"\ntopics = [{ name = \"t\" }]\n").unwrap();
+        let m = &c.models[0];
+        assert_eq!(m.topics[0].apply, Apply::Replace);
+        assert_eq!(m.initial_position, InitialPosition::Earliest);
+        assert_eq!(m.max_step_records, 2_000);
+        assert_eq!(c.projector.metadata_budget, 256 * 1024);
+        assert_eq!(c.kafka.bootstrap, "127.0.0.1:9092");
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let cases: &[(&str, &str)] = &[
+            ("[kafka]\nbootstrapp = \"x\"\n", "bootstrapp"),
+            ("[[models]]\nname = \"m\"\ntopics = [{ name = \"t\", apply = \"upsert\" }]\n", "upsert"),
+            ("[[models]]\nname = \"m\"\ntopics = [{ name = \"t\", aply = \"merge\" }]\n", "aply"),
+            ("[[models]]\nname = \"m\"\ntopics = []\n", "models[0].topics"),
+            ("[[models]]\nname = \"m:x\"\ntopics = [{ name = \"t\" }]\n", "models[0].name"),
+            ("[[models]]\nname = \"m\"\ntopics = [{ name = \"t\" }, { name = \"t\" }]\n", "models[0].topics[1].name"),
+            ("[[models]]\nname = \"m\"\nmax_step_records = 0\ntopics = [{ name = \"t\" }]\n", "models[0].max_step_records"),
+            ("[[models]]\nname = \"m\"\ninitial_position = \"middle\"\ntopics = [{ name = \"t\" }]\n", "middle"),
+            ("[kafka]\nconsumer = { \"isolation.level\" = \"read_uncommitted\" }\n", "kafka.consumer.\"isolation.level\""),
+            ("[projector]\nmetrics_address = \"nowhere\"\n", "projector.metrics_address"),
+            ("[projector]\nmax_backoff_ms = 1\ninitial_backoff_ms = 5\n", "projector.max_backoff_ms"),
+            ("[[models]]\nname = \"m\"\ntopics = [{ name = \"t\" }]\n[[models]]\nname = \"m\"\ntopics = [{ name = \"t\" }]\n", "models[1].name"),
+            ("surprise = 1\n", "surprise"),
+        ];
+        for (text, key) in cases {
+            let err = error_of(text);
+            assert!(err.contains(key), "error for {text:?} does not name {key:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn environment_overrides_the_file() {
+        let mut c = Config::parse(FULL).unwrap();
+        let env: BTreeMap<&str, &str> = [
+            (ENV_KAFKA_BOOTSTRAP, "env:1"),
+            (ENV_DATABASE_URL_FALLBACK, "postgres://fallback"),
+            (ENV_OWNER, "me"),
+            (ENV_METRICS_ADDRESS, ""),
+        ]
+        .into_iter()
+        .collect();
+        c.apply_env(|n| env.get(n).map(|v| v.to_string()));
+        assert_eq!(c.kafka.bootstrap, "env:1");
+        assert_eq!(c.database_url().unwrap(), "postgres://fallback");
+        assert_eq!(c.owner(), "me");
+        assert_eq!(c.projector.metrics_address, "", "an empty address disables the endpoint");
+        let env: BTreeMap<&str, &str> =
+            [(ENV_DATABASE_URL, "postgres://preferred"), (ENV_DATABASE_URL_FALLBACK, "postgres://fallback")]
+                .into_iter()
+                .collect();
+        c.apply_env(|n| env.get(n).map(|v| v.to_string()));
+        assert_eq!(c.database_url().unwrap(), "postgres://preferred");
+    }
+
+    #[test]
+    fn a_missing_database_url_names_the_key() {
+        let c = Config::parse("").unwrap();
+        let err = c.database_url().unwrap_err().to_string();
+        assert!(err.contains("database.url") && err.contains(ENV_DATABASE_URL), "{err}");
+    }
+}

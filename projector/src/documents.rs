@@ -1,0 +1,306 @@
+//! The generic document projection: one JSON document per record key in
+//! `projection.documents`. Per topic, a record's value either replaces the document or is
+//! applied to it as a JSON merge patch (RFC 7396); a tombstone (null value) deletes it, and
+//! so does a value or patch whose result is JSON `null`.
+//!
+//! A step's deliveries are folded in memory, in delivery order, and written with at most
+//! three statements (read the documents merge patches need, upsert, delete), so the cost
+//! per step does not grow with a statement per record. A record without a key, with a key
+//! that is not UTF-8, or with a value that is not JSON fails the step: the task stays on
+//! that record and reports it.
+
+use std::collections::BTreeMap;
+
+use anyhow::{anyhow, Context as _};
+use serde_json::{Map, Value};
+use sqlx::{PgConnection, Row as _};
+use uuid::Uuid;
+
+use crate::config::Apply;
+use crate::projection::{Delivered, Projection, StepContext};
+use crate::store::uuid_of;
+
+/// Applies RFC 7396 JSON merge patch `patch` to `target`.
+pub fn merge_patch(target: &mut Value, patch: &Value) {
+    match patch {
+        Value::Object(fields) => {
+            if !target.is_object() {
+                *target = Value::Object(Map::new());
+            }
+            let object = target.as_object_mut().expect("made an object above");
+            for (name, value) in fields {
+                if value.is_null() {
+                    object.remove(name);
+                } else {
+                    merge_patch(object.entry(name.clone()).or_insert(Value::Null), value);
+                }
+            }
+        }
+        other => *target = other.clone(),
+    }
+}
+
+/// The document projection of one model.
+#[derive(Clone, Debug)]
+pub struct DocumentProjection {
+    apply_by_topic: BTreeMap<String, Apply>,
+}
+
+impl DocumentProjection {
+    /// `apply_by_topic`: how each received topic's records are applied.
+    pub fn new(apply_by_topic: impl IntoIterator<Item = (String, Apply)>) -> Self {
+        DocumentProjection { apply_by_topic: apply_by_topic.into_iter().collect() }
+    }
+
+    pub fn from_model(model: &crate::config::ModelConfig) -> Self {
+        DocumentProjection::new(model.topics.iter().map(|t| (t.name.clone(), t.apply)))
+    }
+}
+
+/// One record's effect on a document.
+enum Op {
+    Delete,
+    Replace(Value),
+    Merge(Value),
+}
+
+fn op_of(apply: Apply, record: &Delivered<'_>) -> anyhow::Result<Op> {
+    let Some(bytes) = record.value else { return Ok(Op::Delete) };
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| {
+        anyhow!(
+            "the value of {} is not JSON ({} bytes; {} at line {} column {}); the document projection needs JSON values",
+            record.coordinate(),
+            bytes.len(),
+            e.classify_name(),
+            e.line(),
+            e.column()
+        )
+    })?;
+    Ok(match (apply, value) {
+        (_, Value::Null) => Op::Delete,
+        (Apply::Replace, v) => Op::Replace(v),
+        (Apply::Merge, v) => Op::Merge(v),
+    })
+}
+
+trait ClassifyName {
+    fn classify_name(&self) -> &'static str;
+}
+
+impl ClassifyName for serde_json::Error {
+    fn classify_name(&self) -> &'static str {
+        match self.classify() {
+            serde_json::error::Category::Io => "I/O error",
+            serde_json::error::Category::Syntax => "syntax error",
+            serde_json::error::Category::Data => "data error",
+            serde_json::error::Category::Eof => "unexpected end",
+        }
+    }
+}
+
+/// What a step did to one key, folded.
+struct Folded {
+    /// The document after the step (`None`: deleted / absent).
+    doc: Option<Value>,
+    /// Records applied since the last delete in this step.
+    applied_since_delete: i64,
+    /// A delete happened in this step: the stored row goes, the version restarts.
+    reset: bool,
+    last: (Uuid, i32, i64),
+}
+
+impl Projection for DocumentProjection {
+    async fn apply(&self, conn: &mut PgConnection, step: StepContext<'_>, record: &Delivered<'_>) -> anyhow::Result<()> {
+        self.apply_batch(conn, step, std::slice::from_ref(record)).await
+    }
+
+    async fn apply_batch(
+        &self,
+        conn: &mut PgConnection,
+        step: StepContext<'_>,
+        records: &[Delivered<'_>],
+    ) -> anyhow::Result<()> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        // Parse every record first: a bad one fails the step before any statement runs.
+        let mut ops: Vec<(&str, Op, (Uuid, i32, i64))> = Vec::with_capacity(records.len());
+        for r in records {
+            let apply = *self
+                .apply_by_topic
+                .get(r.topic)
+                .with_context(|| format!("{}: topic {:?} has no document rule", r.coordinate(), r.topic))?;
+            let key = r.key.with_context(|| {
+                format!("{} has no key; the document projection keys documents by record key", r.coordinate())
+            })?;
+            let key = std::str::from_utf8(key)
+                .map_err(|_| anyhow!("the key of {} is not UTF-8; document keys are text", r.coordinate()))?;
+            ops.push((key, op_of(apply, r)?, (uuid_of(&r.channel.topic), r.channel.partition as i32, r.position)));
+        }
+
+        // Which keys need their stored document: those whose first operation is a merge.
+        let mut first_is_merge: BTreeMap<&str, bool> = BTreeMap::new();
+        for (key, op, _) in &ops {
+            first_is_merge.entry(key).or_insert(matches!(op, Op::Merge(_)));
+        }
+        let wanted: Vec<String> =
+            first_is_merge.iter().filter(|(_, m)| **m).map(|(k, _)| k.to_string()).collect();
+        let mut stored: BTreeMap<String, Value> = BTreeMap::new();
+        if !wanted.is_empty() {
+            let rows = sqlx::query("SELECT key, doc FROM projection.documents WHERE model = $1 AND key = ANY($2)")
+                .bind(step.model)
+                .bind(&wanted)
+                .fetch_all(&mut *conn)
+                .await
+                .context("reading documents to merge into")?;
+            for row in rows {
+                stored.insert(row.get(0), row.get(1));
+            }
+        }
+
+        let mut folded: BTreeMap<&str, Folded> = BTreeMap::new();
+        for (key, op, at) in ops {
+            let f = folded.entry(key).or_insert_with(|| Folded {
+                doc: stored.remove(key),
+                applied_since_delete: 0,
+                reset: false,
+                last: at,
+            });
+            f.last = at;
+            match op {
+                Op::Delete => {
+                    f.doc = None;
+                    f.reset = true;
+                    f.applied_since_delete = 0;
+                }
+                Op::Replace(v) => {
+                    f.doc = Some(v);
+                    f.applied_since_delete += 1;
+                }
+                Op::Merge(patch) => {
+                    let mut doc = f.doc.take().unwrap_or(Value::Null);
+                    merge_patch(&mut doc, &patch);
+                    if doc.is_null() {
+                        f.doc = None;
+                        f.reset = true;
+                        f.applied_since_delete = 0;
+                    } else {
+                        f.doc = Some(doc);
+                        f.applied_since_delete += 1;
+                    }
+                }
+            }
+        }
+
+        let mut deleted: Vec<String> = Vec::new();
+        let mut keys = Vec::new();
+        let mut docs: Vec<Value> = Vec::new();
+        let mut topics = Vec::new();
+        let mut partitions = Vec::new();
+        let mut positions = Vec::new();
+        let mut counts = Vec::new();
+        for (key, f) in folded {
+            // A key deleted during the step and written again starts over: delete it first.
+            if f.reset {
+                deleted.push(key.to_string());
+            }
+            match f.doc {
+                None => {}
+                Some(doc) => {
+                    keys.push(key.to_string());
+                    docs.push(doc);
+                    topics.push(f.last.0);
+                    partitions.push(f.last.1);
+                    positions.push(f.last.2);
+                    counts.push(f.applied_since_delete);
+                }
+            }
+        }
+        if !deleted.is_empty() {
+            sqlx::query("DELETE FROM projection.documents WHERE model = $1 AND key = ANY($2)")
+                .bind(step.model)
+                .bind(&deleted)
+                .execute(&mut *conn)
+                .await
+                .context("deleting documents")?;
+        }
+        if !keys.is_empty() {
+            sqlx::query(
+                "INSERT INTO projection.documents AS d (model, key, task, doc, topic_id, partition, position, version)
+                 SELECT $1, u.key, $2, u.doc, u.topic_id, u.partition, u.position, u.applied
+                 FROM UNNEST($3::text[], $4::jsonb[], $5::uuid[], $6::int4[], $7::int8[], $8::int8[])
+                      AS u(key, doc, topic_id, partition, position, applied)
+                 ON CONFLICT (model, key) DO UPDATE SET
+                   task = EXCLUDED.task, doc = EXCLUDED.doc, topic_id = EXCLUDED.topic_id,
+                   partition = EXCLUDED.partition, position = EXCLUDED.position,
+                   version = d.version + EXCLUDED.version, updated_at = now()",
+            )
+            .bind(step.model)
+            .bind(step.task as i32)
+            .bind(&keys)
+            .bind(&docs)
+            .bind(&topics)
+            .bind(&partitions)
+            .bind(&positions)
+            .bind(&counts)
+            .execute(&mut *conn)
+            .await
+            .context("writing documents")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// RFC 7396, Appendix A.
+    #[test]
+    fn merge_patch_matches_the_rfc_examples() {
+        let cases = [
+            (json!({"a":"b"}), json!({"a":"c"}), json!({"a":"c"})),
+            (json!({"a":"b"}), json!({"b":"c"}), json!({"a":"b","b":"c"})),
+            (json!({"a":"b"}), json!({"a":null}), json!({})),
+            (json!({"a":"b","b":"c"}), json!({"a":null}), json!({"b":"c"})),
+            (json!({"a":["b"]}), json!({"a":"c"}), json!({"a":"c"})),
+            (json!({"a":"c"}), json!({"a":["b"]}), json!({"a":["b"]})),
+            (json!({"a":{"b":"c"}}), json!({"a":{"b":"d","c":null}}), json!({"a":{"b":"d"}})),
+            (json!({"a":[{"b":"c"}]}), json!({"a":[1]}), json!({"a":[1]})),
+            (json!(["a","b"]), json!(["c","d"]), json!(["c","d"])),
+            (json!({"a":"b"}), json!(["c"]), json!(["c"])),
+            (json!({"a":"foo"}), json!(null), json!(null)),
+            (json!({"a":"foo"}), json!("bar"), json!("bar")),
+            (json!({"e":null}), json!({"a":1}), json!({"e":null,"a":1})),
+            (json!([1,2]), json!({"a":"b","c":null}), json!({"a":"b"})),
+            (json!({}), json!({"a":{"bb":{"ccc":null}}}), json!({"a":{"bb":{}}})),
+        ];
+        for (target, patch, expected) in cases {
+            let mut doc = target.clone();
+            merge_patch(&mut doc, &patch);
+            assert_eq!(doc, expected, "{target} + {patch}");
+        }
+    }
+
+    #[test]
+    fn a_non_json_value_is_an_error_naming_the_coordinate_not_the_bytes() {
+        let causes = parsley::CausalPast::new();
+        let record = Delivered {
+            topic: "orders",
+            channel: parsley::ChannelId::new(parsley::TopicId::from_bytes([1; 16]), 2),
+            position: 7,
+            key: Some(b"k"),
+            value: Some(b"secret-not-json"),
+            headers: &[],
+            timestamp_ms: None,
+            causes: &causes,
+        };
+        let err = match op_of(Apply::Replace, &record) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("not JSON, yet parsed"),
+        };
+        assert!(err.contains("orders/2@7") && err.contains("not JSON"), "{err}");
+        assert!(!err.contains("secret"), "payload bytes leaked into: {err}");
+    }
+}

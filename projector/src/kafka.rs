@@ -1,0 +1,109 @@
+//! Kafka for the projector: resolving the declared topics to topic IDs and partition counts,
+//! the task consumer's configuration, and partition watermarks.
+//!
+//! Topic existence and partition counts come from a metadata request (so a deleted topic is
+//! recognised as such, not confused with an unreachable broker); topic IDs come from
+//! DescribeTopics through `parsley-infra`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use parsley::startup::ResolvedTopic;
+use parsley::TopicId;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer as _, StreamConsumer};
+use rdkafka::types::RDKafkaRespErr;
+
+use crate::config::KafkaConfig;
+
+/// The task consumer's configuration: the project's read-committed, no-auto-commit consumer
+/// (`parsley_infra::kafka::consumer_config`), plus `auto.offset.reset=error` so that a
+/// position retention removed is reported instead of silently skipped, plus the operator's
+/// extra properties (which may not override the fixed ones; see `config.rs`).
+///
+/// The group id (librdkafka wants one even for a manual assignment; nothing is committed
+/// to it) is `parsley-projector.<model>`.
+pub fn consumer_config(kafka: &KafkaConfig, model: &str) -> ClientConfig {
+    let mut c = parsley_infra::kafka::consumer_config(&kafka.bootstrap, &format!("parsley-projector.{model}"));
+    c.set("auto.offset.reset", "error");
+    // Steps are bounded in time; fetches should not sit on the broker longer than a step.
+    c.set("fetch.wait.max.ms", "50");
+    for (k, v) in &kafka.consumer {
+        c.set(k, v);
+    }
+    c
+}
+
+/// Creates a task consumer (nothing assigned yet).
+pub fn task_consumer(kafka: &KafkaConfig, model: &str) -> anyhow::Result<StreamConsumer> {
+    consumer_config(kafka, model).create().context("creating a Kafka consumer")
+}
+
+/// Resolves every declared topic: its ID (`None` when the name does not resolve) and
+/// partition count (0 when it does not exist).
+pub async fn resolve_topics(kafka: &KafkaConfig, model: &str, names: &[String]) -> anyhow::Result<Vec<ResolvedTopic>> {
+    let config = consumer_config(kafka, model);
+    let names = names.to_vec();
+    let timeout = Duration::from_millis(kafka.request_timeout_ms);
+    tokio::task::spawn_blocking(move || resolve_topics_blocking(config, &names, timeout))
+        .await
+        .context("the topic resolution task panicked")?
+}
+
+fn resolve_topics_blocking(
+    config: ClientConfig,
+    names: &[String],
+    timeout: Duration,
+) -> anyhow::Result<Vec<ResolvedTopic>> {
+    let consumer: BaseConsumer = config.create().context("creating a Kafka client for metadata")?;
+    let mut resolved = Vec::with_capacity(names.len());
+    let mut existing = Vec::new();
+    for name in names {
+        let metadata = consumer
+            .fetch_metadata(Some(name), timeout)
+            .with_context(|| format!("fetching metadata of topic {name:?} (is Kafka reachable?)"))?;
+        let topic = metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == name)
+            .with_context(|| format!("the broker's metadata does not mention topic {name:?}"))?;
+        match topic.error() {
+            None => {
+                existing.push(name.clone());
+                resolved.push(ResolvedTopic { name: name.clone(), id: None, partitions: topic.partitions().len() as u32 });
+            }
+            Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) => {
+                resolved.push(ResolvedTopic { name: name.clone(), id: None, partitions: 0 });
+            }
+            Some(e) => anyhow::bail!("metadata of topic {name:?}: error {e:?}"),
+        }
+    }
+    let described = parsley_infra::topic_id::describe_topics_blocking(consumer.client(), &existing, timeout)
+        .context("resolving topic IDs")?;
+    for d in described {
+        let r = resolved.iter_mut().find(|r| r.name == d.name).expect("described a topic we asked for");
+        r.id = Some(TopicId::from_bytes(d.id));
+        // DescribeTopics is the later answer; prefer its partition count.
+        r.partitions = d.partitions;
+    }
+    Ok(resolved)
+}
+
+/// `(log start, last stable offset)` of a partition, as a read-committed consumer sees them.
+pub async fn watermarks(
+    consumer: &Arc<StreamConsumer>,
+    topic: &str,
+    partition: u32,
+    timeout: Duration,
+) -> anyhow::Result<(i64, i64)> {
+    let consumer = Arc::clone(consumer);
+    let topic = topic.to_string();
+    tokio::task::spawn_blocking(move || {
+        consumer
+            .fetch_watermarks(&topic, partition as i32, timeout)
+            .with_context(|| format!("querying the watermarks of {topic}/{partition}"))
+    })
+    .await
+    .context("the watermark task panicked")?
+}

@@ -1,0 +1,252 @@
+//! A model: its received topics resolved to topic IDs and checked against what the database
+//! recorded (identity, co-partitioning, task width), and the runners of the tasks this
+//! instance owns. `run` drives every task until shutdown; `run_once` steps each task once,
+//! for tests that want to drive the loop deterministically.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use parsley::channel::ChannelId;
+use parsley::refusal::Refusal;
+use parsley::startup::{check_task_width, check_topic_identity, task_width};
+use parsley::TopicId;
+use sqlx::PgPool;
+use tokio::sync::watch;
+
+use crate::config::{Config, InitialPosition, KafkaConfig, ModelConfig};
+use crate::kafka;
+use crate::metrics::Metrics;
+use crate::projection::Projection;
+use crate::store;
+use crate::task::{StepOutcome, TaskRunner};
+
+/// One received topic of a model, resolved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedTopic {
+    pub name: String,
+    pub id: TopicId,
+    pub initial: InitialPosition,
+}
+
+/// Everything a task runner needs to know about its model.
+#[derive(Clone, Debug)]
+pub struct ModelPlan {
+    pub name: String,
+    pub task_count: u32,
+    pub topics: Vec<PlannedTopic>,
+    pub max_step_records: usize,
+    pub max_step_time: Duration,
+    pub metadata_budget: usize,
+    pub initial_backoff: Duration,
+    pub max_backoff: Duration,
+    pub kafka: KafkaConfig,
+}
+
+impl ModelPlan {
+    /// The received channels of `task`: partition `task` of every received topic.
+    pub fn channels(&self, task: u32) -> Vec<ChannelId> {
+        self.topics.iter().map(|t| ChannelId::new(t.id, task)).collect()
+    }
+
+    pub fn channel_of(&self, topic: &str, partition: i32) -> Option<ChannelId> {
+        let t = self.topics.iter().find(|t| t.name == topic)?;
+        Some(ChannelId::new(t.id, u32::try_from(partition).ok()?))
+    }
+
+    pub fn topic_name(&self, id: &TopicId) -> Option<&str> {
+        self.topics.iter().find(|t| t.id == *id).map(|t| t.name.as_str())
+    }
+
+    /// `name/partition` when the topic is received, else the channel ID.
+    pub fn describe(&self, channel: &ChannelId) -> String {
+        match self.topic_name(&channel.topic) {
+            Some(name) => format!("{name}/{}", channel.partition),
+            None => channel.to_string(),
+        }
+    }
+
+    pub fn kafka_timeout(&self) -> Duration {
+        Duration::from_millis(self.kafka.request_timeout_ms)
+    }
+}
+
+/// A model's projector in this instance.
+pub struct ModelProjector<P: Projection> {
+    plan: Option<Arc<ModelPlan>>,
+    name: String,
+    tasks: Vec<TaskRunner<P>>,
+    refusal: Option<Refusal>,
+}
+
+impl<P: Projection> ModelProjector<P> {
+    /// Resolves and checks the model's topics, records the model, and starts every task it
+    /// owns (`model.tasks`, or all). A model-wide refusal (a recreated topic, a changed
+    /// partition count, topics that are not co-partitioned) is recorded on every task of
+    /// the model when the model has state, and returned as a projector with no tasks.
+    /// Errors are for unreachable services and broken databases.
+    pub async fn start(
+        config: &Config,
+        model: &ModelConfig,
+        pool: PgPool,
+        projection: Arc<P>,
+        metrics: Arc<Metrics>,
+    ) -> anyhow::Result<ModelProjector<P>> {
+        let names: Vec<String> = model.topics.iter().map(|t| t.name.clone()).collect();
+        let resolved = kafka::resolve_topics(&config.kafka, &model.name, &names).await?;
+        let recorded = {
+            let mut conn = pool.acquire().await.context("acquiring a connection")?;
+            store::load_model(&mut conn, &model.name).await?
+        };
+        let refused = |refusal: Refusal| ModelProjector { plan: None, name: model.name.clone(), tasks: Vec::new(), refusal: Some(refusal) };
+
+        // Identity first: a recreated topic must be named as such, whatever its width.
+        let mut ids = Vec::with_capacity(resolved.len());
+        for topic in &resolved {
+            let then = recorded.as_ref().and_then(|m| m.topics.get(&topic.name).copied());
+            let held = match then {
+                Some(id) => {
+                    let mut conn = pool.acquire().await.context("acquiring a connection")?;
+                    store::held_on_topic(&mut conn, &model.name, &id).await?
+                }
+                None => 0,
+            };
+            match check_topic_identity(topic, then, held) {
+                Ok(id) => ids.push(id),
+                Err(r) => {
+                    let r = Refusal { diagnosis: format!("model {}: {}", model.name, r.diagnosis), ..r };
+                    return finish_refused(&pool, &model.name, recorded.as_ref().map(|m| m.task_count), r, refused).await;
+                }
+            }
+        }
+        let width = match task_width(&resolved).and_then(|w| {
+            check_task_width(recorded.as_ref().map(|m| m.task_count), w)?;
+            Ok(w)
+        }) {
+            Ok(w) => w,
+            Err(r) => {
+                let r = Refusal { diagnosis: format!("model {}: {}", model.name, r.diagnosis), ..r };
+                return finish_refused(&pool, &model.name, recorded.as_ref().map(|m| m.task_count), r, refused).await;
+            }
+        };
+        let pairs: Vec<(String, TopicId)> = names.iter().cloned().zip(ids.iter().copied()).collect();
+        store::register_model(&pool, &model.name, width, &pairs).await?;
+
+        let plan = Arc::new(ModelPlan {
+            name: model.name.clone(),
+            task_count: width,
+            topics: model
+                .topics
+                .iter()
+                .zip(&ids)
+                .map(|(t, id)| PlannedTopic { name: t.name.clone(), id: *id, initial: t.initial_position(model) })
+                .collect(),
+            max_step_records: model.max_step_records,
+            max_step_time: model.max_step_time(),
+            metadata_budget: config.projector.metadata_budget,
+            initial_backoff: config.projector.initial_backoff(),
+            max_backoff: config.projector.max_backoff(),
+            kafka: config.kafka.clone(),
+        });
+        let owned: Vec<u32> = match &model.tasks {
+            Some(tasks) => {
+                if let Some(t) = tasks.iter().find(|t| **t >= width) {
+                    anyhow::bail!("models[{:?}].tasks names task {t}, but the model has {width} tasks", model.name);
+                }
+                tasks.clone()
+            }
+            None => (0..width).collect(),
+        };
+        let owner = config.owner();
+        let mut tasks = Vec::with_capacity(owned.len());
+        for task in owned {
+            tasks.push(
+                TaskRunner::start(Arc::clone(&plan), task, pool.clone(), Arc::clone(&projection), Arc::clone(&metrics), &owner)
+                    .await?,
+            );
+        }
+        Ok(ModelProjector { plan: Some(plan), name: model.name.clone(), tasks, refusal: None })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The resolved model (`None` when the model was refused before it was planned).
+    pub fn plan(&self) -> Option<&Arc<ModelPlan>> {
+        self.plan.as_ref()
+    }
+
+    /// The model-wide refusal found at start, if any.
+    pub fn refusal(&self) -> Option<&Refusal> {
+        self.refusal.as_ref()
+    }
+
+    pub fn tasks(&self) -> &[TaskRunner<P>] {
+        &self.tasks
+    }
+
+    pub fn tasks_mut(&mut self) -> &mut [TaskRunner<P>] {
+        &mut self.tasks
+    }
+
+    /// One step of every task, in task order.
+    pub async fn run_once(&mut self) -> Vec<StepOutcome> {
+        let mut outcomes = Vec::with_capacity(self.tasks.len());
+        for t in &mut self.tasks {
+            outcomes.push(t.run_once().await);
+        }
+        outcomes
+    }
+
+    /// Drives every task on its own tokio task until `shutdown` turns true. A step in
+    /// progress finishes (commits or rolls back) before its task stops.
+    pub async fn run(self, shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
+        let mut handles = Vec::new();
+        for mut runner in self.tasks {
+            let mut shutdown = shutdown.clone();
+            handles.push(tokio::spawn(async move {
+                loop {
+                    if *shutdown.borrow() {
+                        return;
+                    }
+                    if runner.is_stopped() {
+                        let _ = shutdown.wait_for(|stop| *stop).await;
+                        return;
+                    }
+                    if let Some(at) = runner.retry_at() {
+                        tokio::select! {
+                            _ = tokio::time::sleep_until(at.into()) => {}
+                            _ = shutdown.wait_for(|stop| *stop) => return,
+                        }
+                    }
+                    runner.run_once().await;
+                }
+            }));
+        }
+        let mut shutdown = shutdown;
+        if handles.is_empty() {
+            let _ = shutdown.wait_for(|stop| *stop).await;
+        }
+        for h in handles {
+            h.await.context("a task runner panicked")?;
+        }
+        Ok(())
+    }
+}
+
+/// Records a model-wide refusal on every task when the model has state (when it has none,
+/// there is nothing to protect and nowhere to record it: the caller reports it).
+async fn finish_refused<P: Projection>(
+    pool: &PgPool,
+    model: &str,
+    recorded_width: Option<u32>,
+    refusal: Refusal,
+    refused: impl FnOnce(Refusal) -> ModelProjector<P>,
+) -> anyhow::Result<ModelProjector<P>> {
+    tracing::error!(model, reason = %refusal.reason, diagnosis = %refusal.diagnosis, "model refused");
+    if let Some(width) = recorded_width {
+        store::refuse_model(pool, model, width, &refusal).await?;
+    }
+    Ok(refused(refusal))
+}

@@ -1,0 +1,175 @@
+//! Task status from the database, for `parsley-projector status` and tests: each task's
+//! state (running, failing with its last error, refused with reason, diagnosis, channel and
+//! position), its held queues with the blockers of each head (computed by restoring the
+//! task's engine from the stored state and asking it), and the size of its clock.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+
+use anyhow::Context as _;
+use parsley::channel::{ChannelId, Position, TopicId};
+use parsley::engine::{ChannelStatus, EngineConfig};
+use parsley::refusal::Refusal;
+use parsley::Engine;
+use sqlx::PgConnection;
+
+use crate::record::RecordData;
+use crate::store::{self, LoadError, TaskStatusKind};
+
+/// The status of one task.
+#[derive(Clone, Debug)]
+pub struct TaskReport {
+    pub task: u32,
+    pub epoch: i64,
+    pub owner: String,
+    pub status: TaskStatusKind,
+    pub last_error: Option<String>,
+    pub failures: i32,
+    pub refusal: Option<Refusal>,
+    /// Per channel: fed_up_to, settled, held count, head and the head's blockers.
+    pub channels: Vec<ChannelStatus>,
+    pub held_total: usize,
+    pub clock_width: usize,
+    /// Why the stored state could not be read, when it could not.
+    pub unreadable: Option<Refusal>,
+}
+
+/// The status of one model.
+#[derive(Clone, Debug)]
+pub struct ModelReport {
+    pub model: String,
+    pub task_count: u32,
+    pub format_version: i32,
+    /// Topic name by ID, as recorded.
+    pub topics: BTreeMap<TopicId, String>,
+    pub tasks: Vec<TaskReport>,
+}
+
+impl ModelReport {
+    pub fn task(&self, task: u32) -> Option<&TaskReport> {
+        self.tasks.iter().find(|t| t.task == task)
+    }
+
+    /// `topic/partition` for a channel of a recorded topic, else the channel ID.
+    pub fn describe(&self, channel: &ChannelId) -> String {
+        match self.topics.get(&channel.topic) {
+            Some(name) => format!("{name}/{}", channel.partition),
+            None => channel.to_string(),
+        }
+    }
+}
+
+/// Every model's name.
+pub async fn models(conn: &mut PgConnection) -> anyhow::Result<Vec<String>> {
+    sqlx::query_scalar("SELECT model FROM parsley.models ORDER BY model")
+        .fetch_all(&mut *conn)
+        .await
+        .context("listing models")
+}
+
+/// The status of `model`, or `None` if it has no state.
+pub async fn model_report(conn: &mut PgConnection, model: &str) -> anyhow::Result<Option<ModelReport>> {
+    let Some(row) = store::load_model(conn, model).await? else { return Ok(None) };
+    let topics: BTreeMap<TopicId, String> = row.topics.iter().map(|(n, id)| (*id, n.clone())).collect();
+    let mut tasks = Vec::new();
+    for t in store::load_tasks(conn, model).await? {
+        let mut report = TaskReport {
+            task: t.task,
+            epoch: t.epoch,
+            owner: t.owner,
+            status: t.status,
+            last_error: t.last_error,
+            failures: t.failures,
+            refusal: t.refusal,
+            channels: Vec::new(),
+            held_total: 0,
+            clock_width: 0,
+            unreadable: None,
+        };
+        match store::load_state(conn, model, t.task, row.format_version).await {
+            Err(LoadError::Database(e)) => return Err(e),
+            Err(LoadError::Refused(r)) => report.unreadable = Some(r),
+            Ok(state) => {
+                // The received set as stored: every channel with a baseline or a held record.
+                let received: BTreeSet<ChannelId> =
+                    state.fed_up_to.keys().copied().chain(state.held.iter().map(|h| h.channel)).collect();
+                report.clock_width = state.delivered.len();
+                match Engine::<RecordData>::restore(EngineConfig { metadata_budget: usize::MAX }, received, state) {
+                    Ok(engine) => {
+                        let s = engine.status();
+                        report.channels = s.channels;
+                        report.held_total = s.held_total;
+                    }
+                    Err(r) => report.unreadable = Some(r),
+                }
+            }
+        }
+        tasks.push(report);
+    }
+    Ok(Some(ModelReport { model: model.to_string(), task_count: row.task_count, format_version: row.format_version, topics, tasks }))
+}
+
+fn position(p: Option<Position>) -> String {
+    p.map_or_else(|| "none".to_string(), |p| p.to_string())
+}
+
+/// Renders a report for operators.
+pub fn render(report: &ModelReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "model {} ({} tasks, ordering-state format {})", report.model, report.task_count, report.format_version);
+    for (id, name) in &report.topics {
+        let _ = writeln!(out, "  topic {name} = {id}");
+    }
+    for t in &report.tasks {
+        let state = match t.status {
+            TaskStatusKind::Running => "running".to_string(),
+            TaskStatusKind::Failing => format!(
+                "FAILING ({} failed attempts): {}",
+                t.failures,
+                t.last_error.as_deref().unwrap_or("no error recorded")
+            ),
+            TaskStatusKind::Refused => match &t.refusal {
+                Some(r) => {
+                    let at = match (r.channel, r.position) {
+                        (Some(c), Some(p)) => format!(" at {}@{p}", report.describe(&c)),
+                        (Some(c), None) => format!(" on {}", report.describe(&c)),
+                        _ => String::new(),
+                    };
+                    format!("REFUSED {}{at}: {}", r.reason, r.diagnosis)
+                }
+                None => "REFUSED (no reason recorded)".to_string(),
+            },
+        };
+        let _ = writeln!(
+            out,
+            "  task {}: {state}; epoch {} owner {:?}; held {}; clock {} channels",
+            t.task, t.epoch, t.owner, t.held_total, t.clock_width
+        );
+        if let Some(r) = &t.unreadable {
+            let _ = writeln!(out, "    stored state unreadable: {r}");
+        }
+        for c in &t.channels {
+            let _ = write!(
+                out,
+                "    {}: fed_up_to {}, settled {}",
+                report.describe(&c.channel),
+                position(c.fed_up_to),
+                position(c.settled)
+            );
+            if c.held > 0 {
+                let _ = write!(out, ", held {} (head {})", c.held, position(c.head));
+                for b in &c.blockers {
+                    let _ = write!(
+                        out,
+                        "; blocked on {} required {} settled {}",
+                        report.describe(&b.channel),
+                        b.required,
+                        position(b.settled)
+                    );
+                }
+            }
+            let _ = writeln!(out);
+        }
+    }
+    out
+}

@@ -1,0 +1,562 @@
+//! One task of a model: its consumer, its engine, and its steps. A step feeds a batch of
+//! consumed records to the engine, hands the deliveries to the projection and commits the
+//! projection's writes, the engine's state changes, the task status and a `NOTIFY` in one
+//! SQL transaction whose first statement locks the task's row and checks its epoch.
+//!
+//! If a step does not commit, the engine is discarded and restored from the database, and
+//! the task reads again from `fed_up_to + 1` with a new consumer (no record fetched before
+//! the failure can reach the new engine).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use parsley::channel::{ChannelId, Position};
+use parsley::engine::{Delivery, EngineConfig, Receipt};
+use parsley::refusal::{Refusal, RefusalReason};
+use parsley::Engine;
+use rdkafka::consumer::{Consumer as _, StreamConsumer};
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{Offset, TopicPartitionList};
+use sqlx::PgPool;
+
+use crate::config::InitialPosition;
+use crate::kafka;
+use crate::metrics::Metrics;
+use crate::model::ModelPlan;
+use crate::projection::{Delivered, Projection, StepContext};
+use crate::record::{Consumed, RecordData};
+use crate::store::{self, LoadError, TaskStatusKind};
+
+/// Where a task stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TaskState {
+    Running,
+    /// The last step failed; the next is tried at `retry_at`.
+    Failing { failures: u32, retry_at: Instant, error: String },
+    /// Stopped delivering, with a reason, until an operator clears it.
+    Refused(Refusal),
+    /// Another owner took the task; this runner no longer touches it.
+    Fenced,
+}
+
+/// What one call of [`TaskRunner::run_once`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StepOutcome {
+    /// A step committed.
+    Committed { fed: usize, replayed: usize, delivered: usize, held: usize },
+    /// Nothing arrived within the step's time bound; no transaction was opened.
+    Idle,
+    /// The step failed and rolled back; it is retried with backoff.
+    Failed { error: String },
+    /// The task is refused (now or before).
+    Refused(Refusal),
+    /// Another owner took the task.
+    Fenced,
+}
+
+/// The runner of one task.
+pub struct TaskRunner<P: Projection> {
+    plan: Arc<ModelPlan>,
+    task: u32,
+    epoch: i64,
+    pool: PgPool,
+    projection: Arc<P>,
+    metrics: Arc<Metrics>,
+    consumer: Option<Arc<StreamConsumer>>,
+    engine: Engine<RecordData>,
+    state: TaskState,
+    /// What the task's row says, so a recovered task writes `running` exactly once.
+    stored_status: TaskStatusKind,
+    /// The in-memory engine may be ahead of the database (a step did not commit, or was
+    /// cancelled): restore before the next step.
+    needs_restore: bool,
+    /// Offer held heads before feeding (after start or restore).
+    needs_drain: bool,
+    /// The consumer reported an out-of-range position: compare log starts with fed_up_to.
+    check_log_start: bool,
+    /// After a failure, steps feed one record at a time until the task is past every
+    /// position the failed step had fed, so records before a bad one still commit and
+    /// the status names the bad one.
+    careful_until: Option<BTreeMap<ChannelId, Position>>,
+    /// When each channel's current head started being held.
+    head_since: BTreeMap<ChannelId, (Position, Instant)>,
+}
+
+fn labels(plan: &ModelPlan, task: &str) -> [(&'static str, String); 2] {
+    [("model", plan.name.clone()), ("task", task.to_string())]
+}
+
+impl<P: Projection> TaskRunner<P> {
+    /// Takes the task (a new epoch fences any previous owner), restores its state, seeds
+    /// and checks its positions, and assigns its channels to a new consumer.
+    pub async fn start(
+        plan: Arc<ModelPlan>,
+        task: u32,
+        pool: PgPool,
+        projection: Arc<P>,
+        metrics: Arc<Metrics>,
+        owner: &str,
+    ) -> anyhow::Result<TaskRunner<P>> {
+        let row = store::take_task(&pool, &plan.name, task, owner).await?;
+        let engine_config = EngineConfig { metadata_budget: plan.metadata_budget };
+        let mut runner = TaskRunner {
+            engine: Engine::new(engine_config, plan.channels(task)),
+            plan,
+            task,
+            epoch: row.epoch,
+            pool,
+            projection,
+            metrics,
+            consumer: None,
+            state: TaskState::Running,
+            stored_status: row.status,
+            needs_restore: true,
+            needs_drain: true,
+            check_log_start: false,
+            careful_until: None,
+            head_since: BTreeMap::new(),
+        };
+        tracing::info!(model = %runner.plan.name, task, epoch = row.epoch, owner, "took task");
+        if row.status == TaskStatusKind::Refused {
+            let refusal = row.refusal.unwrap_or_else(|| {
+                Refusal::new(RefusalReason::UnknownOrderingStateFormat, "refused without a recorded reason")
+            });
+            runner.become_refused(refusal);
+            return Ok(runner);
+        }
+        if let Err(e) = runner.restore(true).await {
+            runner.fail(e, &[]).await;
+        }
+        Ok(runner)
+    }
+
+    pub fn task(&self) -> u32 {
+        self.task
+    }
+
+    pub fn epoch(&self) -> i64 {
+        self.epoch
+    }
+
+    pub fn state(&self) -> &TaskState {
+        &self.state
+    }
+
+    /// The engine (for status and tests). Ahead of the database while a step is open.
+    pub fn engine(&self) -> &Engine<RecordData> {
+        &self.engine
+    }
+
+    /// Whether the runner will never step again (refused or fenced).
+    pub fn is_stopped(&self) -> bool {
+        matches!(self.state, TaskState::Refused(_) | TaskState::Fenced)
+    }
+
+    /// When a failing task tries again.
+    pub fn retry_at(&self) -> Option<Instant> {
+        match &self.state {
+            TaskState::Failing { retry_at, .. } => Some(*retry_at),
+            _ => None,
+        }
+    }
+
+    fn label_values(&self) -> [(&'static str, String); 2] {
+        labels(&self.plan, &self.task.to_string())
+    }
+
+    fn metric_add(&self, name: &'static str, v: f64) {
+        let l = self.label_values();
+        self.metrics.add(name, &[(l[0].0, &l[0].1), (l[1].0, &l[1].1)], v);
+    }
+
+    fn metric_set(&self, name: &'static str, v: f64) {
+        let l = self.label_values();
+        self.metrics.set(name, &[(l[0].0, &l[0].1), (l[1].0, &l[1].1)], v);
+    }
+
+    fn become_refused(&mut self, refusal: Refusal) {
+        tracing::error!(
+            model = %self.plan.name, task = self.task, reason = %refusal.reason,
+            channel = ?refusal.channel.map(|c| self.plan.describe(&c)), position = ?refusal.position,
+            diagnosis = %refusal.diagnosis, "task refused"
+        );
+        self.metric_set("parsley_projector_task_refused", 1.0);
+        self.metric_set("parsley_projector_task_failing", 0.0);
+        self.consumer = None;
+        self.state = TaskState::Refused(refusal);
+    }
+
+    fn become_fenced(&mut self) {
+        tracing::warn!(model = %self.plan.name, task = self.task, epoch = self.epoch, "another owner took the task; stopping it here");
+        self.metric_add("parsley_projector_fenced_total", 1.0);
+        self.consumer = None;
+        self.state = TaskState::Fenced;
+    }
+
+    /// Rebuilds the engine from the database and assigns a new consumer at `fed_up_to + 1`
+    /// (seeding channels with no state from their initial positions when `seed`).
+    async fn restore(&mut self, seed: bool) -> anyhow::Result<()> {
+        self.consumer = None;
+        let plan = Arc::clone(&self.plan);
+        let mut conn = self.pool.acquire().await.context("acquiring a connection to restore the task")?;
+        let model_row = store::load_model(&mut conn, &plan.name)
+            .await?
+            .with_context(|| format!("model {:?} has no row in parsley.models", plan.name))?;
+        let state = match store::load_state(&mut conn, &plan.name, self.task, model_row.format_version).await {
+            Ok(s) => s,
+            Err(LoadError::Database(e)) => return Err(e),
+            Err(LoadError::Refused(r)) => return self.persist_start_refusal(r).await,
+        };
+        drop(conn);
+        let config = EngineConfig { metadata_budget: plan.metadata_budget };
+        self.engine = match Engine::restore(config, plan.channels(self.task), state) {
+            Ok(e) => e,
+            Err(r) => return self.persist_start_refusal(r).await,
+        };
+        let consumer = Arc::new(kafka::task_consumer(&plan.kafka, &plan.name)?);
+        let timeout = plan.kafka_timeout();
+        if seed {
+            for topic in &plan.topics {
+                let channel = ChannelId::new(topic.id, self.task);
+                let (log_start, last_stable) = kafka::watermarks(&consumer, &topic.name, self.task, timeout).await?;
+                if self.engine.fed_up_to(&channel).is_none() {
+                    let baseline = match topic.initial {
+                        InitialPosition::Earliest => log_start - 1,
+                        InitialPosition::Latest => last_stable - 1,
+                    };
+                    let _ = self.engine.seed(channel, baseline);
+                }
+                // A refusal here is sticky in the engine and persisted just below.
+                let _ = self.engine.observe_log_start(channel, log_start);
+            }
+            let changes = self.engine.take_changes();
+            let mut tx = self.pool.begin().await.context("beginning the start transaction")?;
+            if store::lock_epoch(&mut tx, &plan.name, self.task).await? != Some(self.epoch) {
+                drop(tx);
+                self.become_fenced();
+                return Ok(());
+            }
+            store::apply_changes(&mut tx, &plan.name, self.task, &changes).await?;
+            if changes.refusal.is_some() {
+                store::notify(&mut tx, &plan.name, Some(self.task)).await?;
+            }
+            tx.commit().await.context("committing the start transaction")?;
+            if let Some(r) = changes.refusal {
+                self.metric_reason(&r);
+                self.become_refused(r);
+                return Ok(());
+            }
+        }
+        let mut assignment = TopicPartitionList::new();
+        for topic in &plan.topics {
+            let channel = ChannelId::new(topic.id, self.task);
+            let fed = self.engine.fed_up_to(&channel).with_context(|| format!("channel {channel} has no baseline"))?;
+            assignment
+                .add_partition_offset(&topic.name, self.task as i32, Offset::Offset(fed + 1))
+                .with_context(|| format!("assigning {}/{}", topic.name, self.task))?;
+        }
+        consumer.assign(&assignment).context("assigning the task's channels")?;
+        self.consumer = Some(consumer);
+        self.needs_restore = false;
+        self.needs_drain = true;
+        self.head_since.clear();
+        self.refresh_gauges();
+        Ok(())
+    }
+
+    fn metric_reason(&self, refusal: &Refusal) {
+        let l = self.label_values();
+        self.metrics.add(
+            "parsley_projector_refusals_total",
+            &[(l[0].0, &l[0].1), (l[1].0, &l[1].1), ("reason", refusal.reason.as_str())],
+            1.0,
+        );
+    }
+
+    /// Persists a refusal found while restoring (stored state this build cannot use).
+    async fn persist_start_refusal(&mut self, refusal: Refusal) -> anyhow::Result<()> {
+        let mut tx = self.pool.begin().await.context("beginning a refusal transaction")?;
+        if store::lock_epoch(&mut tx, &self.plan.name, self.task).await? != Some(self.epoch) {
+            drop(tx);
+            self.become_fenced();
+            return Ok(());
+        }
+        store::record_refusal(&mut tx, &self.plan.name, self.task, &refusal).await?;
+        store::notify(&mut tx, &self.plan.name, Some(self.task)).await?;
+        tx.commit().await.context("committing a refusal")?;
+        self.metric_reason(&refusal);
+        self.become_refused(refusal);
+        Ok(())
+    }
+
+    /// Runs one step: waits out a failing task's backoff, restores if needed, polls a batch
+    /// (bounded in records and time) and commits it in one transaction.
+    pub async fn run_once(&mut self) -> StepOutcome {
+        match &self.state {
+            TaskState::Refused(r) => return StepOutcome::Refused(r.clone()),
+            TaskState::Fenced => return StepOutcome::Fenced,
+            TaskState::Failing { retry_at, .. } => tokio::time::sleep_until((*retry_at).into()).await,
+            TaskState::Running => {}
+        }
+        if self.needs_restore {
+            if let Err(e) = self.restore(true).await {
+                return self.fail(e, &[]).await;
+            }
+            if let Some(outcome) = self.stopped_outcome() {
+                return outcome;
+            }
+        }
+        let batch = self.poll().await;
+        if self.check_log_start {
+            self.check_log_start = false;
+            if let Err(e) = self.observe_log_starts().await {
+                return self.fail(e, &[]).await;
+            }
+        }
+        self.step(batch).await
+    }
+
+    fn stopped_outcome(&self) -> Option<StepOutcome> {
+        match &self.state {
+            TaskState::Refused(r) => Some(StepOutcome::Refused(r.clone())),
+            TaskState::Fenced => Some(StepOutcome::Fenced),
+            _ => None,
+        }
+    }
+
+    /// Collects up to the step's record bound, waiting at most the step's time bound.
+    async fn poll(&mut self) -> Vec<Consumed> {
+        let Some(consumer) = self.consumer.clone() else { return Vec::new() };
+        let max = if self.careful_until.is_some() { 1 } else { self.plan.max_step_records };
+        let deadline = tokio::time::Instant::now() + self.plan.max_step_time;
+        let mut batch = Vec::new();
+        while batch.len() < max {
+            match tokio::time::timeout_at(deadline, consumer.recv()).await {
+                Err(_) => break,
+                Ok(Ok(message)) => batch.push(Consumed::from_message(&message)),
+                Ok(Err(e)) => {
+                    self.metric_add("parsley_projector_kafka_errors_total", 1.0);
+                    if let KafkaError::MessageConsumption(
+                        RDKafkaErrorCode::AutoOffsetReset | RDKafkaErrorCode::OffsetOutOfRange,
+                    ) = e
+                    {
+                        self.check_log_start = true;
+                        tracing::warn!(model = %self.plan.name, task = self.task, error = %e, "a position is out of range; checking log starts");
+                        break;
+                    }
+                    tracing::warn!(model = %self.plan.name, task = self.task, error = %e, "Kafka consumer error (retrying)");
+                    // Transport errors: librdkafka reconnects; do not spin on them.
+                    if batch.is_empty() {
+                        tokio::time::sleep(Duration::from_millis(100).min(self.plan.max_step_time)).await;
+                    }
+                }
+            }
+        }
+        batch
+    }
+
+    /// Compares every channel's log start with what the task has read.
+    async fn observe_log_starts(&mut self) -> anyhow::Result<()> {
+        let Some(consumer) = self.consumer.clone() else { return Ok(()) };
+        for topic in &self.plan.topics {
+            let (log_start, _) =
+                kafka::watermarks(&consumer, &topic.name, self.task, self.plan.kafka_timeout()).await?;
+            let _ = self.engine.observe_log_start(ChannelId::new(topic.id, self.task), log_start);
+        }
+        Ok(())
+    }
+
+    async fn step(&mut self, batch: Vec<Consumed>) -> StepOutcome {
+        let plan = Arc::clone(&self.plan);
+        let mut deliveries: Vec<Delivery<RecordData>> = Vec::new();
+        if self.needs_drain {
+            deliveries.extend(self.engine.drain());
+        }
+        let idle = batch.is_empty() && deliveries.is_empty() && !self.needs_drain;
+        if idle && self.engine.refusal().is_none() && self.stored_status != TaskStatusKind::Failing {
+            self.refresh_gauges();
+            return StepOutcome::Idle;
+        }
+        // From here the engine runs ahead of the database until the commit succeeds.
+        self.needs_restore = true;
+        let mut fed = 0usize;
+        let mut replayed = 0usize;
+        let mut fed_marks: BTreeMap<ChannelId, Position> = BTreeMap::new();
+        for record in batch {
+            if self.engine.refusal().is_some() {
+                break;
+            }
+            let channel = match plan.channel_of(&record.topic, record.partition) {
+                Some(c) if c.partition == self.task => c,
+                _ => {
+                    self.engine.refuse(Refusal::new(
+                        RefusalReason::SubstrateMisconfigured,
+                        format!(
+                            "task {} was handed a record of {}/{}, which it does not receive",
+                            self.task, record.topic, record.partition
+                        ),
+                    ));
+                    break;
+                }
+            };
+            fed_marks.insert(channel, record.offset);
+            let headers: Vec<Option<&[u8]>> = record.causes_headers.iter().map(|h| h.as_deref()).collect();
+            match self.engine.receive(channel, record.offset, &headers, record.data) {
+                Ok(Receipt::Duplicate) => replayed += 1,
+                Ok(Receipt::Accepted { deliveries: d }) => {
+                    fed += 1;
+                    deliveries.extend(d);
+                }
+                Err(_refusal) => break,
+            }
+        }
+        let changes = self.engine.take_changes();
+        let step_started = Instant::now();
+        let committed = self.commit(&plan, &deliveries, &changes).await;
+        match committed {
+            Err(e) => {
+                let marks: Vec<(ChannelId, Position)> = fed_marks.into_iter().collect();
+                self.fail(e, &marks).await
+            }
+            Ok(false) => {
+                self.become_fenced();
+                StepOutcome::Fenced
+            }
+            Ok(true) => {
+                self.needs_restore = false;
+                self.needs_drain = false;
+                let commit_seconds = step_started.elapsed().as_secs_f64();
+                self.metrics.observe("parsley_projector_step_commit_seconds", &[("model", &plan.name)], commit_seconds);
+                self.metrics.observe("parsley_projector_step_records", &[("model", &plan.name)], fed as f64);
+                self.metric_add("parsley_projector_steps_total", 1.0);
+                self.metric_add("parsley_projector_records_received_total", fed as f64);
+                self.metric_add("parsley_projector_records_replayed_total", replayed as f64);
+                self.metric_add("parsley_projector_records_delivered_total", deliveries.len() as f64);
+                if self.stored_status == TaskStatusKind::Failing && changes.refusal.is_none() {
+                    tracing::info!(model = %plan.name, task = self.task, "task recovered");
+                    self.stored_status = TaskStatusKind::Running;
+                    self.metric_set("parsley_projector_task_failing", 0.0);
+                }
+                if !matches!(self.state, TaskState::Refused(_)) {
+                    self.state = TaskState::Running;
+                }
+                if let Some(until) = &self.careful_until {
+                    if until.iter().all(|(c, p)| self.engine.fed_up_to(c).is_some_and(|f| f >= *p)) {
+                        self.careful_until = None;
+                    }
+                }
+                self.refresh_gauges();
+                tracing::debug!(model = %plan.name, task = self.task, fed, replayed, delivered = deliveries.len(),
+                    held = self.engine.held_count(), "step committed");
+                if let Some(r) = changes.refusal {
+                    self.metric_reason(&r);
+                    self.become_refused(r.clone());
+                    return StepOutcome::Refused(r);
+                }
+                StepOutcome::Committed { fed, replayed, delivered: deliveries.len(), held: self.engine.held_count() }
+            }
+        }
+    }
+
+    /// The step transaction. `Ok(false)`: fenced, nothing written.
+    async fn commit(
+        &mut self,
+        plan: &ModelPlan,
+        deliveries: &[Delivery<RecordData>],
+        changes: &parsley::StepChanges<RecordData>,
+    ) -> anyhow::Result<bool> {
+        let mut tx = self.pool.begin().await.context("beginning a step")?;
+        if store::lock_epoch(&mut tx, &plan.name, self.task).await? != Some(self.epoch) {
+            tx.rollback().await.context("rolling back a fenced step")?;
+            return Ok(false);
+        }
+        if !deliveries.is_empty() {
+            let views: Vec<Delivered<'_>> = deliveries
+                .iter()
+                .map(|d| Delivered {
+                    topic: plan.topic_name(&d.channel.topic).unwrap_or("?"),
+                    channel: d.channel,
+                    position: d.position,
+                    key: d.payload.key.as_deref(),
+                    value: d.payload.value.as_deref(),
+                    headers: &d.payload.headers,
+                    timestamp_ms: d.payload.timestamp_ms,
+                    causes: &d.causes,
+                })
+                .collect();
+            let ctx = StepContext { model: &plan.name, task: self.task };
+            self.projection.apply_batch(&mut tx, ctx, &views).await.context("the projection failed")?;
+        }
+        let clock_changed = store::apply_changes(&mut tx, &plan.name, self.task, changes).await?;
+        let status_changed = self.stored_status == TaskStatusKind::Failing;
+        if status_changed && changes.refusal.is_none() {
+            store::record_running(&mut tx, &plan.name, self.task).await?;
+        }
+        if clock_changed || status_changed || changes.refusal.is_some() {
+            store::notify(&mut tx, &plan.name, Some(self.task)).await?;
+        }
+        tx.commit().await.context("committing a step")?;
+        Ok(true)
+    }
+
+    /// A step failed: record it (own transaction), back off, and restore before retrying.
+    async fn fail(&mut self, error: anyhow::Error, fed_marks: &[(ChannelId, Position)]) -> StepOutcome {
+        let message = format!("{error:#}");
+        self.needs_restore = true;
+        self.consumer = None;
+        if !fed_marks.is_empty() {
+            let until = self.careful_until.get_or_insert_with(BTreeMap::new);
+            for (c, p) in fed_marks {
+                let e = until.entry(*c).or_insert(*p);
+                *e = (*e).max(*p);
+            }
+        }
+        let failures = match &self.state {
+            TaskState::Failing { failures, .. } => failures + 1,
+            _ => 1,
+        };
+        let shift = failures.saturating_sub(1).min(20);
+        let backoff = self.plan.initial_backoff.saturating_mul(1 << shift).min(self.plan.max_backoff);
+        tracing::warn!(model = %self.plan.name, task = self.task, failures, backoff_ms = backoff.as_millis() as u64,
+            error = %message, "step failed; rolled back, retrying the same records");
+        self.metric_add("parsley_projector_failures_total", 1.0);
+        self.metric_set("parsley_projector_task_failing", 1.0);
+        match store::record_failure(&self.pool, &self.plan.name, self.task, self.epoch, &message).await {
+            Ok(true) => self.stored_status = TaskStatusKind::Failing,
+            Ok(false) => {
+                self.become_fenced();
+                return StepOutcome::Fenced;
+            }
+            Err(e) => {
+                tracing::warn!(model = %self.plan.name, task = self.task, error = %format!("{e:#}"), "could not record the failure")
+            }
+        }
+        self.state = TaskState::Failing { failures, retry_at: Instant::now() + backoff, error: message.clone() };
+        StepOutcome::Failed { error: message }
+    }
+
+    fn refresh_gauges(&mut self) {
+        let now = Instant::now();
+        let mut oldest = Duration::ZERO;
+        for channel in self.engine.received().clone() {
+            match self.engine.held(&channel).next().map(|h| h.position) {
+                Some(head) => {
+                    let since = self.head_since.entry(channel).or_insert((head, now));
+                    if since.0 != head {
+                        *since = (head, now);
+                    }
+                    oldest = oldest.max(now - since.1);
+                }
+                None => {
+                    self.head_since.remove(&channel);
+                }
+            }
+        }
+        self.metric_set("parsley_projector_held_records", self.engine.held_count() as f64);
+        self.metric_set("parsley_projector_head_hold_age_seconds", oldest.as_secs_f64());
+        self.metric_set("parsley_projector_clock_width", self.engine.delivered_past().len() as f64);
+    }
+}
