@@ -182,7 +182,7 @@ async fn topic_ids_are_nonzero_and_change_when_a_topic_is_recreated() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn describing_an_unknown_topic_is_a_clear_error() {
     let missing = unique("smoke-no-such-topic");
-    let err = describe_topics(&bootstrap(), &[missing.clone()], TIMEOUT).await.expect_err("unknown topic");
+    let err = describe_topics(&bootstrap(), std::slice::from_ref(&missing), TIMEOUT).await.expect_err("unknown topic");
     let text = format!("{err:#}");
     assert!(text.contains(&missing) && text.contains("no such topic"), "unexpected error text: {text}");
 }
