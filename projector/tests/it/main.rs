@@ -4,4 +4,7 @@
 //! topics and model, so tests run in parallel and re-run.
 
 mod causal;
+mod fencing;
+mod refusals;
+mod restart;
 mod support;

@@ -17,7 +17,9 @@ use parsley_projector::status::{model_report, ModelReport};
 use parsley_projector::{migrations, DocumentProjection, ModelProjector};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
+use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
 use sqlx::{PgConnection, PgPool, Row as _};
 
@@ -123,16 +125,23 @@ pub async fn produce(
     value: Option<&[u8]>,
     causes: Option<&[u8]>,
 ) -> i64 {
-    let mut record: FutureRecord<'_, str, [u8]> = FutureRecord::to(topic).partition(partition).key(key);
-    if let Some(v) = value {
-        record = record.payload(v);
-    }
-    if let Some(c) = causes {
-        record = record.headers(OwnedHeaders::new().insert(Header { key: "parsley.causes", value: Some(c) }));
-    }
-    match producer.send(record, TIMEOUT).await {
-        Ok(d) => d.offset,
-        Err((e, _)) => panic!("producing to {topic}/{partition}: {e}"),
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let mut record: FutureRecord<'_, str, [u8]> = FutureRecord::to(topic).partition(partition).key(key);
+        if let Some(v) = value {
+            record = record.payload(v);
+        }
+        if let Some(c) = causes {
+            record = record.headers(OwnedHeaders::new().insert(Header { key: "parsley.causes", value: Some(c) }));
+        }
+        match producer.send(record, TIMEOUT).await {
+            Ok(d) => return d.offset,
+            // A new topic's partitions reach the producer's metadata a moment after creation.
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::UnknownPartition), _)) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err((e, _)) => panic!("producing to {topic}/{partition}: {e}"),
+        }
     }
 }
 

@@ -1,0 +1,214 @@
+//! Refusals and failures through the real broker, each visible in the task's status:
+//! malformed metadata, metadata over budget, retention past unread positions, a recreated
+//! topic, a changed partition count, topics that are not co-partitioned — and a projection
+//! failure (not a refusal): the task fails on the bad record, retries it, never skips it.
+
+use parsley::refusal::RefusalReason;
+use parsley_projector::config::Apply;
+use parsley_projector::status::render;
+use parsley_projector::store::{self, TaskStatusKind};
+use parsley_projector::task::StepOutcome;
+use parsley_projector::ModelProjector;
+use rdkafka::admin::NewPartitions;
+use rdkafka::{Offset, TopicPartitionList};
+
+use crate::support::*;
+
+async fn refused_task(pool: &sqlx::PgPool, model: &str, task: u32) -> Option<parsley::Refusal> {
+    let r = report(pool, model).await;
+    let t = r.task(task)?;
+    (t.status == TaskStatusKind::Refused).then(|| t.refusal.clone().expect("a refused task records its reason"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecodable_header_refuses_and_nothing_after_it_is_delivered() {
+    let n = Names::new("undecodable");
+    create_topics(&[&n.orders, &n.payments], 1).await;
+    let pool = pool().await;
+    let p = producer();
+    produce(&p, &n.orders, 0, "o1", Some(b"{}"), None).await;
+    let bad_at = produce(&p, &n.orders, 0, "o2", Some(b"{}"), Some(&[0x02, 0x00])).await;
+    produce(&p, &n.orders, 0, "o3", Some(b"{}"), None).await;
+
+    let config = n.config();
+    let mut projector = start(&config, &pool, Recording::new(&config)).await;
+    drive_until(&mut projector, "the task to refuse", || async { refused_task(&pool, &n.model, 0).await.is_some() })
+        .await;
+    let refusal = refused_task(&pool, &n.model, 0).await.unwrap();
+    assert_eq!(refusal.reason, RefusalReason::UndecodableMetadata);
+    assert_eq!(refusal.position, Some(bad_at));
+    let r = report(&pool, &n.model).await;
+    assert_eq!(r.describe(&refusal.channel.unwrap()), format!("{}/0", n.orders));
+    let text = render(&r);
+    assert!(text.contains(&format!("REFUSED UNDECODABLE_METADATA at {}/0@{bad_at}", n.orders)), "{text}");
+    assert!(matches!(projector.run_once().await[0], StepOutcome::Refused(_)));
+    assert!(document(&pool, &n.model, "o1").await.is_some(), "records before the bad one are delivered");
+    assert_eq!(document(&pool, &n.model, "o2").await, None);
+    assert_eq!(document(&pool, &n.model, "o3").await, None, "nothing after it on the channel");
+    drop(projector);
+
+    // Sticky across restarts...
+    let mut again = start(&config, &pool, Recording::new(&config)).await;
+    assert!(matches!(again.run_once().await[0], StepOutcome::Refused(_)));
+    assert_eq!(document(&pool, &n.model, "o3").await, None);
+    drop(again);
+    // ...and recurs identically when an operator clears it without fixing the cause.
+    assert_eq!(store::clear_refusal(&pool, &n.model, Some(0)).await.unwrap(), 1);
+    let mut cleared = start(&config, &pool, Recording::new(&config)).await;
+    drive_until(&mut cleared, "the refusal to recur", || async { refused_task(&pool, &n.model, 0).await.is_some() })
+        .await;
+    let recurred = refused_task(&pool, &n.model, 0).await.unwrap();
+    assert_eq!((recurred.reason, recurred.position), (RefusalReason::UndecodableMetadata, Some(bad_at)));
+    assert_eq!(document(&pool, &n.model, "o3").await, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_over_budget_refuses() {
+    let n = Names::new("budget");
+    create_topics(&[&n.orders, &n.payments], 1).await;
+    let orders_id = topic_id(&n.orders).await;
+    let payments_id = topic_id(&n.payments).await;
+    let pool = pool().await;
+    let wide = causes(&[(orders_id, 0, 5), (payments_id, 3, 9)]);
+    assert!(wide.len() > 40);
+    let at = produce(&producer(), &n.payments, 0, "o1", Some(b"{}"), Some(&wide)).await;
+
+    let mut config = n.config();
+    config.projector.metadata_budget = 40;
+    let mut projector = start(&config, &pool, Recording::new(&config)).await;
+    drive_until(&mut projector, "the task to refuse", || async { refused_task(&pool, &n.model, 0).await.is_some() })
+        .await;
+    let refusal = refused_task(&pool, &n.model, 0).await.unwrap();
+    assert_eq!((refusal.reason, refusal.position), (RefusalReason::MetadataBudgetExceeded, Some(at)));
+    assert!(applied(&pool, &n.model).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_past_unread_positions_refuses() {
+    let n = Names::new("retention");
+    create_topics(&[&n.orders, &n.payments], 1).await;
+    let pool = pool().await;
+    let p = producer();
+    for i in 0..2 {
+        produce(&p, &n.orders, 0, &format!("o{i}"), Some(b"{}"), None).await;
+    }
+    let config = n.config();
+    let mut projector = start(&config, &pool, Recording::new(&config)).await;
+    drive_until(&mut projector, "both records to apply", || async { applied(&pool, &n.model).await.len() == 2 }).await;
+    drop(projector);
+
+    // While the projector is away, three more records arrive and retention removes two.
+    let mut unread = Vec::new();
+    for i in 2..5 {
+        unread.push(produce(&p, &n.orders, 0, &format!("o{i}"), Some(b"{}"), None).await);
+    }
+    let mut cut = TopicPartitionList::new();
+    cut.add_partition_offset(&n.orders, 0, Offset::Offset(unread[2])).unwrap();
+    admin().delete_records(&cut, &admin_options()).await.expect("delete_records");
+
+    let mut projector = start(&config, &pool, Recording::new(&config)).await;
+    assert!(matches!(projector.run_once().await[0], StepOutcome::Refused(_)));
+    let refusal = refused_task(&pool, &n.model, 0).await.expect("refused at start");
+    assert_eq!(refusal.reason, RefusalReason::PositionsDiscardedUnread);
+    assert_eq!(refusal.position, Some(unread[0]), "the first position never read");
+    assert!(render(&report(&pool, &n.model).await).contains("POSITIONS_DISCARDED_UNREAD"));
+    assert_eq!(applied(&pool, &n.model).await.len(), 2, "nothing after the gap was delivered");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recreated_topic_refuses() {
+    let n = Names::new("recreated");
+    create_topics(&[&n.orders, &n.payments], 1).await;
+    let pool = pool().await;
+    produce(&producer(), &n.orders, 0, "o1", Some(b"{}"), None).await;
+    let config = n.config();
+    let mut projector = start(&config, &pool, Recording::new(&config)).await;
+    drive_until(&mut projector, "the record to apply", || async { applied(&pool, &n.model).await.len() == 1 }).await;
+    drop(projector);
+    let old_id = topic_id(&n.orders).await;
+
+    delete_topic(&n.orders).await;
+    create_topics(&[&n.orders], 1).await;
+    let new_id = topic_id(&n.orders).await;
+    assert_ne!(old_id, new_id);
+
+    let projector: ModelProjector<Recording> = start(&config, &pool, Recording::new(&config)).await;
+    let refusal = projector.refusal().expect("the model is refused").clone();
+    assert_eq!(refusal.reason, RefusalReason::ChannelIdentityChanged);
+    assert!(projector.tasks().is_empty());
+    let stored = refused_task(&pool, &n.model, 0).await.expect("recorded on the task");
+    assert_eq!(stored.reason, RefusalReason::ChannelIdentityChanged);
+    assert!(stored.diagnosis.contains(&old_id.to_string()) && stored.diagnosis.contains(&new_id.to_string()));
+    assert!(render(&report(&pool, &n.model).await).contains("REFUSED CHANNEL_IDENTITY_CHANGED"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_partition_count_refuses() {
+    let n = Names::new("width");
+    create_topics(&[&n.orders, &n.payments], 1).await;
+    let pool = pool().await;
+    produce(&producer(), &n.orders, 0, "o1", Some(b"{}"), None).await;
+    let config = n.config();
+    let mut projector = start(&config, &pool, Recording::new(&config)).await;
+    drive_until(&mut projector, "the record to apply", || async { applied(&pool, &n.model).await.len() == 1 }).await;
+    drop(projector);
+
+    let grow = [NewPartitions::new(&n.orders, 2), NewPartitions::new(&n.payments, 2)];
+    for r in admin().create_partitions(&grow, &admin_options()).await.expect("create_partitions") {
+        r.expect("partitions added");
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+
+    let projector: ModelProjector<Recording> = start(&config, &pool, Recording::new(&config)).await;
+    let refusal = projector.refusal().expect("the model is refused");
+    assert_eq!(refusal.reason, RefusalReason::TaskWidthChanged);
+    let stored = refused_task(&pool, &n.model, 0).await.expect("recorded on the task");
+    assert_eq!(stored.reason, RefusalReason::TaskWidthChanged);
+    assert!(render(&report(&pool, &n.model).await).contains("REFUSED TASK_WIDTH_CHANGED"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topics_that_are_not_co_partitioned_are_refused_with_a_clear_message() {
+    let n = Names::new("copart");
+    create_topics(&[&n.orders], 2).await;
+    create_topics(&[&n.payments], 3).await;
+    let pool = pool().await;
+    let config = n.config();
+    let projector: ModelProjector<Recording> = start(&config, &pool, Recording::new(&config)).await;
+    let refusal = projector.refusal().expect("refused");
+    assert_eq!(refusal.reason, RefusalReason::SubstrateMisconfigured);
+    assert!(refusal.diagnosis.contains(&format!("{}=2", n.orders)) && refusal.diagnosis.contains(&format!("{}=3", n.payments)));
+    assert!(projector.tasks().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_projection_failure_retries_the_same_record_and_never_skips_it() {
+    let n = Names::new("failing");
+    create_topics(&[&n.orders, &n.payments], 1).await;
+    let pool = pool().await;
+    let p = producer();
+    produce(&p, &n.orders, 0, "o1", Some(br#"{"ok":1}"#), None).await;
+    let bad_at = produce(&p, &n.orders, 0, "o2", Some(b"not json"), None).await;
+    produce(&p, &n.orders, 0, "o3", Some(br#"{"ok":3}"#), None).await;
+
+    let config = config(&n.model, &[(&n.orders, Apply::Replace), (&n.payments, Apply::Merge)]);
+    let mut projector = start(&config, &pool, Recording::new(&config)).await;
+    drive_until(&mut projector, "the task to fail repeatedly on the bad record", || async {
+        let r = report(&pool, &n.model).await;
+        let t = r.task(0).unwrap();
+        t.status == TaskStatusKind::Failing && t.failures >= 3
+    })
+    .await;
+    let r = report(&pool, &n.model).await;
+    let t = r.task(0).unwrap();
+    let error = t.last_error.clone().unwrap();
+    assert!(error.contains(&format!("{}/0@{bad_at}", n.orders)) && error.contains("not JSON"), "{error}");
+    assert!(!error.contains("not json"), "the payload must not appear in the status: {error}");
+    assert!(t.refusal.is_none(), "an application failure is not a refusal");
+    assert!(render(&r).contains("FAILING"));
+    assert!(document(&pool, &n.model, "o1").await.is_some(), "the record before the bad one commits");
+    assert_eq!(document(&pool, &n.model, "o3").await, None, "the bad record is never skipped");
+    assert_eq!(applied(&pool, &n.model).await.len(), 1);
+    let channel = t.channels.iter().find(|c| r.describe(&c.channel) == format!("{}/0", n.orders)).unwrap();
+    assert_eq!(channel.fed_up_to, Some(bad_at - 1), "the task stays on the bad record");
+}

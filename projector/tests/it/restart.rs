@@ -1,0 +1,230 @@
+//! Restart with records held: after a graceful stop, after a crash inside a step (the step
+//! future dropped and the connections closed before the commit), and after `kill -9` of the
+//! binary under load. Nothing is lost, nothing is delivered twice.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use rdkafka::producer::Producer as _;
+use serde_json::json;
+use sqlx::Row as _;
+
+use crate::support::*;
+
+/// A held payment whose order sits in an open transaction; returns (producer, order, payment).
+async fn held_payment(n: &Names) -> (rdkafka::producer::FutureProducer, i64, i64) {
+    create_topics(&[&n.orders, &n.payments], 1).await;
+    let orders_id = topic_id(&n.orders).await;
+    let txp = transactional_producer();
+    txp.begin_transaction().unwrap();
+    let order_at = produce(&txp, &n.orders, 0, "o1", Some(br#"{"status":"placed"}"#), None).await;
+    let pay_at =
+        produce(&producer(), &n.payments, 0, "o1", Some(br#"{"paid":true}"#), Some(&causes(&[(orders_id, 0, order_at)])))
+            .await;
+    (txp, order_at, pay_at)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_records_survive_a_graceful_restart_and_deliver_once() {
+    let n = Names::new("restart");
+    let pool = pool().await;
+    let (txp, order_at, pay_at) = held_payment(&n).await;
+    let config = n.config();
+
+    let mut first = start(&config, &pool, Recording::new(&config)).await;
+    drive_until(&mut first, "the payment to be held", || async {
+        report(&pool, &n.model).await.task(0).unwrap().held_total == 1
+    })
+    .await;
+    drop(first);
+
+    let mut second = start(&config, &pool, Recording::new(&config)).await;
+    assert_eq!(second.tasks()[0].engine().held_count(), 1, "restored from the database");
+    drive(&mut second, 2).await;
+    assert_eq!(report(&pool, &n.model).await.task(0).unwrap().held_total, 1, "still held after restart");
+    assert_eq!(document(&pool, &n.model, "o1").await, None);
+
+    txp.commit_transaction(TIMEOUT).unwrap();
+    drive_until(&mut second, "both records to apply", || async {
+        report(&pool, &n.model).await.task(0).unwrap().held_total == 0
+    })
+    .await;
+    drive(&mut second, 2).await;
+    assert_eq!(
+        applied(&pool, &n.model).await,
+        vec![(n.orders.clone(), 0, order_at), (n.payments.clone(), 0, pay_at)],
+        "each delivered exactly once, in causal order"
+    );
+    assert_eq!(document(&pool, &n.model, "o1").await, Some((json!({"status": "placed", "paid": true}), 2)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_inside_a_step_loses_nothing_and_repeats_nothing() {
+    let n = Names::new("crash");
+    let (txp, order_at, pay_at) = held_payment(&n).await;
+    let config = n.config();
+
+    // The first instance has its own pool: closing it is the crash of its process.
+    let crashing_pool = pool().await;
+    let projection = Recording::new(&config);
+    let mut first = start(&config, &crashing_pool, projection.clone()).await;
+    drive_until(&mut first, "the payment to be held", || async {
+        report(&crashing_pool, &n.model).await.task(0).unwrap().held_total == 1
+    })
+    .await;
+
+    txp.commit_transaction(TIMEOUT).unwrap();
+    projection.hang.store(true, Ordering::SeqCst);
+    // Step until one hangs after the projection wrote both deliveries, before the commit.
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let stepped = tokio::time::timeout(Duration::from_secs(2), first.run_once()).await;
+        if stepped.is_err() {
+            break; // the step future is dropped here, mid-transaction
+        }
+        assert!(Instant::now() < deadline, "no step ever reached the projection");
+    }
+    drop(first);
+    crashing_pool.close().await;
+
+    let pool = pool().await;
+    let r = report(&pool, &n.model).await;
+    assert_eq!(r.task(0).unwrap().held_total, 1, "the uncommitted step released nothing");
+    assert_eq!(document(&pool, &n.model, "o1").await, None);
+    assert!(applied(&pool, &n.model).await.is_empty(), "nothing of the crashed step was committed");
+
+    let mut second = start(&config, &pool, Recording::new(&config)).await;
+    drive_until(&mut second, "both records to apply after the crash", || async {
+        document(&pool, &n.model, "o1").await.is_some_and(|(d, _)| d.get("paid").is_some())
+    })
+    .await;
+    drive(&mut second, 2).await;
+    assert_eq!(
+        applied(&pool, &n.model).await,
+        vec![(n.orders.clone(), 0, order_at), (n.payments.clone(), 0, pay_at)]
+    );
+    assert_eq!(document(&pool, &n.model, "o1").await, Some((json!({"status": "placed", "paid": true}), 2)));
+}
+
+struct Binary(Child);
+
+impl Binary {
+    fn spawn(config_path: &std::path::Path) -> Binary {
+        let child = Command::new(env!("CARGO_BIN_EXE_parsley-projector"))
+            .args(["run", "--config"])
+            .arg(config_path)
+            .env("PARSLEY_DATABASE_URL", database_url())
+            .env("PARSLEY_KAFKA_BOOTSTRAP", bootstrap())
+            .env("PARSLEY_METRICS_ADDRESS", "")
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawning parsley-projector");
+        Binary(child)
+    }
+
+    /// SIGKILL: no chance to finish the step in progress.
+    fn kill_9(mut self) {
+        self.0.kill().expect("kill -9");
+        self.0.wait().expect("reaping the killed projector");
+    }
+
+    /// SIGTERM: finishes the step in progress and exits cleanly.
+    fn terminate(mut self) {
+        let status = Command::new("kill").args(["-TERM", &self.0.id().to_string()]).status().unwrap();
+        assert!(status.success());
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            if let Some(status) = self.0.try_wait().unwrap() {
+                assert!(status.success(), "the projector exited with {status} after SIGTERM");
+                return;
+            }
+            assert!(Instant::now() < deadline, "the projector did not stop after SIGTERM");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Binary {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn documents_with(pool: &sqlx::PgPool, model: &str, field: &str) -> i64 {
+    sqlx::query("SELECT count(*) FROM projection.documents WHERE model = $1 AND doc ? $2")
+        .bind(model)
+        .bind(field)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_the_binary_under_load_loses_and_repeats_nothing() {
+    const RECORDS: usize = 400;
+    let n = Names::new("kill9");
+    create_topics(&[&n.orders, &n.payments], 2).await;
+    let orders_id = topic_id(&n.orders).await;
+    let pool = pool().await;
+    let dir = std::env::temp_dir().join(unique("projector-config"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("parsley.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[[models]]\nname = \"{}\"\nmax_step_records = 20\nmax_step_ms = 20\ntopics = [\n  {{ name = \"{}\", apply = \"replace\" }},\n  {{ name = \"{}\", apply = \"merge\" }},\n]\n",
+            n.model, n.orders, n.payments
+        ),
+    )
+    .unwrap();
+
+    let binary = Binary::spawn(&path);
+    let plain = producer();
+    let mut expected = Vec::new();
+    for i in 0..RECORDS {
+        let key = format!("k{i}");
+        let partition = parsley::murmur2::partition_for_key(key.as_bytes(), 2) as i32;
+        let order_at = produce(&plain, &n.orders, partition, &key, Some(format!("{{\"n\":{i}}}").as_bytes()), None).await;
+        let cause = causes(&[(orders_id, partition as u32, order_at)]);
+        produce(&plain, &n.payments, partition, &key, Some(br#"{"paid":true}"#), Some(&cause)).await;
+        expected.push(key);
+    }
+    // Kill it while it is working through the backlog.
+    let deadline = Instant::now() + TIMEOUT;
+    while documents_with(&pool, &n.model, "n").await < (RECORDS / 5) as i64 {
+        assert!(Instant::now() < deadline, "the binary made no progress");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    binary.kill_9();
+    let at_kill = documents_with(&pool, &n.model, "paid").await;
+
+    let binary = Binary::spawn(&path);
+    let deadline = Instant::now() + TIMEOUT * 2;
+    while documents_with(&pool, &n.model, "paid").await < RECORDS as i64 {
+        assert!(Instant::now() < deadline, "the restarted binary did not finish the backlog");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    binary.terminate();
+    assert!(at_kill < RECORDS as i64, "the kill landed after all the work ({at_kill} done): not a crash under load");
+
+    let rows = sqlx::query("SELECT key, doc, version FROM projection.documents WHERE model = $1 ORDER BY key")
+        .bind(&n.model)
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), RECORDS);
+    for row in rows {
+        let key: String = row.get(0);
+        let doc: serde_json::Value = row.get(1);
+        let version: i64 = row.get(2);
+        let i: usize = key[1..].parse().unwrap();
+        assert_eq!(doc, json!({"n": i, "paid": true}), "{key}");
+        assert_eq!(version, 2, "{key}: each record applied exactly once");
+    }
+    let r = report(&pool, &n.model).await;
+    assert!(r.tasks.iter().all(|t| t.held_total == 0 && t.epoch == 2), "{r:?}");
+}
