@@ -4,7 +4,9 @@
 //! topics and model, so tests run in parallel and re-run.
 
 mod causal;
+mod clock;
 mod fencing;
 mod refusals;
 mod restart;
+mod store;
 mod support;

@@ -1,0 +1,192 @@
+//! The ordering store against the real database, statement by statement: whatever an
+//! engine's steps change, loading it back restores an engine equal to the one that wrote
+//! it (held records verbatim, fed_up_to, frontier, clock, removals and pruning included);
+//! task rows, failures, refusals and their clearing behave as documented.
+
+use parsley::channel::{ChannelId, TopicId};
+use parsley::engine::{ChannelFact, EngineConfig, PersistedState, ORDERING_STATE_FORMAT};
+use parsley::refusal::{Refusal, RefusalReason};
+use parsley::Engine;
+use parsley_projector::record::RecordData;
+use parsley_projector::store::{self, LoadError, TaskStatusKind};
+use sqlx::PgPool;
+
+use crate::support::*;
+
+fn ch(topic: u8, partition: u32) -> ChannelId {
+    ChannelId::new(TopicId::from_bytes([topic; 16]), partition)
+}
+
+fn data(i: u8) -> RecordData {
+    RecordData {
+        key: Some(vec![b'k', i]),
+        value: if i % 2 == 0 { Some(vec![i; 3]) } else { None },
+        headers: vec![("h".into(), Some(vec![i])), ("null".into(), None)],
+        timestamp_ms: Some(1_700_000_000_000 + i64::from(i)),
+    }
+}
+
+async fn commit(pool: &PgPool, model: &str, task: u32, engine: &mut Engine<RecordData>) {
+    let changes = engine.take_changes();
+    let mut tx = pool.begin().await.unwrap();
+    store::lock_epoch(&mut tx, model, task).await.unwrap().expect("task row");
+    store::apply_changes(&mut tx, model, task, &changes).await.unwrap();
+    tx.commit().await.unwrap();
+}
+
+async fn load(pool: &PgPool, model: &str, task: u32) -> PersistedState<RecordData> {
+    let mut conn = pool.acquire().await.unwrap();
+    match store::load_state(&mut conn, model, task, ORDERING_STATE_FORMAT as i32).await {
+        Ok(s) => s,
+        Err(LoadError::Refused(r)) => panic!("refused: {r}"),
+        Err(LoadError::Database(e)) => panic!("{e:#}"),
+    }
+}
+
+fn sorted(mut s: PersistedState<RecordData>) -> PersistedState<RecordData> {
+    s.held.sort_by_key(|h| (h.channel, h.position));
+    s
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_step_writes_restores_the_same_engine() {
+    let pool = pool().await;
+    let model = unique("store");
+    let (a, b, up) = (ch(1, 0), ch(2, 0), ch(9, 3));
+    store::register_model(&pool, &model, 1, &[("a".into(), a.topic), ("b".into(), b.topic)]).await.unwrap();
+    let row = store::take_task(&pool, &model, 0, "me").await.unwrap();
+    assert_eq!((row.epoch, row.status), (1, TaskStatusKind::Running));
+
+    let config = EngineConfig::default();
+    let mut engine: Engine<RecordData> = Engine::new(config.clone(), [a, b]);
+    engine.seed(a, -1).unwrap();
+    engine.seed(b, -1).unwrap();
+    // b@0 waits for a@1; a@0 delivers at once, carrying an upstream pair.
+    let wait_for_a1 = parsley::CausalPast::from_pairs([(a, 1), (up, 40)]).encode();
+    engine.receive(b, 0, &[Some(&wait_for_a1)], data(0)).unwrap();
+    let up_only = parsley::CausalPast::from_pairs([(up, 7)]).encode();
+    engine.receive(a, 0, &[Some(&up_only)], data(1)).unwrap();
+    engine.receive(b, 1, &[], data(2)).unwrap();
+    assert_eq!(engine.held_count(), 2);
+    commit(&pool, &model, 0, &mut engine).await;
+    assert_eq!(sorted(load(&pool, &model, 0).await), sorted(engine.snapshot()));
+    let mut conn = pool.acquire().await.unwrap();
+    assert_eq!(store::held_on_topic(&mut conn, &model, &b.topic).await.unwrap(), 2);
+
+    // a@1 releases both held records: deletes of held rows, clock and frontier upserts.
+    engine.receive(a, 1, &[], data(3)).unwrap();
+    assert_eq!(engine.held_count(), 0);
+    commit(&pool, &model, 0, &mut engine).await;
+    assert_eq!(sorted(load(&pool, &model, 0).await), sorted(engine.snapshot()));
+    assert_eq!(engine.delivered_past().get(&up), Some(40));
+
+    // Pruning the upstream channel removes its frontier and clock rows.
+    engine.prune(|c| if c.topic == up.topic { ChannelFact::TopicGone } else { ChannelFact::Unknown });
+    commit(&pool, &model, 0, &mut engine).await;
+    let state = load(&pool, &model, 0).await;
+    assert_eq!(state.delivered.get(&up), None);
+    assert_eq!(state.frontier.get(&up), None);
+    assert_eq!(sorted(state.clone()), sorted(engine.snapshot()));
+
+    // A redeclaration without `b`: its fed_up_to row goes, its clock entry stays.
+    let mut narrowed = Engine::restore(config, [a], state).unwrap();
+    commit(&pool, &model, 0, &mut narrowed).await;
+    let state = load(&pool, &model, 0).await;
+    assert!(!state.fed_up_to.contains_key(&b));
+    assert_eq!(state.delivered.get(&b), Some(1));
+    let rows = store::clock_rows(&mut conn, &model).await.unwrap();
+    assert_eq!(rows.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreadable_stored_state_is_refused_not_misread() {
+    let pool = pool().await;
+    let model = unique("format");
+    let a = ch(1, 0);
+    store::register_model(&pool, &model, 1, &[("a".into(), a.topic)]).await.unwrap();
+    store::take_task(&pool, &model, 0, "me").await.unwrap();
+    let mut engine: Engine<RecordData> = Engine::new(EngineConfig::default(), [a]);
+    engine.seed(a, -1).unwrap();
+    engine.receive(a, 0, &[], data(0)).unwrap();
+    commit(&pool, &model, 0, &mut engine).await;
+
+    // A format this build does not know.
+    let mut conn = pool.acquire().await.unwrap();
+    match store::load_state(&mut conn, &model, 0, 99).await.map(|s| Engine::restore(EngineConfig::default(), [a], s)) {
+        Ok(Err(r)) => assert_eq!(r.reason, RefusalReason::UnknownOrderingStateFormat),
+        other => panic!("expected a refusal, got {:?}", other.map(|r| r.map(|_| ()))),
+    }
+    // Damaged causes bytes in a held row.
+    sqlx::query(
+        "INSERT INTO parsley.held (model, task, topic_id, partition, position, headers, causes)
+         VALUES ($1, 0, $2, 0, 5, '', '\\x02')",
+    )
+    .bind(&model)
+    .bind(store::uuid_of(&a.topic))
+    .execute(&pool)
+    .await
+    .unwrap();
+    match store::load_state(&mut conn, &model, 0, ORDERING_STATE_FORMAT as i32).await {
+        Err(LoadError::Refused(r)) => {
+            assert_eq!((r.reason, r.channel, r.position), (RefusalReason::UnknownOrderingStateFormat, Some(a), Some(5)))
+        }
+        Err(LoadError::Database(e)) => panic!("{e:#}"),
+        Ok(_) => panic!("damaged state loaded"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_rows_record_epochs_failures_and_refusals() {
+    let pool = pool().await;
+    let model = unique("tasks");
+    let a = ch(1, 0);
+    store::register_model(&pool, &model, 2, &[("a".into(), a.topic)]).await.unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    let recorded = store::load_model(&mut conn, &model).await.unwrap().unwrap();
+    assert_eq!(recorded.task_count, 2);
+    assert_eq!(recorded.topics.get("a"), Some(&a.topic));
+    // Registering again keeps the recorded identity.
+    store::register_model(&pool, &model, 2, &[("a".into(), ch(7, 0).topic)]).await.unwrap();
+    assert_eq!(store::load_model(&mut conn, &model).await.unwrap().unwrap().topics.get("a"), Some(&a.topic));
+
+    let first = store::take_task(&pool, &model, 0, "one").await.unwrap();
+    let second = store::take_task(&pool, &model, 0, "two").await.unwrap();
+    assert_eq!((first.epoch, second.epoch, second.owner.as_str()), (1, 2, "two"));
+    assert_eq!(store::lock_epoch(&mut conn, &model, 0).await.unwrap(), Some(2));
+    assert_eq!(store::lock_epoch(&mut conn, &model, 1).await.unwrap(), None);
+
+    // A fenced owner cannot record a failure; the owner can.
+    assert!(!store::record_failure(&pool, &model, 0, 1, "stale").await.unwrap());
+    assert!(store::record_failure(&pool, &model, 0, 2, "boom").await.unwrap());
+    assert!(store::record_failure(&pool, &model, 0, 2, "boom again").await.unwrap());
+    let t = &store::load_tasks(&mut conn, &model).await.unwrap()[0];
+    assert_eq!((t.status, t.failures, t.last_error.as_deref()), (TaskStatusKind::Failing, 2, Some("boom again")));
+    let mut tx = pool.begin().await.unwrap();
+    store::record_running(&mut tx, &model, 0).await.unwrap();
+    store::notify(&mut tx, &model, Some(0)).await.unwrap();
+    tx.commit().await.unwrap();
+    let t = &store::load_tasks(&mut conn, &model).await.unwrap()[0];
+    assert_eq!((t.status, t.failures, t.last_error.clone()), (TaskStatusKind::Running, 0, None));
+
+    // A model-wide refusal lands on every task, creating rows for tasks that never ran.
+    let refusal = Refusal::at(RefusalReason::TaskWidthChanged, a, Some(3), "width changed");
+    store::refuse_model(&pool, &model, 2, &refusal).await.unwrap();
+    let tasks = store::load_tasks(&mut conn, &model).await.unwrap();
+    assert_eq!(tasks.len(), 2);
+    for t in &tasks {
+        assert_eq!(t.status, TaskStatusKind::Refused);
+        assert_eq!(t.refusal.as_ref(), Some(&refusal));
+    }
+    // A failure recorded while refused leaves the refusal in place.
+    assert!(store::record_failure(&pool, &model, 0, 2, "ignored while refused").await.unwrap());
+    assert_eq!(store::load_tasks(&mut conn, &model).await.unwrap()[0].status, TaskStatusKind::Refused);
+    assert_eq!(store::clear_refusal(&pool, &model, Some(1)).await.unwrap(), 1);
+    assert_eq!(store::clear_refusal(&pool, &model, None).await.unwrap(), 1);
+    assert!(store::load_tasks(&mut conn, &model).await.unwrap().iter().all(|t| t.status == TaskStatusKind::Running
+        && t.refusal.is_none()));
+    let mut tx = pool.begin().await.unwrap();
+    store::record_refusal(&mut tx, &model, 1, &Refusal::new(RefusalReason::OutOfOrderFeed, "x")).await.unwrap();
+    tx.commit().await.unwrap();
+    let t = &store::load_tasks(&mut conn, &model).await.unwrap()[1];
+    assert_eq!(t.refusal.as_ref().map(|r| (r.reason, r.channel)), Some((RefusalReason::OutOfOrderFeed, None)));
+}
