@@ -1,5 +1,6 @@
 # Apache Kafka part of the local stack. Sourced by services.sh after lib.sh.
 # shellcheck shell=bash
+# shellcheck disable=SC2153  # KAFKA_HOST, KAFKA_PORT… come from lib.sh
 #
 # One KRaft node (broker and controller in one JVM) built from Maven Central jars:
 #   jars    .local/kafka/libs        (org.apache.kafka:kafka_2.13:$KAFKA_VERSION + runtime deps)
@@ -35,8 +36,9 @@ kafka_install() {
     fi
     local major
     major="$(java_major)"
-    [ -n "$major" ] && [ "$major" -ge 17 ] ||
+    if [ -z "$major" ] || [ "$major" -lt 17 ]; then
         fail "Kafka $KAFKA_VERSION needs Java 17 or newer; \`java -version\` says: $(java -version 2>&1 | head -n 1)"
+    fi
     kafka_fetch_libs
     kafka_build_ready_check
 }
@@ -219,11 +221,11 @@ $(who_listens "$port")
 
 kafka_down() {
     if kafka_running; then
-        local pid i
+        local pid
         pid="$(kafka_pid)"
         say "kafka: stopping (pid $pid)"
         kill -TERM "$pid" 2>/dev/null || true
-        for i in $(seq 1 120); do
+        for _ in $(seq 1 120); do
             kill -0 "$pid" 2>/dev/null || break
             sleep 0.5
         done

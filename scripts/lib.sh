@@ -1,5 +1,6 @@
 # Shared settings and helpers for the local-stack scripts. Sourced, not run.
 # shellcheck shell=bash
+# shellcheck disable=SC2034  # the settings below are used by the scripts that source this file
 
 # Repository root: the parent of this scripts/ folder, wherever the clone lives.
 PARSLEY_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -45,6 +45,7 @@ pg_find_bindir() {
         echo "/usr/lib/postgresql/$want/bin"
         return 0
     fi
+    # shellcheck disable=SC2012  # fixed, plain folder names
     for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -t/ -k5 -V -r); do
         if [ -x "$d/initdb" ] && [ -x "$d/pg_ctl" ] && [ -x "$d/postgres" ]; then
             echo "$d"
@@ -73,13 +74,36 @@ pg_install() {
     PG_BIN="$(pg_find_bindir)" || fail "postgresql installed but initdb/pg_ctl still not found"
 }
 
-pg_running() {
-    [ -s "$PGDATA_DIR/postmaster.pid" ] || return 1
-    as_postgres "$PG_BIN/pg_ctl" -D "$PGDATA_DIR" status >/dev/null 2>&1
-}
-
 pg_pid() {
     head -n 1 "$PGDATA_DIR/postmaster.pid" 2>/dev/null
+}
+
+# pg_running: the pid in our data folder's postmaster.pid is a live postgres process working
+# in that folder (a pid left by a killed server and reused by another process is not).
+pg_running() {
+    local pid
+    pid="$(pg_pid)"
+    [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 1
+    [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = postgres ] || return 1
+    [ "$(readlink -f "/proc/$pid/cwd" 2>/dev/null)" = "$(readlink -f "$PGDATA_DIR")" ]
+}
+
+# pg_clear_stale_locks: only called when pg_running is false. A lock file naming a dead pid
+# is left alone (the server sees it is stale and checks its old shared memory itself). One
+# naming a live pid that is not our server (a pid reused after a crash or reboot) would make
+# the server refuse to start: it is removed, but only while no process at all works in the
+# data folder (no orphaned backend can still be attached to the old shared memory).
+pg_clear_stale_locks() {
+    local pid p
+    pid="$(pg_pid)"
+    [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 0
+    for p in /proc/[0-9]*; do
+        if [ "$(readlink -f "$p/cwd" 2>/dev/null)" = "$(readlink -f "$PGDATA_DIR")" ]; then
+            fail "postgres: process ${p#/proc/} still works in $PGDATA_DIR but is not the server named by postmaster.pid; stop it first" "$PG_LOG"
+        fi
+    done
+    warn "postgres: removing the stale $PGDATA_DIR/postmaster.pid (pid $pid is another process)"
+    rm -f "$PGDATA_DIR/postmaster.pid" "$PG_SOCKET_DIR/.s.PGSQL.$PG_PORT.lock"
 }
 
 # pg_prepare_base: make sure the postgres user can own and reach the cluster folder.
@@ -132,6 +156,7 @@ EOF
     chown postgres:postgres "$PGDATA_DIR/parsley.conf"
 }
 
+# shellcheck disable=SC2120  # extra psql arguments are optional
 pg_psql_super() {
     as_postgres "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$PG_SOCKET_DIR" -p "$PG_PORT" \
         -U postgres -d postgres "$@"
@@ -140,6 +165,7 @@ pg_psql_super() {
 pg_ensure_role_and_db() {
     local log="$LOG_DIR/postgres-setup.log"
     {
+        # shellcheck disable=SC2119
         pg_psql_super <<EOF
 DO \$\$
 BEGIN
@@ -173,6 +199,7 @@ $(who_listens "$PG_PORT")
     stop it (a Debian system cluster: pg_ctlcluster <version> main stop) or free the port"
         fi
         pg_initdb
+        pg_clear_stale_locks
         pg_write_conf
         : >>"$PG_LOG"
         say "postgres: starting (log: $PG_LOG)"

@@ -31,9 +31,9 @@ phase "build (cargo test --workspace --no-run)"
 cargo test --workspace --no-run
 t2="$(now_s)"
 
-phase "test (cargo test --workspace)"
+phase "test (cargo test --workspace --no-fail-fast)"
 rc=0
-cargo test --workspace || rc=$?
+cargo test --workspace --no-fail-fast || rc=$?
 t3="$(now_s)"
 
 install_s="?" start_s="?"
