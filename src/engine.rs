@@ -29,6 +29,25 @@ impl Default for EngineConfig {
     }
 }
 
+/// Deliberately broken engine behaviours, switched on only by the simulator's sabotage
+/// meta-tests to prove its oracle catches each one. Not part of the API.
+#[cfg(feature = "sim")]
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EngineSabotage {
+    #[default]
+    None,
+    /// Every head is deliverable, whatever its causes.
+    IgnoreCauses,
+    /// A held head does not hold its channel: the first deliverable record behind it goes.
+    NoFifoHold,
+    /// A re-fed position at or below `fed_up_to` is queued again (when its channel holds
+    /// nothing) instead of dropped.
+    NoReplayDrop,
+    /// An undecodable `parsley.causes` value is read as "no causes".
+    UndecodableAsEmpty,
+}
+
 /// A received, undelivered record, with whatever the host keeps of it (`payload`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HeldRecord<P> {
@@ -184,6 +203,8 @@ pub struct Engine<P> {
     delivered: CausalPast,
     refusal: Option<Refusal>,
     pending: Pending,
+    #[cfg(feature = "sim")]
+    sabotage: EngineSabotage,
 }
 
 impl<P: Clone> Engine<P> {
@@ -201,7 +222,16 @@ impl<P: Clone> Engine<P> {
             delivered: CausalPast::new(),
             refusal: None,
             pending: Pending::default(),
+            #[cfg(feature = "sim")]
+            sabotage: EngineSabotage::None,
         }
+    }
+
+    /// Switches on a deliberately broken behaviour (simulator meta-tests only).
+    #[cfg(feature = "sim")]
+    #[doc(hidden)]
+    pub fn set_sabotage(&mut self, sabotage: EngineSabotage) {
+        self.sabotage = sabotage;
     }
 
     /// Restores a task from what its host persisted, now receiving `received` (which may
@@ -372,6 +402,10 @@ impl<P: Clone> Engine<P> {
         self.check_not_refused()?;
         let causes = match codec::decode_headers(causes_headers, self.config.metadata_budget) {
             Ok(causes) => causes,
+            #[cfg(feature = "sim")]
+            Err(DecodeError::Undecodable(_)) if self.sabotage == EngineSabotage::UndecodableAsEmpty => {
+                CausalPast::new()
+            }
             Err(DecodeError::Undecodable(m)) => {
                 return Err(self.refuse(Refusal::at(
                     RefusalReason::UndecodableMetadata,
@@ -427,7 +461,11 @@ impl<P: Clone> Engine<P> {
             )));
         }
         ch.fed_this_execution = Some(position);
-        if position <= fed_up_to {
+        #[cfg(feature = "sim")]
+        let replay_guard = !(self.sabotage == EngineSabotage::NoReplayDrop && ch.held.is_empty());
+        #[cfg(not(feature = "sim"))]
+        let replay_guard = true;
+        if position <= fed_up_to && replay_guard {
             // A committed step already delivered or holds it: a replay after restart.
             return Ok(Receipt::Duplicate);
         }
@@ -477,6 +515,18 @@ impl<P: Clone> Engine<P> {
                 while let Some(head) = self.channels[&channel].held.front() {
                     let decision =
                         decide(&head.causes, &self.received, |c| self.channels.get(c).and_then(|s| s.settled()));
+                    #[cfg(feature = "sim")]
+                    let decision = match self.sabotage {
+                        EngineSabotage::IgnoreCauses => Decision::Deliverable,
+                        EngineSabotage::NoFifoHold if !decision.is_deliverable() => {
+                            if let Some(record) = self.sabotage_overtake_head(channel) {
+                                self.deliver(&record);
+                                deliveries.push(record);
+                            }
+                            break;
+                        }
+                        _ => decision,
+                    };
                     if !decision.is_deliverable() {
                         break;
                     }
@@ -490,6 +540,15 @@ impl<P: Clone> Engine<P> {
                 return deliveries;
             }
         }
+    }
+
+    /// `NoFifoHold` sabotage: takes the first deliverable record behind a held head.
+    #[cfg(feature = "sim")]
+    fn sabotage_overtake_head(&mut self, channel: ChannelId) -> Option<HeldRecord<P>> {
+        let queue = &self.channels[&channel].held;
+        let settled = |c: &ChannelId| self.channels.get(c).and_then(|s| s.settled());
+        let i = (1..queue.len()).find(|&i| decide(&queue[i].causes, &self.received, settled).is_deliverable())?;
+        self.channels.get_mut(&channel)?.held.remove(i)
     }
 
     fn deliver(&mut self, record: &HeldRecord<P>) {

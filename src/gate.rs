@@ -9,9 +9,14 @@
 //! - A pair on any other (upstream) channel is covered iff every task in `S` records it at
 //!   or above the pair. A task with no row for the channel fails closed.
 //! - The refreshed token is the old one merged with what the read proved: each served
-//!   task's positions on its own received channels, and for upstream channels only the
-//!   meet over all `N` tasks. Never a task's full clock: an upstream entry one task happens
-//!   to hold would raise the client's future demands on tasks that do not hold it.
+//!   task's positions on the model's received channels, and for upstream channels only the
+//!   meet over all `N` tasks. A served task's position on *another* task's channel is a
+//!   cause its data depends on (a record it delivered carried it): the client has now seen
+//!   its effect, so the owner must cover it before serving that client again, or the client
+//!   could see an effect and then miss its cause. Such a demand always resolves, because
+//!   the owner delivers every position on its channel. Never a task's full clock: an
+//!   upstream entry one task happens to hold would raise the client's future demands on
+//!   tasks that may never hold it.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -77,12 +82,56 @@ fn index(rows: &[ClockRow]) -> BTreeMap<(u32, ChannelId), Position> {
     by_key
 }
 
+/// Deliberately broken gate and refresh rules, switched on only by the simulator's
+/// sabotage meta-tests to prove its oracle catches each one. Not part of the API.
+#[cfg(feature = "sim")]
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GateSabotage {
+    #[default]
+    None,
+    /// A pair whose required tasks have no row at all for its channel counts as covered.
+    SkipUnrecorded,
+    /// A pair on a received channel is checked on the served tasks, not on its owner.
+    ServedTaskOnly,
+    /// Refresh merges each served task's full clock.
+    RefreshFullClock,
+}
+
 /// Decides whether a read served by `served` may be answered for `token`, listing every gap.
 pub fn gate(token: &CausalPast, model: &ModelShape, rows: &[ClockRow], served: &BTreeSet<u32>) -> Verdict {
+    gate_rule(token, model, rows, served, false, false)
+}
+
+/// [`gate`] with a deliberate flaw (simulator meta-tests only).
+#[cfg(feature = "sim")]
+#[doc(hidden)]
+pub fn gate_sabotaged(
+    token: &CausalPast,
+    model: &ModelShape,
+    rows: &[ClockRow],
+    served: &BTreeSet<u32>,
+    sabotage: GateSabotage,
+) -> Verdict {
+    let skip_unrecorded = sabotage == GateSabotage::SkipUnrecorded;
+    let served_only = sabotage == GateSabotage::ServedTaskOnly;
+    gate_rule(token, model, rows, served, skip_unrecorded, served_only)
+}
+
+/// The gate; both flags are `false` outside the simulator's sabotage meta-tests.
+fn gate_rule(
+    token: &CausalPast,
+    model: &ModelShape,
+    rows: &[ClockRow],
+    served: &BTreeSet<u32>,
+    skip_unrecorded: bool,
+    served_only: bool,
+) -> Verdict {
     let rows = index(rows);
     let mut gaps = Vec::new();
     for (channel, required) in token.iter() {
         let tasks: Vec<u32> = match model.owner_of(&channel) {
+            Some(_) if served_only => served.iter().copied().collect(),
             Some(owner) => vec![owner],
             None => served.iter().copied().collect(),
         };
@@ -96,7 +145,8 @@ pub fn gate(token: &CausalPast, model: &ModelShape, rows: &[ClockRow], served: &
         }
         // An owner beyond the model's width, or no task at all, can never cover a pair.
         let possible = !tasks.is_empty() && tasks.iter().all(|t| *t < model.task_count);
-        let covered = possible && all_present && recorded.is_some_and(|r| r >= required);
+        let covered =
+            possible && all_present && recorded.is_some_and(|r| r >= required) || skip_unrecorded && recorded.is_none();
         if !covered {
             let recorded = if all_present { recorded } else { None };
             gaps.push(GateGap { channel, required, recorded, tasks });
@@ -111,6 +161,30 @@ pub fn gate(token: &CausalPast, model: &ModelShape, rows: &[ClockRow], served: &
 
 /// The token a covered read hands back: `token` merged with what the read proved.
 pub fn refresh(token: &CausalPast, model: &ModelShape, rows: &[ClockRow], served: &BTreeSet<u32>) -> CausalPast {
+    refresh_rule(token, model, rows, served, false)
+}
+
+/// [`refresh`] with a deliberate flaw (simulator meta-tests only).
+#[cfg(feature = "sim")]
+#[doc(hidden)]
+pub fn refresh_sabotaged(
+    token: &CausalPast,
+    model: &ModelShape,
+    rows: &[ClockRow],
+    served: &BTreeSet<u32>,
+    sabotage: GateSabotage,
+) -> CausalPast {
+    refresh_rule(token, model, rows, served, sabotage == GateSabotage::RefreshFullClock)
+}
+
+/// The refresh; `full_clock` is `false` outside the simulator's sabotage meta-tests.
+fn refresh_rule(
+    token: &CausalPast,
+    model: &ModelShape,
+    rows: &[ClockRow],
+    served: &BTreeSet<u32>,
+    full_clock: bool,
+) -> CausalPast {
     let rows = index(rows);
     let mut proved: Vec<(ChannelId, Position)> = Vec::new();
     // Upstream channels: the meet over all tasks, only if every task records the channel.
@@ -119,9 +193,12 @@ pub fn refresh(token: &CausalPast, model: &ModelShape, rows: &[ClockRow], served
         if task >= model.task_count {
             continue;
         }
+        if full_clock && served.contains(&task) {
+            proved.push((channel, position));
+        }
         match model.owner_of(&channel) {
-            Some(owner) => {
-                if owner == task && served.contains(&task) {
+            Some(_) => {
+                if served.contains(&task) {
                     proved.push((channel, position));
                 }
             }
@@ -215,18 +292,40 @@ mod tests {
         let rows = [
             row(0, ch(1, 0), 10),
             row(1, ch(1, 1), 20),
-            row(0, ch(1, 1), 15), // a carried cause on task 0: not task 0's to prove
+            row(0, ch(1, 1), 15), // a cause task 0's data depends on: task 1 must cover it next
             row(0, up, 5),
             row(1, up, 3),
             row(0, lonely, 9), // only one task records it: no meet
         ];
         let token = CausalPast::from_pairs([(ch(9, 0), 1)]);
         let fresh = refresh(&token, &model(), &rows, &served(&[0]));
-        assert_eq!(fresh, CausalPast::from_pairs([(ch(9, 0), 1), (ch(1, 0), 10), (up, 3)]));
+        assert_eq!(fresh, CausalPast::from_pairs([(ch(9, 0), 1), (ch(1, 0), 10), (ch(1, 1), 15), (up, 3)]));
         let fresh_all = refresh(&token, &model(), &rows, &served(&[0, 1]));
         assert_eq!(fresh_all, CausalPast::from_pairs([(ch(9, 0), 1), (ch(1, 0), 10), (ch(1, 1), 20), (up, 3)]));
         // Refresh never lowers the token.
         let high = CausalPast::from_pairs([(ch(1, 0), 50)]);
         assert_eq!(refresh(&high, &model(), &rows, &served(&[0])).get(&ch(1, 0)), Some(50));
+    }
+
+    /// Found by the simulator (seed 0 of the soak sweep): client A writes w1 to key k1
+    /// (channel (1,1), owned by task 1), then r to key k2 (channel (1,0), task 0), so r
+    /// carries (1,1)@15. Task 0 delivers r, recording (1,1)@15. Client B reads k2 from task
+    /// 0 and sees r — an effect of w1. If the refresh kept only task 0's own channel, B's
+    /// next read of k1 from task 1 would pass the gate before task 1 delivered w1, and B
+    /// would see r's effect without its cause.
+    #[test]
+    fn refresh_carries_the_causes_a_served_task_delivered_on_other_channels() {
+        let rows = [row(0, ch(1, 0), 3), row(0, ch(1, 1), 15), row(1, ch(1, 1), 10)];
+        let after_reading_k2 = refresh(&CausalPast::new(), &model(), &rows, &served(&[0]));
+        assert_eq!(after_reading_k2.get(&ch(1, 1)), Some(15));
+        assert_eq!(
+            gate(&after_reading_k2, &model(), &rows, &served(&[1])),
+            Verdict::NotCovered {
+                gaps: vec![GateGap { channel: ch(1, 1), required: 15, recorded: Some(10), tasks: vec![1] }]
+            },
+            "task 1 has not delivered w1 yet: the read of k1 waits"
+        );
+        let later = [row(0, ch(1, 0), 3), row(0, ch(1, 1), 15), row(1, ch(1, 1), 15)];
+        assert!(gate(&after_reading_k2, &model(), &later, &served(&[1])).is_covered());
     }
 }

@@ -16,6 +16,8 @@
 //! - [`gate`]: the read gate and token refresh the gateway runs on clock rows.
 //! - [`refusal`]: named refusals.
 //! - [`murmur2`]: Kafka's default key partitioner.
+//! - `sim` (feature `sim`): the deterministic simulator, its ground-truth oracle and the
+//!   sabotage switches its meta-tests flip (see `docs/verification.md`).
 //!
 //! The crate performs no I/O, reads no clock and draws no randomness; `tests/purity.rs`
 //! fails if that stops being true.
@@ -28,6 +30,8 @@ pub mod gate;
 pub mod murmur2;
 pub mod past;
 pub mod refusal;
+#[cfg(feature = "sim")]
+pub mod sim;
 pub mod startup;
 
 pub use channel::{ChannelId, Position, TopicId};

@@ -1,0 +1,497 @@
+//! The ground-truth oracle. It never reads an engine's frontier or clock, a decision, a
+//! token or a gate verdict: it learns what really happened — who sent what after
+//! delivering or reading what, which transactions committed, what retention discarded —
+//! and judges every delivery and every served read against that.
+//!
+//! Happened-before is tracked exactly, as sets of record ids: a record's history is its
+//! sender's knowledge when it was sent. A process knows what it has delivered (in a
+//! committed step) and, transitively, their histories; a session client or edge producer
+//! also knows its own earlier writes (session order), and a client knows what its reads
+//! returned and their histories. A cause counts against a delivery only if it was still
+//! *expressible* when the record was sent (its topic existed and it sat at or above its
+//! channel's log start); below that the protocol is not asked to order it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use crate::channel::{ChannelId, Position, TopicId};
+use crate::sim::bits::RecordSet;
+
+pub type RecordId = u32;
+
+/// Who sent a record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Actor {
+    /// An edge producer: stamps from its token, never reads.
+    Edge(u32),
+    /// A session client: writes and gated reads.
+    Client(u32),
+    /// An upstream process running the engine.
+    Process(u32),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordStatus {
+    /// Inside a transaction not yet ended.
+    Open,
+    Committed,
+    Aborted,
+}
+
+/// Everything the oracle knows about one record.
+#[derive(Clone, Debug)]
+pub struct RecordFacts {
+    pub channel: ChannelId,
+    pub position: Position,
+    pub key: u16,
+    pub author: Actor,
+    pub status: RecordStatus,
+    /// Its `parsley.causes` header was damaged on purpose.
+    pub corrupt: bool,
+    /// Its true causes.
+    pub hist: RecordSet,
+    /// The causes still expressible when it was sent.
+    pub exp: RecordSet,
+    /// For a client's write: what the client had learned through reads before sending it.
+    pub read_knowledge: Option<RecordSet>,
+}
+
+/// What broke.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ViolationKind {
+    /// A record was delivered before one of its expressible causes on a received channel.
+    CausalOrder,
+    /// A client's write was delivered before that client's earlier write.
+    MonotonicWrites,
+    /// A client's write was delivered before a write the client had read (or its causes).
+    WritesFollowReads,
+    /// A channel's records were not delivered in position order, or one was skipped.
+    Fifo,
+    /// A record was delivered twice by one receiver (counting committed steps only).
+    Duplicate,
+    /// At quiescence, a committed record on a received channel was never delivered.
+    Incomplete,
+    /// A record whose causes header is damaged was delivered.
+    UndecodableDelivered,
+    /// The record delivered at a coordinate is not the record stored there.
+    PayloadMismatch,
+    /// A read did not reflect the client's own write.
+    ReadYourWrites,
+    /// A read did not reflect a write an earlier read of the session returned.
+    MonotonicReads,
+    /// A read did not reflect a write in the session's causal past.
+    StaleRead,
+    /// A read could never be served, though everything had been delivered.
+    ReadNeverCovered,
+    /// The world did not reach quiescence within its budget.
+    Wedged,
+    /// A task or process refused without a damaged record to refuse, or for another reason.
+    UnexpectedRefusal,
+    /// A refused task, restarted, did not refuse again identically.
+    RefusalNotRecurring,
+}
+
+impl ViolationKind {
+    pub fn name(&self) -> &'static str {
+        match self {
+            ViolationKind::CausalOrder => "causal-order",
+            ViolationKind::MonotonicWrites => "monotonic-writes",
+            ViolationKind::WritesFollowReads => "writes-follow-reads",
+            ViolationKind::Fifo => "fifo",
+            ViolationKind::Duplicate => "duplicate",
+            ViolationKind::Incomplete => "incomplete",
+            ViolationKind::UndecodableDelivered => "undecodable-delivered",
+            ViolationKind::PayloadMismatch => "payload-mismatch",
+            ViolationKind::ReadYourWrites => "read-your-writes",
+            ViolationKind::MonotonicReads => "monotonic-reads",
+            ViolationKind::StaleRead => "stale-read",
+            ViolationKind::ReadNeverCovered => "read-never-covered",
+            ViolationKind::Wedged => "wedged",
+            ViolationKind::UnexpectedRefusal => "unexpected-refusal",
+            ViolationKind::RefusalNotRecurring => "refusal-not-recurring",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    pub kind: ViolationKind,
+    /// The scheduler step it was found at.
+    pub step: u64,
+    pub detail: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "step {}: {}: {}", self.step, self.kind.name(), self.detail)
+    }
+}
+
+/// One delivering party (a projector task or an upstream process), as the oracle sees it.
+#[derive(Debug)]
+struct Receiver {
+    name: String,
+    /// The process that delivers, whose knowledge grows with its deliveries.
+    actor: Option<Actor>,
+    received: BTreeSet<ChannelId>,
+    started: bool,
+    /// Records on received channels at or above the baseline.
+    relevant: RecordSet,
+    baseline: BTreeMap<ChannelId, Position>,
+    /// Delivered in committed steps.
+    committed: RecordSet,
+    /// Delivered in the step in progress.
+    staged: Vec<RecordId>,
+    /// Per channel, the index (into the channel's records) of the next record expected.
+    next_committed: BTreeMap<ChannelId, usize>,
+    next_staged: BTreeMap<ChannelId, usize>,
+}
+
+#[derive(Debug, Default)]
+struct ClientFacts {
+    own: RecordSet,
+    seen: RecordSet,
+    via_reads: RecordSet,
+}
+
+/// The oracle.
+#[derive(Debug)]
+pub struct Oracle {
+    records: Vec<RecordFacts>,
+    by_channel: BTreeMap<ChannelId, Vec<RecordId>>,
+    /// Records no longer expressible: below their channel's log start, or of a deleted topic.
+    gone: RecordSet,
+    committed: RecordSet,
+    model_topics: BTreeSet<TopicId>,
+    model_records: RecordSet,
+    by_key: BTreeMap<u16, RecordSet>,
+    receivers: Vec<Receiver>,
+    knowledge: BTreeMap<Actor, RecordSet>,
+    clients: BTreeMap<u32, ClientFacts>,
+    violations: Vec<Violation>,
+    step: u64,
+    /// Deliveries judged (including ones in steps that never committed).
+    pub deliveries_checked: u64,
+    pub reads_checked: u64,
+}
+
+impl Oracle {
+    pub fn new(model_topics: impl IntoIterator<Item = TopicId>) -> Self {
+        Oracle {
+            records: Vec::new(),
+            by_channel: BTreeMap::new(),
+            gone: RecordSet::new(),
+            committed: RecordSet::new(),
+            model_topics: model_topics.into_iter().collect(),
+            model_records: RecordSet::new(),
+            by_key: BTreeMap::new(),
+            receivers: Vec::new(),
+            knowledge: BTreeMap::new(),
+            clients: BTreeMap::new(),
+            violations: Vec::new(),
+            step: 0,
+            deliveries_checked: 0,
+            reads_checked: 0,
+        }
+    }
+
+    pub fn set_step(&mut self, step: u64) {
+        self.step = step;
+    }
+
+    pub fn violations(&self) -> &[Violation] {
+        &self.violations
+    }
+
+    pub fn record(&self, id: RecordId) -> &RecordFacts {
+        &self.records[id as usize]
+    }
+
+    pub fn record_count(&self) -> usize {
+        self.records.len()
+    }
+
+    fn violate(&mut self, kind: ViolationKind, detail: String) {
+        // One run can break the same rule many times; the first few say enough.
+        if self.violations.iter().filter(|v| v.kind == kind).count() < 5 {
+            self.violations.push(Violation { kind, step: self.step, detail });
+        }
+    }
+
+    /// Reports a violation the world detected (wedge, refusals, reads never covered).
+    pub fn report(&mut self, kind: ViolationKind, detail: String) {
+        self.violate(kind, detail);
+    }
+
+    fn describe(&self, id: RecordId) -> String {
+        let r = &self.records[id as usize];
+        format!("#{id}({}@{} by {:?})", r.channel, r.position, r.author)
+    }
+
+    /// Registers a delivering party; returns its index.
+    pub fn add_receiver(&mut self, name: &str, actor: Option<Actor>, received: &[ChannelId]) -> usize {
+        self.receivers.push(Receiver {
+            name: name.to_string(),
+            actor,
+            received: received.iter().copied().collect(),
+            started: false,
+            relevant: RecordSet::new(),
+            baseline: BTreeMap::new(),
+            committed: RecordSet::new(),
+            staged: Vec::new(),
+            next_committed: BTreeMap::new(),
+            next_staged: BTreeMap::new(),
+        });
+        self.receivers.len() - 1
+    }
+
+    /// The receiver's first start: history below `baselines` is outside its scope.
+    pub fn start(&mut self, receiver: usize, baselines: &[(ChannelId, Position)]) {
+        let rc = &mut self.receivers[receiver];
+        if rc.started {
+            return;
+        }
+        rc.started = true;
+        for &(channel, baseline) in baselines {
+            rc.baseline.insert(channel, baseline);
+            let ids = self.by_channel.get(&channel).map(Vec::as_slice).unwrap_or(&[]);
+            let first = ids.partition_point(|&id| self.records[id as usize].position < baseline);
+            for &id in &ids[..first] {
+                rc.relevant.remove(id);
+            }
+            rc.next_committed.insert(channel, first);
+            rc.next_staged.insert(channel, first);
+        }
+    }
+
+    /// A record was appended at `(channel, position)` by `author`; returns its id.
+    pub fn sent(
+        &mut self,
+        channel: ChannelId,
+        position: Position,
+        key: u16,
+        author: Actor,
+        in_txn: bool,
+        corrupt: bool,
+    ) -> RecordId {
+        let id = self.records.len() as RecordId;
+        let hist = self.knowledge.get(&author).cloned().unwrap_or_default();
+        let exp = hist.minus(&self.gone);
+        let read_knowledge = match author {
+            Actor::Client(c) => Some(self.clients.entry(c).or_default().via_reads.clone()),
+            _ => None,
+        };
+        let status = if in_txn { RecordStatus::Open } else { RecordStatus::Committed };
+        self.records.push(RecordFacts { channel, position, key, author, status, corrupt, hist, exp, read_knowledge });
+        let ids = self.by_channel.entry(channel).or_default();
+        assert!(ids.last().is_none_or(|&last| self.records[last as usize].position < position), "appends grow");
+        ids.push(id);
+        if !in_txn {
+            self.committed.insert(id);
+        }
+        if self.model_topics.contains(&channel.topic) {
+            self.model_records.insert(id);
+            self.by_key.entry(key).or_default().insert(id);
+        }
+        for rc in &mut self.receivers {
+            if rc.received.contains(&channel) && rc.baseline.get(&channel).is_none_or(|&b| position >= b) {
+                rc.relevant.insert(id);
+            }
+        }
+        match author {
+            // Session order: an edge producer's or client's write is a cause of its later ones.
+            Actor::Edge(_) | Actor::Client(_) => {
+                self.knowledge.entry(author).or_default().insert(id);
+                if let Actor::Client(c) = author {
+                    self.clients.entry(c).or_default().own.insert(id);
+                }
+            }
+            // A process's own sends are not its causes: only deliveries are.
+            Actor::Process(_) => {}
+        }
+        id
+    }
+
+    pub fn txn_ended(&mut self, ids: &[RecordId], commit: bool) {
+        for &id in ids {
+            self.records[id as usize].status = if commit { RecordStatus::Committed } else { RecordStatus::Aborted };
+            if commit {
+                self.committed.insert(id);
+            }
+        }
+    }
+
+    pub fn log_start_advanced(&mut self, channel: ChannelId, log_start: Position) {
+        for &id in self.by_channel.get(&channel).map(Vec::as_slice).unwrap_or(&[]) {
+            if self.records[id as usize].position < log_start {
+                self.gone.insert(id);
+            }
+        }
+    }
+
+    pub fn topic_deleted(&mut self, topic: TopicId) {
+        for (channel, ids) in &self.by_channel {
+            if channel.topic == topic {
+                for &id in ids {
+                    self.gone.insert(id);
+                }
+            }
+        }
+    }
+
+    /// Judges one delivery by `receiver` of the record at `(channel, position)`, whose
+    /// payload says it is record `payload_id`.
+    pub fn delivered(&mut self, receiver: usize, channel: ChannelId, position: Position, payload_id: RecordId) {
+        self.deliveries_checked += 1;
+        let name = self.receivers[receiver].name.clone();
+        let ids: Vec<RecordId> = self.by_channel.get(&channel).cloned().unwrap_or_default();
+        let Ok(index) = ids.binary_search_by_key(&position, |&id| self.records[id as usize].position) else {
+            self.violate(
+                ViolationKind::PayloadMismatch,
+                format!("{name} delivered {channel}@{position}, where no record was sent"),
+            );
+            return;
+        };
+        let id = ids[index];
+        if id != payload_id {
+            self.violate(
+                ViolationKind::PayloadMismatch,
+                format!(
+                    "{name} delivered {channel}@{position} carrying record #{payload_id}, but #{id} is stored there"
+                ),
+            );
+        }
+        let rc = &self.receivers[receiver];
+        let already = rc.committed.contains(id) || rc.staged.contains(&id);
+        if already {
+            self.violate(ViolationKind::Duplicate, format!("{name} delivered {} a second time", self.describe(id)));
+        }
+        if self.records[id as usize].corrupt {
+            self.violate(
+                ViolationKind::UndecodableDelivered,
+                format!("{name} delivered {}, whose causes header is damaged", self.describe(id)),
+            );
+        }
+        // FIFO: the record must be the next committed record of its channel not yet delivered.
+        let rc = &self.receivers[receiver];
+        let mut next = rc.next_staged.get(&channel).copied().unwrap_or(0);
+        while next < ids.len() && self.records[ids[next] as usize].status == RecordStatus::Aborted {
+            next += 1;
+        }
+        if !already && next != index {
+            let detail = match ids.get(next) {
+                Some(&e) if next < index => format!(
+                    "{name} delivered {} while {} ({:?}) before it on the channel was not yet delivered",
+                    self.describe(id),
+                    self.describe(e),
+                    self.records[e as usize].status
+                ),
+                _ => format!("{name} delivered {} out of position order", self.describe(id)),
+            };
+            self.violate(ViolationKind::Fifo, detail);
+        }
+        // Causal order: every expressible cause on a received channel delivered first.
+        let rc = &self.receivers[receiver];
+        let facts = &self.records[id as usize];
+        let mut missing = facts.exp.missing(&rc.relevant, &rc.committed);
+        missing.retain(|m| !rc.staged.contains(m));
+        let mut found = Vec::new();
+        for a in missing.into_iter().take(3) {
+            let cause = &self.records[a as usize];
+            let kind = match (facts.author, cause.author) {
+                (Actor::Client(w), Actor::Client(c)) if w == c => ViolationKind::MonotonicWrites,
+                _ if facts.read_knowledge.as_ref().is_some_and(|k| k.contains(a)) => ViolationKind::WritesFollowReads,
+                _ => ViolationKind::CausalOrder,
+            };
+            found.push((kind, format!("{name} delivered {} before its cause {}", self.describe(id), self.describe(a))));
+        }
+        for (kind, detail) in found {
+            self.violate(kind, detail);
+        }
+        let rc = &mut self.receivers[receiver];
+        if !already {
+            rc.staged.push(id);
+            if index + 1 > next {
+                rc.next_staged.insert(channel, index + 1);
+            }
+        }
+    }
+
+    /// The receiver's step committed: its deliveries stand.
+    pub fn commit(&mut self, receiver: usize) {
+        let rc = &mut self.receivers[receiver];
+        let staged = std::mem::take(&mut rc.staged);
+        for &id in &staged {
+            rc.committed.insert(id);
+        }
+        rc.next_committed = rc.next_staged.clone();
+        if let Some(actor) = rc.actor {
+            let mut learned = RecordSet::new();
+            for &id in &staged {
+                learned.insert(id);
+                learned.union_with(&self.records[id as usize].hist);
+            }
+            self.knowledge.entry(actor).or_default().union_with(&learned);
+        }
+    }
+
+    /// The receiver's step rolled back (abort or crash): its deliveries never happened.
+    pub fn discard(&mut self, receiver: usize) {
+        let rc = &mut self.receivers[receiver];
+        rc.staged.clear();
+        rc.next_staged = rc.next_committed.clone();
+    }
+
+    /// Judges a read served to client `client`: `observed` are the record ids the served
+    /// rows reflect; `key` is the single key read, or `None` for a whole collection.
+    pub fn read(&mut self, client: u32, key: Option<u16>, observed: &[RecordId], what: &str) {
+        self.reads_checked += 1;
+        let knowledge = self.knowledge.get(&Actor::Client(client)).cloned().unwrap_or_default();
+        let scope = match key {
+            Some(k) => self.by_key.get(&k).cloned().unwrap_or_default(),
+            None => self.model_records.clone(),
+        };
+        let observed_set: RecordSet = observed.iter().copied().collect();
+        let missing = knowledge.missing(&scope, &observed_set);
+        let facts = self.clients.entry(client).or_default();
+        let labelled: Vec<(ViolationKind, RecordId)> = missing
+            .into_iter()
+            .filter(|&m| !self.records[m as usize].corrupt)
+            .map(|m| {
+                let kind = if facts.own.contains(m) {
+                    ViolationKind::ReadYourWrites
+                } else if facts.seen.contains(m) {
+                    ViolationKind::MonotonicReads
+                } else {
+                    ViolationKind::StaleRead
+                };
+                (kind, m)
+            })
+            .collect();
+        for (kind, m) in labelled.into_iter().take(3) {
+            let detail = format!("client {client}'s {what} did not reflect {}", self.describe(m));
+            self.violate(kind, detail);
+        }
+        let mut learned = RecordSet::new();
+        for &o in observed {
+            learned.insert(o);
+            learned.union_with(&self.records[o as usize].hist);
+        }
+        let facts = self.clients.entry(client).or_default();
+        facts.seen.union_with(&observed_set);
+        facts.via_reads.union_with(&learned);
+        self.knowledge.entry(Actor::Client(client)).or_default().union_with(&learned);
+    }
+
+    /// At quiescence: every committed record on the receiver's channels was delivered.
+    pub fn check_complete(&mut self, receiver: usize) {
+        let rc = &self.receivers[receiver];
+        let mut missing = rc.relevant.missing(&self.committed, &rc.committed);
+        missing.retain(|&m| !self.records[m as usize].corrupt);
+        let name = rc.name.clone();
+        for m in missing.into_iter().take(3) {
+            let detail = format!("{name} never delivered {}", self.describe(m));
+            self.violate(ViolationKind::Incomplete, detail);
+        }
+    }
+}

@@ -1,0 +1,1036 @@
+//! The simulated world and its scheduler: upstream processes, edge producers, session
+//! clients and database-hosted projector tasks, each a set of enabled actions the seeded
+//! scheduler draws from, one per step. Every host here drives the real core — `Engine`,
+//! `CausalPast`, `gate`, `refresh`, `partition_for_key` — exactly as a production host
+//! would; the oracle watches from outside.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::channel::{ChannelId, Position, TopicId};
+use crate::engine::{ChannelFact, Engine, EngineConfig, Receipt};
+use crate::gate::{self, ModelShape, Verdict};
+use crate::murmur2::partition_for_key;
+use crate::past::CausalPast;
+use crate::refusal::{Refusal, RefusalReason};
+use crate::sim::kafka::{FetchError, SimKafka, TxnId};
+use crate::sim::oracle::{Actor, Oracle, RecordId, ViolationKind};
+use crate::sim::rng::SimRng;
+use crate::sim::store::{Payload, SimDb};
+use crate::sim::{RunReport, Sabotage, Scenario, Stats};
+
+const MODEL_TOPICS: [&str; 2] = ["orders", "payments"];
+
+/// Where an upstream process sends.
+#[derive(Clone, Copy, Debug)]
+enum Dest {
+    /// A fixed channel (an intermediate topic).
+    Channel(ChannelId),
+    /// A model topic, partitioned by the record's key.
+    Model(usize),
+}
+
+struct Process {
+    receiver: usize,
+    received: Vec<ChannelId>,
+    outputs: Vec<Dest>,
+    engine: Engine<Payload>,
+    next_fetch: BTreeMap<ChannelId, Position>,
+    txn: Option<(TxnId, Vec<RecordId>)>,
+    /// Deliveries not yet followed by a send.
+    pending_sends: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReadKind {
+    Key(u16),
+    Collection,
+}
+
+/// An edge producer or a session client: a token, stamped onto every write.
+struct Producer {
+    actor: Actor,
+    token: CausalPast,
+    pending_read: Option<ReadKind>,
+    /// The database version of the last attempt that was not covered.
+    last_attempt: u64,
+}
+
+struct Running {
+    engine: Engine<Payload>,
+    next_fetch: BTreeMap<ChannelId, Position>,
+    step_open: bool,
+    /// Projection writes of the step in progress.
+    applied: Vec<Payload>,
+}
+
+enum TaskState {
+    Down,
+    Up(Box<Running>),
+}
+
+struct Task {
+    receiver: usize,
+    received: Vec<ChannelId>,
+    state: TaskState,
+    started_once: bool,
+    refused: bool,
+    /// A refusal the stored status says this task hit: a restart must hit it again.
+    expect_refusal: Option<Refusal>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Work,
+    Drain,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Action {
+    EdgeWrite(usize),
+    RogueWrite,
+    ClientWrite(usize),
+    ClientRead(usize, ReadKind),
+    ClientRetry(usize),
+    ProcFetch(usize, ChannelId),
+    ProcSend(usize),
+    ProcBegin(usize),
+    ProcEnd(usize, bool),
+    ProcPrune(usize),
+    TaskStart(usize),
+    TaskFeed(usize, ChannelId),
+    TaskPrune(usize),
+    TaskCommit(usize),
+    TaskAbort(usize),
+    TaskCrash(usize),
+    Retention,
+    RecreateExt,
+}
+
+pub(crate) struct World {
+    scenario: Scenario,
+    sabotage: Sabotage,
+    rng: SimRng,
+    kafka: SimKafka,
+    db: SimDb,
+    /// Bumped by every commit: a waiting read retries only after something changed.
+    db_version: u64,
+    oracle: Oracle,
+    names: BTreeMap<TopicId, String>,
+    model: ModelShape,
+    model_topics: Vec<TopicId>,
+    raw: TopicId,
+    /// Per key, the task that owns it (murmur2 of the key bytes).
+    owner_of_key: Vec<u32>,
+    tasks: Vec<Task>,
+    processes: Vec<Process>,
+    edges: Vec<Producer>,
+    clients: Vec<Producer>,
+    rogue: Option<Producer>,
+    recreations: u32,
+    phase: Phase,
+    step: u64,
+    stats: Stats,
+    trace: Vec<String>,
+}
+
+fn key_bytes(key: u16) -> Vec<u8> {
+    format!("k{key}").into_bytes()
+}
+
+fn header_values(headers: &[Option<Vec<u8>>]) -> Vec<Option<&[u8]>> {
+    headers.iter().map(|h| h.as_deref()).collect()
+}
+
+impl World {
+    pub(crate) fn new(seed: u64, scenario: &Scenario, sabotage: Sabotage) -> World {
+        let mut rng = SimRng::new(seed);
+        let n = *rng.pick(scenario.task_counts);
+        let mut kafka = SimKafka::new();
+        let mut names = BTreeMap::new();
+        let mut used = BTreeSet::new();
+        let mut new_id = |rng: &mut SimRng| loop {
+            let id = TopicId::from_halves(rng.next_u64(), rng.next_u64());
+            if !id.is_zero() && used.insert(id) {
+                return id;
+            }
+        };
+        let mut create = |kafka: &mut SimKafka, rng: &mut SimRng, name: &str, partitions: u32| {
+            let id = new_id(rng);
+            kafka.create_topic(name, id, partitions);
+            names.insert(id, name.to_string());
+            id
+        };
+        let raw = create(&mut kafka, &mut rng, "raw", 2);
+        let mid = create(&mut kafka, &mut rng, "mid", 1);
+        create(&mut kafka, &mut rng, "ext", 1);
+        let model_topics: Vec<TopicId> = MODEL_TOPICS.iter().map(|t| create(&mut kafka, &mut rng, t, n)).collect();
+        let model = ModelShape { received_topics: model_topics.iter().copied().collect(), task_count: n };
+        let mut oracle = Oracle::new(model_topics.iter().copied());
+        let owner_of_key = (0..scenario.keys).map(|k| partition_for_key(&key_bytes(k), n)).collect();
+
+        let tasks = (0..n)
+            .map(|i| {
+                let received: Vec<ChannelId> = model_topics.iter().map(|&t| ChannelId::new(t, i)).collect();
+                let receiver = oracle.add_receiver(&format!("task{i}"), None, &received);
+                Task {
+                    receiver,
+                    received,
+                    state: TaskState::Down,
+                    started_once: false,
+                    refused: false,
+                    expect_refusal: None,
+                }
+            })
+            .collect();
+
+        // P0 receives both raw partitions and feeds mid and the model; P1 receives mid and
+        // one raw partition, so some causes reach it only through P0's stamps.
+        let raw0 = ChannelId::new(raw, 0);
+        let raw1 = ChannelId::new(raw, 1);
+        let mid0 = ChannelId::new(mid, 0);
+        let shapes: [(Vec<ChannelId>, Vec<Dest>); 2] = [
+            (vec![raw0, raw1], vec![Dest::Channel(mid0), Dest::Model(0), Dest::Model(1)]),
+            (vec![mid0, raw1], vec![Dest::Model(0), Dest::Model(1)]),
+        ];
+        let processes = shapes
+            .into_iter()
+            .enumerate()
+            .map(|(i, (received, outputs))| {
+                let actor = Actor::Process(i as u32);
+                let receiver = oracle.add_receiver(&format!("P{i}"), Some(actor), &received);
+                let mut engine = Engine::new(EngineConfig::default(), received.iter().copied());
+                engine.set_sabotage(sabotage.engine());
+                let mut next_fetch = BTreeMap::new();
+                let mut baselines = Vec::new();
+                for &c in &received {
+                    let start = kafka.log_start(&c);
+                    let fed = engine.seed(c, start - 1).expect("a fresh engine seeds");
+                    next_fetch.insert(c, fed + 1);
+                    baselines.push((c, start));
+                }
+                oracle.start(receiver, &baselines);
+                Process { receiver, received, outputs, engine, next_fetch, txn: None, pending_sends: 0 }
+            })
+            .collect();
+
+        let producer = |actor| Producer { actor, token: CausalPast::new(), pending_read: None, last_attempt: 0 };
+        let edges = (0..scenario.edges).map(|i| producer(Actor::Edge(i))).collect();
+        let clients = (0..scenario.clients).map(|i| producer(Actor::Client(i))).collect();
+        let rogue = scenario.corrupt.then(|| producer(Actor::Edge(scenario.edges)));
+
+        World {
+            scenario: scenario.clone(),
+            sabotage,
+            rng,
+            kafka,
+            db: SimDb::new(n),
+            db_version: 1,
+            oracle,
+            names,
+            model,
+            model_topics,
+            raw,
+            owner_of_key,
+            tasks,
+            processes,
+            edges,
+            clients,
+            rogue,
+            recreations: 0,
+            phase: Phase::Work,
+            step: 0,
+            stats: Stats { tasks: n, ..Stats::default() },
+            trace: Vec::new(),
+        }
+    }
+
+    /// Runs the world to quiescence and judges it.
+    pub(crate) fn run(mut self, seed: u64) -> RunReport {
+        let mut drained = false;
+        loop {
+            if self.phase == Phase::Work && self.step >= self.scenario.work_steps {
+                self.phase = Phase::Drain;
+                self.trace.push(format!("{} drain", self.step));
+            }
+            if self.phase == Phase::Drain && self.step >= self.scenario.work_steps + self.scenario.drain_budget {
+                break;
+            }
+            let enabled = self.enabled();
+            if enabled.is_empty() {
+                if self.phase == Phase::Drain {
+                    drained = true;
+                    break;
+                }
+                self.step += 1;
+                continue;
+            }
+            let weights: Vec<u32> = enabled.iter().map(|(_, w)| *w).collect();
+            let (action, _) = enabled[self.rng.weighted(&weights)];
+            self.step += 1;
+            self.oracle.set_step(self.step);
+            self.perform(action);
+        }
+        if drained {
+            self.final_checks();
+        } else {
+            let stuck = self.describe_stuck();
+            self.oracle.report(ViolationKind::Wedged, format!("no quiescence within the drain budget: {stuck}"));
+        }
+        self.stats.steps = self.step;
+        self.stats.records = self.oracle.record_count() as u64;
+        self.stats.deliveries_checked = self.oracle.deliveries_checked;
+        RunReport {
+            seed,
+            scenario: self.scenario.name,
+            sabotage: self.sabotage,
+            violations: self.oracle.violations().to_vec(),
+            stats: self.stats,
+            trace: self.trace,
+        }
+    }
+
+    fn name(&self, c: &ChannelId) -> String {
+        let topic = self.names.get(&c.topic).map_or("?", |s| s.as_str());
+        format!("{topic}/{}", c.partition)
+    }
+
+    fn model_channel(&self, topic: usize, key: u16) -> ChannelId {
+        ChannelId::new(self.model_topics[topic], self.owner_of_key[key as usize])
+    }
+
+    fn is_model(&self, c: &ChannelId) -> bool {
+        self.model.received_topics.contains(&c.topic)
+    }
+
+    /// What a host learns of a channel to prune by; `PruneDropsLiveCause` makes the host
+    /// report the log end as the log start.
+    fn fact(&self, c: &ChannelId) -> ChannelFact {
+        let fact = self.kafka.fact(c);
+        match fact {
+            ChannelFact::Live { .. } if self.sabotage == Sabotage::PruneDropsLiveCause => {
+                ChannelFact::Live { log_start: self.kafka.partition(c).log_end() }
+            }
+            other => other,
+        }
+    }
+
+    /// The gateway's token pruning: pairs on topics that are gone, and pairs on upstream
+    /// channels below the log start. Pairs on the model's own channels are kept, as the
+    /// clock rows that would cover them are.
+    fn prune_token(&self, token: CausalPast) -> CausalPast {
+        token.retain(|c, p| match self.fact(&c) {
+            ChannelFact::TopicGone => false,
+            ChannelFact::Live { log_start } => self.is_model(&c) || p >= log_start,
+            ChannelFact::Unknown => true,
+        })
+    }
+
+    fn enabled(&self) -> Vec<(Action, u32)> {
+        let s = &self.scenario;
+        let work = self.phase == Phase::Work;
+        let mut out = Vec::new();
+        let mut push = |a: Action, w: u32| {
+            if w > 0 {
+                out.push((a, w));
+            }
+        };
+        if work {
+            for e in 0..self.edges.len() {
+                push(Action::EdgeWrite(e), 3);
+            }
+            if self.rogue.is_some() && self.step > s.work_steps / 4 {
+                push(Action::RogueWrite, 1);
+            }
+        }
+        for (i, c) in self.clients.iter().enumerate() {
+            match c.pending_read {
+                Some(_) if self.db_version > c.last_attempt => push(Action::ClientRetry(i), 4),
+                Some(_) => {}
+                None if work => {
+                    push(Action::ClientWrite(i), 3);
+                    // The key is drawn when the read is performed.
+                    push(Action::ClientRead(i, ReadKind::Key(0)), 3);
+                    push(Action::ClientRead(i, ReadKind::Collection), 1);
+                }
+                None => {}
+            }
+        }
+        for (i, p) in self.processes.iter().enumerate() {
+            for &c in &p.received {
+                if self.kafka.fetchable(&c, p.next_fetch[&c]) && p.engine.refusal().is_none() {
+                    push(Action::ProcFetch(i, c), 4);
+                }
+            }
+            match &p.txn {
+                Some(_) => {
+                    push(Action::ProcEnd(i, true), if work { 2 } else { 4 });
+                    push(Action::ProcEnd(i, false), if work { 1 } else { 2 });
+                }
+                None if work => push(Action::ProcBegin(i), s.txn_weight),
+                None => {}
+            }
+            if work {
+                push(Action::ProcSend(i), if p.pending_sends > 0 { 4 } else { 1 });
+                push(Action::ProcPrune(i), 1);
+            }
+        }
+        for (i, t) in self.tasks.iter().enumerate() {
+            match &t.state {
+                TaskState::Down => push(Action::TaskStart(i), 3),
+                TaskState::Up(run) => {
+                    if !t.refused {
+                        for &c in &t.received {
+                            // Out of range counts: the host must learn of it and act.
+                            let from = run.next_fetch[&c];
+                            if self.kafka.fetchable(&c, from) || from < self.kafka.log_start(&c) {
+                                push(Action::TaskFeed(i, c), 4);
+                            }
+                        }
+                        if run.step_open {
+                            push(Action::TaskCommit(i), 3);
+                            if work {
+                                push(Action::TaskAbort(i), s.abort_weight);
+                            }
+                        }
+                        if work {
+                            push(Action::TaskPrune(i), 1);
+                        }
+                    }
+                    if work {
+                        // A task holding records is crashed at double weight: that is the
+                        // one road into the held-record restore path.
+                        let holding = run.engine.held_count() > 0;
+                        let w = if t.refused { 1 } else { s.crash_weight * if holding { 2 } else { 1 } };
+                        push(Action::TaskCrash(i), w);
+                    }
+                }
+            }
+        }
+        if work && s.retention_weight > 0 && !self.retention_candidates().is_empty() {
+            push(Action::Retention, s.retention_weight);
+        }
+        if work && s.recreate_weight > 0 && self.recreations < 2 && self.step > s.work_steps / 3 {
+            push(Action::RecreateExt, s.recreate_weight);
+        }
+        out
+    }
+
+    /// How far retention may move each channel's log start: never past what its
+    /// receivers have read (and, on a model channel, never past what its owner has
+    /// delivered), never into an open transaction.
+    fn retention_bound(&self, c: &ChannelId) -> Position {
+        let part = self.kafka.partition(c);
+        let mut bound = part.last_stable();
+        if self.is_model(c) {
+            bound = bound.min(self.db.undelivered_from(c.partition, c));
+        }
+        for p in &self.processes {
+            if p.received.contains(c) {
+                bound = bound.min(p.engine.fed_up_to(c).map_or(0, |f| f + 1));
+            }
+        }
+        bound
+    }
+
+    fn retention_candidates(&self) -> Vec<ChannelId> {
+        let mut channels = Vec::new();
+        for name in ["raw", "mid", "ext", MODEL_TOPICS[0], MODEL_TOPICS[1]] {
+            let Some(id) = self.kafka.resolve(name) else { continue };
+            let parts = self.kafka.topic(&id).map_or(0, |t| t.partitions.len() as u32);
+            for p in 0..parts {
+                let c = ChannelId::new(id, p);
+                if self.retention_bound(&c) > self.kafka.log_start(&c) {
+                    channels.push(c);
+                }
+            }
+        }
+        channels
+    }
+
+    fn perform(&mut self, action: Action) {
+        match action {
+            Action::EdgeWrite(e) => self.edge_write(e),
+            Action::RogueWrite => self.rogue_write(),
+            Action::ClientWrite(c) => self.client_write(c),
+            Action::ClientRead(c, kind) => {
+                let kind = match kind {
+                    ReadKind::Key(_) => ReadKind::Key(self.rng.below(u64::from(self.scenario.keys)) as u16),
+                    k => k,
+                };
+                self.client_read(c, kind, false);
+            }
+            Action::ClientRetry(c) => {
+                let kind = self.clients[c].pending_read.expect("a pending read");
+                self.client_read(c, kind, false);
+            }
+            Action::ProcFetch(p, c) => self.proc_fetch(p, c),
+            Action::ProcSend(p) => self.proc_send(p),
+            Action::ProcBegin(p) => {
+                let txn = self.kafka.begin_txn();
+                self.processes[p].txn = Some((txn, Vec::new()));
+                self.trace.push(format!("{} P{p} begin txn{txn}", self.step));
+            }
+            Action::ProcEnd(p, commit) => self.proc_end(p, commit),
+            Action::ProcPrune(p) => {
+                let facts: BTreeMap<ChannelId, ChannelFact> =
+                    self.processes[p].engine.frontier().iter().map(|(c, _)| (c, self.fact(&c))).collect();
+                let before = self.processes[p].engine.frontier().len();
+                self.processes[p].engine.prune(|c| facts.get(c).copied().unwrap_or(ChannelFact::Unknown));
+                let after = self.processes[p].engine.frontier().len();
+                if after < before {
+                    self.stats.prunes += 1;
+                }
+                self.trace.push(format!("{} P{p} prune frontier {before}->{after}", self.step));
+            }
+            Action::TaskStart(t) => self.task_start(t),
+            Action::TaskFeed(t, c) => self.task_feed(t, c),
+            Action::TaskPrune(t) => self.task_prune(t),
+            Action::TaskCommit(t) => self.task_commit(t),
+            Action::TaskAbort(t) => {
+                self.stats.step_aborts += 1;
+                self.trace.push(format!("{} task{t} abort step", self.step));
+                self.task_down(t);
+                self.task_start(t);
+            }
+            Action::TaskCrash(t) => self.task_crash(t),
+            Action::Retention => {
+                let candidates = self.retention_candidates();
+                let c = *self.rng.pick(&candidates);
+                let from = self.kafka.log_start(&c) + 1;
+                let to = self.rng.range(from, self.retention_bound(&c));
+                self.kafka.advance_log_start(&c, to);
+                self.oracle.log_start_advanced(c, to);
+                self.stats.retention_advances += 1;
+                self.trace.push(format!("{} retention {} log start {to}", self.step, self.name(&c)));
+            }
+            Action::RecreateExt => {
+                let old = self.kafka.delete_topic("ext").expect("ext exists");
+                self.oracle.topic_deleted(old);
+                let id = loop {
+                    let id = TopicId::from_halves(self.rng.next_u64(), self.rng.next_u64());
+                    if !id.is_zero() && self.kafka.topic(&id).is_none() {
+                        break id;
+                    }
+                };
+                self.recreations += 1;
+                self.kafka.create_topic("ext", id, 1);
+                self.names.insert(id, format!("ext#{}", self.recreations));
+                self.stats.topic_recreations += 1;
+                self.trace.push(format!("{} ext deleted and recreated as {id}", self.step));
+            }
+        }
+    }
+
+    // ---- producers -------------------------------------------------------------------
+
+    /// Produces one record stamped with `token` (the gateway's write path) and returns
+    /// its coordinate and id.
+    fn produce_stamped(
+        &mut self,
+        author: Actor,
+        token: &CausalPast,
+        channel: ChannelId,
+        key: u16,
+        corrupt: bool,
+    ) -> (Position, RecordId) {
+        let mut headers = if token.is_empty() { Vec::new() } else { vec![Some(token.encode())] };
+        if corrupt {
+            headers = self.damage(token);
+        }
+        let id = self.oracle.record_count() as RecordId;
+        let position = self.kafka.produce(channel, id, key, headers);
+        let got = self.oracle.sent(channel, position, key, author, false, corrupt);
+        assert_eq!(got, id);
+        (position, id)
+    }
+
+    /// A damaged `parsley.causes` value: every form here is undecodable.
+    fn damage(&mut self, token: &CausalPast) -> Vec<Option<Vec<u8>>> {
+        let good = token.encode();
+        match self.rng.below(4) {
+            0 => {
+                let mut v = good;
+                v.push(0);
+                vec![Some(v)]
+            }
+            1 => {
+                let mut v = good;
+                v[0] = 0x02;
+                vec![Some(v)]
+            }
+            2 => vec![Some(Vec::new())],
+            _ => vec![Some(good.clone()), Some(good)],
+        }
+    }
+
+    fn edge_write(&mut self, e: usize) {
+        let taken = std::mem::take(&mut self.edges[e].token);
+        let token = self.prune_token(taken);
+        let key = self.rng.below(u64::from(self.scenario.keys)) as u16;
+        let channel = match self.rng.below(5) {
+            0 => ChannelId::new(self.raw, 0),
+            1 => ChannelId::new(self.raw, 1),
+            2 => ChannelId::new(self.kafka.resolve("ext").expect("ext exists"), 0),
+            n => self.model_channel(n as usize - 3, key),
+        };
+        let author = self.edges[e].actor;
+        let (position, id) = self.produce_stamped(author, &token, channel, key, false);
+        self.edges[e].token = token.merge(channel, position);
+        self.trace.push(format!("{} E{e} write #{id} {}@{position} k{key}", self.step, self.name(&channel)));
+    }
+
+    /// A producer that writes one record with a damaged causes header, after a good one
+    /// its damaged record depends on. It writes nothing after.
+    fn rogue_write(&mut self) {
+        let mut rogue = self.rogue.take().expect("rogue present");
+        let k1 = self.rng.below(u64::from(self.scenario.keys)) as u16;
+        let first = {
+            let topic = self.rng.below(2) as usize;
+            self.model_channel(topic, k1)
+        };
+        let (p1, _) = self.produce_stamped(rogue.actor, &rogue.token, first, k1, false);
+        rogue.token = rogue.token.merge(first, p1);
+        let k2 = self.rng.below(u64::from(self.scenario.keys)) as u16;
+        let channel = {
+            let topic = self.rng.below(2) as usize;
+            self.model_channel(topic, k2)
+        };
+        let (position, id) = self.produce_stamped(rogue.actor, &rogue.token, channel, k2, true);
+        self.stats.corrupt_records += 1;
+        self.trace.push(format!("{} rogue write damaged #{id} {}@{position}", self.step, self.name(&channel)));
+    }
+
+    fn client_write(&mut self, c: usize) {
+        let taken = std::mem::take(&mut self.clients[c].token);
+        let token = self.prune_token(taken);
+        let key = self.rng.below(u64::from(self.scenario.keys)) as u16;
+        let channel = {
+            let topic = self.rng.below(2) as usize;
+            self.model_channel(topic, key)
+        };
+        let author = self.clients[c].actor;
+        let (position, id) = self.produce_stamped(author, &token, channel, key, false);
+        self.clients[c].token = token.merge(channel, position);
+        self.trace.push(format!("{} C{c} write #{id} {}@{position} k{key}", self.step, self.name(&channel)));
+    }
+
+    /// A gated read: fetch every clock row in one snapshot, gate, and serve only if covered.
+    /// Returns the verdict.
+    fn client_read(&mut self, c: usize, kind: ReadKind, last: bool) -> Verdict {
+        let taken = std::mem::take(&mut self.clients[c].token);
+        let token = self.prune_token(taken);
+        let rows = self.db.clock_rows();
+        let served: BTreeSet<u32> = match kind {
+            ReadKind::Key(k) => [self.owner_of_key[k as usize]].into_iter().collect(),
+            ReadKind::Collection => (0..self.model.task_count).collect(),
+        };
+        let verdict = match self.sabotage.gate() {
+            gate::GateSabotage::None => gate::gate(&token, &self.model, &rows, &served),
+            g => gate::gate_sabotaged(&token, &self.model, &rows, &served, g),
+        };
+        let what = match kind {
+            ReadKind::Key(k) => format!("read of k{k}"),
+            ReadKind::Collection => "collection read".to_string(),
+        };
+        if verdict.is_covered() {
+            let observed: Vec<RecordId> = match kind {
+                ReadKind::Key(k) => self.db.doc(self.owner_of_key[k as usize], k).to_vec(),
+                ReadKind::Collection => self.db.tasks.iter().flat_map(|t| t.docs.values().flatten().copied()).collect(),
+            };
+            let key = match kind {
+                ReadKind::Key(k) => Some(k),
+                ReadKind::Collection => None,
+            };
+            self.oracle.read(c as u32, key, &observed, &what);
+            let refreshed = match self.sabotage.gate() {
+                gate::GateSabotage::None => gate::refresh(&token, &self.model, &rows, &served),
+                g => gate::refresh_sabotaged(&token, &self.model, &rows, &served, g),
+            };
+            let client = &mut self.clients[c];
+            client.token = refreshed;
+            if client.pending_read.take().is_some() {
+                self.stats.waited_reads_served += 1;
+            }
+            self.stats.reads_served += 1;
+            self.trace.push(format!("{} C{c} {what} served {} rows", self.step, observed.len()));
+        } else {
+            let client = &mut self.clients[c];
+            client.token = token;
+            client.last_attempt = self.db_version;
+            if client.pending_read.is_none() && !last {
+                client.pending_read = Some(kind);
+                self.stats.gated_waits += 1;
+            }
+            self.trace.push(format!("{} C{c} {what} waits", self.step));
+        }
+        verdict
+    }
+
+    // ---- upstream processes ------------------------------------------------------------
+
+    fn proc_fetch(&mut self, p: usize, c: ChannelId) {
+        let from = self.processes[p].next_fetch[&c];
+        let batch = self.rng.range(1, 2) as usize;
+        let records = match self.kafka.fetch(&c, from, batch) {
+            Ok(r) => r,
+            Err(e) => {
+                let detail = format!("P{p} could not fetch {} from {from}: {e:?}", self.name(&c));
+                self.oracle.report(ViolationKind::UnexpectedRefusal, detail);
+                return;
+            }
+        };
+        for f in records {
+            let proc = &mut self.processes[p];
+            proc.next_fetch.insert(c, f.position + 1);
+            let receipt =
+                proc.engine.receive(c, f.position, &header_values(&f.headers), Payload { id: f.id, key: f.key });
+            match receipt {
+                Ok(Receipt::Duplicate) => self.stats.replays_dropped += 1,
+                Ok(Receipt::Accepted { deliveries }) => {
+                    if !deliveries.iter().any(|d| d.channel == c && d.position == f.position) {
+                        self.stats.upstream_held += 1;
+                    }
+                    let receiver = proc.receiver;
+                    proc.pending_sends += deliveries.len() as u32;
+                    let mut names = Vec::new();
+                    for d in &deliveries {
+                        self.oracle.delivered(receiver, d.channel, d.position, d.payload.id);
+                        names.push(format!("#{}", d.payload.id));
+                    }
+                    self.oracle.commit(receiver);
+                    self.stats.upstream_deliveries += deliveries.len() as u64;
+                    self.trace.push(format!(
+                        "{} P{p} fetch {}@{} -> delivered [{}]",
+                        self.step,
+                        self.name(&c),
+                        f.position,
+                        names.join(" ")
+                    ));
+                }
+                Err(refusal) => {
+                    self.oracle.report(ViolationKind::UnexpectedRefusal, format!("P{p} refused: {refusal}"));
+                    self.trace.push(format!("{} P{p} refused {}", self.step, refusal.reason));
+                    return;
+                }
+            }
+        }
+    }
+
+    fn proc_send(&mut self, p: usize) {
+        let outputs = self.processes[p].outputs.clone();
+        let dest = *self.rng.pick(&outputs);
+        let key = self.rng.below(u64::from(self.scenario.keys)) as u16;
+        let channel = match dest {
+            Dest::Channel(c) => c,
+            Dest::Model(t) => self.model_channel(t, key),
+        };
+        let proc = &mut self.processes[p];
+        proc.pending_sends = proc.pending_sends.saturating_sub(1);
+        let headers = match proc.engine.stamp() {
+            Ok(Some(bytes)) => vec![Some(bytes)],
+            Ok(None) => Vec::new(),
+            Err(refusal) => {
+                self.oracle.report(ViolationKind::UnexpectedRefusal, format!("P{p} cannot stamp: {refusal}"));
+                return;
+            }
+        };
+        let id = self.oracle.record_count() as RecordId;
+        let actor = Actor::Process(p as u32);
+        let (position, in_txn) = match &mut proc.txn {
+            Some((txn, ids)) => {
+                ids.push(id);
+                (self.kafka.produce_in(*txn, channel, id, key, headers), true)
+            }
+            None => (self.kafka.produce(channel, id, key, headers), false),
+        };
+        let got = self.oracle.sent(channel, position, key, actor, in_txn, false);
+        assert_eq!(got, id);
+        let txn = if in_txn { " (txn)" } else { "" };
+        self.trace.push(format!("{} P{p} send #{id} {}@{position}{txn}", self.step, self.name(&channel)));
+    }
+
+    fn proc_end(&mut self, p: usize, commit: bool) {
+        let (txn, ids) = self.processes[p].txn.take().expect("an open transaction");
+        self.kafka.end_txn(txn, commit);
+        self.oracle.txn_ended(&ids, commit);
+        if !ids.is_empty() {
+            if commit {
+                self.stats.txn_commits += 1;
+            } else {
+                self.stats.txn_aborts += 1;
+            }
+        }
+        let verb = if commit { "commit" } else { "abort" };
+        self.trace.push(format!("{} P{p} {verb} txn{txn} ({} records)", self.step, ids.len()));
+    }
+
+    // ---- projector tasks -----------------------------------------------------------------
+
+    fn running(&mut self, t: usize) -> &mut Running {
+        match &mut self.tasks[t].state {
+            TaskState::Up(run) => run,
+            TaskState::Down => panic!("task{t} is down"),
+        }
+    }
+
+    /// The full restore path: restore from the stored rows, seed channels that have no
+    /// baseline, resume each channel's fetch, drain. The drain's deliveries open a step.
+    fn task_start(&mut self, t: usize) {
+        let persisted = self.db.persisted(t as u32);
+        let restored_held = persisted.held.len();
+        let received = self.tasks[t].received.clone();
+        let mut engine = match Engine::restore(EngineConfig::default(), received.iter().copied(), persisted) {
+            Ok(e) => e,
+            Err(refusal) => {
+                self.oracle.report(ViolationKind::UnexpectedRefusal, format!("task{t} cannot restore: {refusal}"));
+                self.tasks[t].refused = true;
+                return;
+            }
+        };
+        engine.set_sabotage(self.sabotage.engine());
+        let mut baselines = Vec::new();
+        let mut next_fetch = BTreeMap::new();
+        for &c in &received {
+            let log_start = self.kafka.log_start(&c);
+            let fed = match engine.fed_up_to(&c) {
+                Some(f) => f,
+                None => engine.seed(c, log_start - 1).expect("seeding a received channel"),
+            };
+            baselines.push((c, log_start));
+            // Resume at fed_up_to + 1; sometimes from a coarser, older checkpoint (as a
+            // host trusting a lagging consumer offset would), which the engine must drop.
+            let mut resume = fed + 1;
+            if self.scenario.replay_on_restart && self.rng.chance(1, 3) {
+                resume = (resume - self.rng.range(1, 4)).max(log_start);
+            }
+            next_fetch.insert(c, resume);
+        }
+        let receiver = self.tasks[t].receiver;
+        if !self.tasks[t].started_once {
+            self.oracle.start(receiver, &baselines);
+            self.tasks[t].started_once = true;
+        }
+        let deliveries = engine.drain();
+        let mut applied = Vec::new();
+        for d in &deliveries {
+            self.oracle.delivered(receiver, d.channel, d.position, d.payload.id);
+            applied.push(d.payload);
+        }
+        self.stats.starts += 1;
+        if restored_held > 0 {
+            self.stats.restores_with_held += 1;
+        }
+        self.tasks[t].expect_refusal = self.db.tasks[t].refusal.clone();
+        self.tasks[t].refused = false;
+        let next_fetch_debug = next_fetch.clone();
+        self.tasks[t].state = TaskState::Up(Box::new(Running { engine, next_fetch, step_open: true, applied }));
+        let resume: Vec<String> = next_fetch_debug.iter().map(|(c, p)| format!("{}@{p}", self.name(c))).collect();
+        self.trace.push(format!(
+            "{} task{t} start (restored {restored_held} held, drained {}) resume {}",
+            self.step,
+            deliveries.len(),
+            resume.join(" ")
+        ));
+    }
+
+    fn task_feed(&mut self, t: usize, c: ChannelId) {
+        let receiver = self.tasks[t].receiver;
+        let max = self.rng.range(1, self.scenario.max_batch) as usize;
+        let from = self.running(t).next_fetch[&c];
+        let records = match self.kafka.fetch(&c, from, max) {
+            Ok(r) => r,
+            Err(FetchError::OutOfRange { log_start }) => {
+                // Retention passed the fetch position. If it passed only positions already
+                // fed (a replay resume below them), skip to the log start; if it passed
+                // positions never fed, the engine refuses.
+                let run = self.running(t);
+                match run.engine.observe_log_start(c, log_start) {
+                    Ok(()) => {
+                        run.next_fetch.insert(c, log_start);
+                        let line =
+                            format!("{} task{t} fetch {} skips to log start {log_start}", self.step, self.name(&c));
+                        self.trace.push(line);
+                    }
+                    Err(refusal) => self.task_refused(t, refusal, None),
+                }
+                return;
+            }
+            Err(FetchError::TopicGone) => panic!("model topics are never deleted"),
+        };
+        let mut previous = from;
+        let mut line = format!("{} task{t} feed {}", self.step, self.name(&c));
+        for f in records {
+            if self.kafka.aborted_between(&c, previous, f.position) {
+                self.stats.aborted_runs_crossed += 1;
+            }
+            previous = f.position + 1;
+            let run = self.running(t);
+            run.next_fetch.insert(c, f.position + 1);
+            run.step_open = true;
+            let payload = Payload { id: f.id, key: f.key };
+            match run.engine.receive(c, f.position, &header_values(&f.headers), payload) {
+                Ok(Receipt::Duplicate) => {
+                    self.stats.replays_dropped += 1;
+                    line.push_str(&format!(" @{}:dup", f.position));
+                }
+                Ok(Receipt::Accepted { deliveries }) => {
+                    let held = !deliveries.iter().any(|d| d.channel == c && d.position == f.position);
+                    if held {
+                        self.stats.held += 1;
+                    }
+                    line.push_str(&format!(" @{}:{}", f.position, if held { "held" } else { "ok" }));
+                    for d in &deliveries {
+                        self.oracle.delivered(receiver, d.channel, d.position, d.payload.id);
+                        line.push_str(&format!(" +#{}", d.payload.id));
+                    }
+                    let run = self.running(t);
+                    run.applied.extend(deliveries.iter().map(|d| d.payload));
+                }
+                Err(refusal) => {
+                    self.trace.push(line);
+                    self.task_refused(t, refusal, Some(f.id));
+                    return;
+                }
+            }
+        }
+        self.trace.push(line);
+    }
+
+    /// A refusal: the step commits what it delivered before, with the refusal as status.
+    fn task_refused(&mut self, t: usize, refusal: Refusal, record: Option<RecordId>) {
+        self.stats.refusals += 1;
+        self.trace.push(format!("{} task{t} refused {}: {}", self.step, refusal.reason, refusal.diagnosis));
+        let expected = refusal.reason == RefusalReason::UndecodableMetadata
+            && record.is_some_and(|id| self.oracle.record(id).corrupt);
+        if !expected {
+            self.oracle.report(ViolationKind::UnexpectedRefusal, format!("task{t} refused: {refusal}"));
+        }
+        if let Some(before) = self.tasks[t].expect_refusal.take() {
+            let same = before.reason == refusal.reason
+                && before.channel == refusal.channel
+                && before.position == refusal.position;
+            if !same {
+                self.oracle.report(
+                    ViolationKind::RefusalNotRecurring,
+                    format!("task{t} refused {before} before its restart, but {refusal} after"),
+                );
+            }
+        }
+        self.task_commit(t);
+        self.tasks[t].refused = true;
+    }
+
+    fn task_prune(&mut self, t: usize) {
+        let facts: BTreeMap<ChannelId, ChannelFact> = {
+            let TaskState::Up(run) = &self.tasks[t].state else { return };
+            let engine = &run.engine;
+            engine.frontier().iter().chain(engine.delivered_past().iter()).map(|(c, _)| (c, self.fact(&c))).collect()
+        };
+        let run = self.running(t);
+        let before = run.engine.delivered_past().len();
+        run.engine.prune(|c| facts.get(c).copied().unwrap_or(ChannelFact::Unknown));
+        let after = run.engine.delivered_past().len();
+        run.step_open = true;
+        if after < before {
+            self.stats.prunes += 1;
+        }
+        self.trace.push(format!("{} task{t} prune clock {before}->{after}", self.step));
+    }
+
+    fn task_commit(&mut self, t: usize) {
+        let receiver = self.tasks[t].receiver;
+        let persist_held = self.sabotage != Sabotage::HeldNotPersisted;
+        let run = self.running(t);
+        let changes = run.engine.take_changes();
+        let applied = std::mem::take(&mut run.applied);
+        run.step_open = false;
+        self.db.commit(t as u32, changes, &applied, persist_held);
+        self.db_version += 1;
+        self.oracle.commit(receiver);
+        self.stats.deliveries += applied.len() as u64;
+        self.stats.commits += 1;
+        self.trace.push(format!("{} task{t} commit ({} applied)", self.step, applied.len()));
+    }
+
+    /// The engine and the step in progress are gone; only committed rows remain.
+    fn task_down(&mut self, t: usize) {
+        let receiver = self.tasks[t].receiver;
+        self.oracle.discard(receiver);
+        self.tasks[t].state = TaskState::Down;
+    }
+
+    fn task_crash(&mut self, t: usize) {
+        let TaskState::Up(run) = &self.tasks[t].state else { return };
+        let held = run.engine.held_count();
+        let mid_step = run.step_open;
+        self.stats.crashes += 1;
+        if mid_step {
+            self.stats.crashes_mid_step += 1;
+        }
+        if held > 0 {
+            self.stats.crashes_while_held += 1;
+        }
+        self.trace.push(format!("{} task{t} crash (held {held}, mid-step {mid_step})", self.step));
+        self.task_down(t);
+    }
+
+    // ---- quiescence ----------------------------------------------------------------------
+
+    fn describe_stuck(&self) -> String {
+        let mut parts = Vec::new();
+        for (i, t) in self.tasks.iter().enumerate() {
+            if let TaskState::Up(run) = &t.state {
+                if run.engine.held_count() > 0 {
+                    parts.push(format!("task{i} holds {}", run.engine.held_count()));
+                }
+            }
+        }
+        for (i, c) in self.clients.iter().enumerate() {
+            if let Some(kind) = c.pending_read {
+                parts.push(format!("C{i} waits on {kind:?}"));
+            }
+        }
+        parts.join(", ")
+    }
+
+    /// Channels a refused task owns: a gap on one of them is the refusal speaking.
+    fn refused_channels(&self) -> BTreeSet<ChannelId> {
+        self.tasks.iter().filter(|t| t.refused).flat_map(|t| t.received.iter().copied()).collect()
+    }
+
+    fn final_checks(&mut self) {
+        let refused = self.refused_channels();
+        for t in 0..self.tasks.len() {
+            if self.tasks[t].refused {
+                continue;
+            }
+            if let Some(before) = &self.tasks[t].expect_refusal {
+                let detail = format!("task{t} refused {before} before its restart and not after");
+                self.oracle.report(ViolationKind::RefusalNotRecurring, detail);
+            }
+            self.oracle.check_complete(self.tasks[t].receiver);
+        }
+        for p in 0..self.processes.len() {
+            self.oracle.check_complete(self.processes[p].receiver);
+        }
+        // Every read still waiting, and one last collection read per client, must be
+        // covered now that everything is delivered — unless a refusal is in the way.
+        for c in 0..self.clients.len() {
+            let kinds: Vec<ReadKind> =
+                self.clients[c].pending_read.into_iter().chain(std::iter::once(ReadKind::Collection)).collect();
+            for kind in kinds {
+                if let Verdict::NotCovered { gaps } = self.client_read(c, kind, true) {
+                    let blocking: Vec<String> = gaps
+                        .iter()
+                        .filter(|g| !refused.contains(&g.channel))
+                        .map(|g| format!("{} needs {} has {:?}", self.name(&g.channel), g.required, g.recorded))
+                        .collect();
+                    if !blocking.is_empty() {
+                        let detail = format!("client {c}'s {kind:?} read is never covered: {}", blocking.join("; "));
+                        self.oracle.report(ViolationKind::ReadNeverCovered, detail);
+                    }
+                }
+            }
+        }
+    }
+}
