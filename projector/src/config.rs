@@ -436,6 +436,13 @@ listen = "127.0.0.1:8080"
     }
 
     #[test]
+    fn the_shipped_example_parses() {
+        let text = include_str!("../../config/parsley.toml");
+        let c = Config::parse(text).unwrap();
+        assert_eq!(c.model("shop").unwrap().topics.len(), 2);
+    }
+
+    #[test]
     fn defaults_apply() {
         let c = Config::parse("[[models]]\nname = \"m\"\ntopics = [{ name = \"t\" }]\n").unwrap();
         let m = &c.models[0];

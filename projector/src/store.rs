@@ -532,12 +532,14 @@ pub async fn refuse_model(pool: &PgPool, model: &str, task_count: u32, refusal: 
     Ok(())
 }
 
-/// Marks a task running again after failures (inside a step transaction).
+/// Marks a task running again after failures, or after a refusal an earlier execution
+/// recorded and this one did not derive again (inside a step or start transaction).
 pub async fn record_running(conn: &mut PgConnection, model: &str, task: u32) -> anyhow::Result<()> {
     sqlx::query(
         "UPDATE parsley.tasks SET status = 'running', last_error = NULL, failures = 0, failing_since = NULL,
-           updated_at = now()
-         WHERE model = $1 AND task = $2 AND status = 'failing'",
+           refusal_reason = NULL, refusal_diagnosis = NULL, refusal_topic_id = NULL, refusal_partition = NULL,
+           refusal_position = NULL, updated_at = now()
+         WHERE model = $1 AND task = $2 AND status <> 'running'",
     )
     .bind(model)
     .bind(task as i32)
@@ -572,22 +574,6 @@ pub async fn record_failure(pool: &PgPool, model: &str, task: u32, epoch: i64, e
         .await
         .with_context(|| format!("reading the epoch of task {model}/{task}"))?;
     Ok(current == Some(epoch))
-}
-
-/// Clears the refusal of one task or every task of a model: the operator's action after
-/// fixing the cause. Returns how many tasks were cleared.
-pub async fn clear_refusal(pool: &PgPool, model: &str, task: Option<u32>) -> anyhow::Result<u64> {
-    let done = sqlx::query(
-        "UPDATE parsley.tasks SET status = 'running', refusal_reason = NULL, refusal_diagnosis = NULL,
-           refusal_topic_id = NULL, refusal_partition = NULL, refusal_position = NULL, updated_at = now()
-         WHERE model = $1 AND ($2::int4 IS NULL OR task = $2) AND status = 'refused'",
-    )
-    .bind(model)
-    .bind(task.map(|t| t as i32))
-    .execute(pool)
-    .await
-    .with_context(|| format!("clearing refusals of model {model:?}"))?;
-    Ok(done.rows_affected())
 }
 
 /// `NOTIFY parsley_clock, '<model>:<task>'` (or `'<model>'` for a model-wide change),

@@ -120,13 +120,9 @@ impl<P: Projection> TaskRunner<P> {
             head_since: BTreeMap::new(),
         };
         tracing::info!(model = %runner.plan.name, task, epoch = row.epoch, owner, "took task");
-        if row.status == TaskStatusKind::Refused {
-            let refusal = row.refusal.unwrap_or_else(|| {
-                Refusal::new(RefusalReason::UnknownOrderingStateFormat, "refused without a recorded reason")
-            });
-            runner.become_refused(refusal);
-            return Ok(runner);
-        }
+        // A refusal recorded by an earlier execution is not restored: it is derived again
+        // from the same input (the refused record is never marked fed), so a fix the
+        // operator made takes effect now, and an unfixed cause refuses identically.
         if let Err(e) = runner.restore(true).await {
             runner.fail(e, &[]).await;
         }
@@ -240,10 +236,17 @@ impl<P: Projection> TaskRunner<P> {
                 return Ok(());
             }
             store::apply_changes(&mut tx, &plan.name, self.task, &changes).await?;
-            if changes.refusal.is_some() {
+            let status_reset = changes.refusal.is_none() && self.stored_status == TaskStatusKind::Refused;
+            if status_reset {
+                store::record_running(&mut tx, &plan.name, self.task).await?;
+            }
+            if changes.refusal.is_some() || status_reset {
                 store::notify(&mut tx, &plan.name, Some(self.task)).await?;
             }
             tx.commit().await.context("committing the start transaction")?;
+            if status_reset {
+                self.stored_status = TaskStatusKind::Running;
+            }
             if let Some(r) = changes.refusal {
                 self.metric_reason(&r);
                 self.become_refused(r);

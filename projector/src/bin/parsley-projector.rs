@@ -1,6 +1,5 @@
 //! The projector binary: `run` the configured models until SIGINT/SIGTERM, print their
-//! `status` from the database, apply the schema `migrate`ions, or `clear-refusal` after an
-//! operator fixed what a task refused.
+//! `status` from the database, or apply the schema `migrate`ions.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -9,7 +8,7 @@ use std::time::Duration;
 use anyhow::{bail, Context as _};
 use parsley_projector::config::Config;
 use parsley_projector::metrics::{self, Metrics};
-use parsley_projector::{migrations, status, store, DocumentProjection, ModelProjector};
+use parsley_projector::{migrations, status, DocumentProjection, ModelProjector};
 use sqlx::PgPool;
 use tokio::sync::watch;
 
@@ -20,8 +19,6 @@ commands:
   run [--model NAME]...            run the configured models (all, or those named) until SIGINT/SIGTERM
   status [--model NAME]...         print every task's state from the database
   migrate                          bring the database schema up to date and exit
-  clear-refusal --model NAME [--task N]
-                                   mark refused tasks running again (after fixing the cause)
 
 The configuration file is --config, else $PARSLEY_CONFIG, else config/parsley.toml.
 Environment overrides: PARSLEY_KAFKA_BOOTSTRAP, PARSLEY_DATABASE_URL (or DATABASE_URL),
@@ -31,7 +28,6 @@ struct Args {
     command: String,
     config: PathBuf,
     models: Vec<String>,
-    task: Option<u32>,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -43,17 +39,15 @@ fn parse_args() -> anyhow::Result<Args> {
     }
     let mut config = std::env::var_os("PARSLEY_CONFIG").map(PathBuf::from);
     let mut models = Vec::new();
-    let mut task = None;
     while let Some(arg) = args.next() {
         let mut value = |name: &str| args.next().with_context(|| format!("{name} needs a value"));
         match arg.as_str() {
             "--config" => config = Some(PathBuf::from(value("--config")?)),
             "--model" => models.push(value("--model")?),
-            "--task" => task = Some(value("--task")?.parse().context("--task must be a task number")?),
             other => bail!("unknown argument {other:?}\n\n{USAGE}"),
         }
     }
-    Ok(Args { command, config: config.unwrap_or_else(|| PathBuf::from("config/parsley.toml")), models, task })
+    Ok(Args { command, config: config.unwrap_or_else(|| PathBuf::from("config/parsley.toml")), models })
 }
 
 fn main() -> std::process::ExitCode {
@@ -93,13 +87,6 @@ async fn main_async() -> anyhow::Result<()> {
             let pool = connect(&config, false).await?;
             migrations::run(&pool).await?;
             println!("schema is up to date");
-            Ok(())
-        }
-        "clear-refusal" => {
-            let [model] = args.models.as_slice() else { bail!("clear-refusal needs exactly one --model") };
-            let pool = connect(&config, false).await?;
-            let n = store::clear_refusal(&pool, model, args.task).await?;
-            println!("cleared the refusal of {n} task(s) of model {model:?}");
             Ok(())
         }
         other => bail!("unknown command {other:?}\n\n{USAGE}"),

@@ -180,10 +180,12 @@ async fn task_rows_record_epochs_failures_and_refusals() {
     // A failure recorded while refused leaves the refusal in place.
     assert!(store::record_failure(&pool, &model, 0, 2, "ignored while refused").await.unwrap());
     assert_eq!(store::load_tasks(&mut conn, &model).await.unwrap()[0].status, TaskStatusKind::Refused);
-    assert_eq!(store::clear_refusal(&pool, &model, Some(1)).await.unwrap(), 1);
-    assert_eq!(store::clear_refusal(&pool, &model, None).await.unwrap(), 1);
-    assert!(store::load_tasks(&mut conn, &model).await.unwrap().iter().all(|t| t.status == TaskStatusKind::Running
-        && t.refusal.is_none()));
+    // A start that does not derive the refusal again marks the task running.
+    let mut tx = pool.begin().await.unwrap();
+    store::record_running(&mut tx, &model, 1).await.unwrap();
+    tx.commit().await.unwrap();
+    let t = &store::load_tasks(&mut conn, &model).await.unwrap()[1];
+    assert_eq!((t.status, t.refusal.clone()), (TaskStatusKind::Running, None));
     let mut tx = pool.begin().await.unwrap();
     store::record_refusal(&mut tx, &model, 1, &Refusal::new(RefusalReason::OutOfOrderFeed, "x")).await.unwrap();
     tx.commit().await.unwrap();
