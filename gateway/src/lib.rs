@@ -1,7 +1,40 @@
 //! The HTTP gateway: sealed session tokens, stamped writes and gated reads.
 //!
+//! A client carries its causal past in a sealed token (`Parsley-Session`). Writes stamp the
+//! token's pairs on the record as `parsley.causes` and merge the acknowledged coordinate;
+//! reads are served only from a snapshot whose clock covers the token (the core's
+//! [`parsley::gate`]), waiting a bounded time otherwise, and return the refreshed token.
+//!
 //! # Layout
 //! - [`token`]: the session token — envelope, sealing with XChaCha20-Poly1305, key ring,
 //!   validation (expiry, subject, size limits, strict causes decoding).
+//! - [`config`]: the `[gateway]` table of the shared file, environment overrides, token keys.
+//! - [`session`]: opening a request's token, its hygiene against the log (ahead-of-log
+//!   refusal, pruning), re-sealing.
+//! - [`facts`]: cached Kafka facts — topic names ↔ IDs, partition counts, log start/end.
+//! - [`write`]: `POST /v1/topics/{topic}/records`.
+//! - [`read`]: the gated reads, `GET /v1/models/{model}/documents[/{key}]`.
+//! - [`notify`]: the `LISTEN` task waking waiting reads.
+//! - [`ops`]: `/healthz`, `/readyz`, `/metrics`, `/v1/status`.
+//! - [`problem`]: the one error type and its problem documents.
+//! - [`metrics`]: the Prometheus registry.
+//! - [`app`]: shared state, the router ([`app()`]) and the [`Gateway`] process.
+//!
+//! See `docs/gateway.md` for the routes, the token format, the gate and the problem types.
 
+pub mod app;
+pub mod config;
+pub mod facts;
+pub mod metrics;
+pub mod notify;
+pub mod ops;
+pub mod problem;
+pub mod read;
+pub mod session;
 pub mod token;
+pub mod write;
+
+pub use app::{app, AppState, Gateway};
+pub use config::{GatewayConfig, Settings};
+pub use problem::{ApiError, Problem};
+pub use session::SESSION_HEADER;

@@ -1,0 +1,373 @@
+//! The gateway's settings: the `[gateway]` table of the shared TOML file (parsed strictly:
+//! unknown keys are refused), then environment overrides, then the token keys — which come
+//! only from the environment or from a file, never from the shared file, and are never
+//! printed.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use axum::http::HeaderName;
+use parsley_projector::config::Config;
+use serde::Deserialize;
+
+use crate::token::{KeyRing, TokenLimits};
+
+/// Overrides `gateway.listen`.
+pub const ENV_LISTEN: &str = "PARSLEY_GATEWAY_LISTEN";
+/// Overrides `gateway.read_wait_ms`.
+pub const ENV_READ_WAIT_MS: &str = "PARSLEY_GATEWAY_READ_WAIT_MS";
+/// Overrides `gateway.retry_after_s`.
+pub const ENV_RETRY_AFTER_S: &str = "PARSLEY_GATEWAY_RETRY_AFTER_S";
+/// Overrides `gateway.token_ttl_s`.
+pub const ENV_TOKEN_TTL_S: &str = "PARSLEY_GATEWAY_TOKEN_TTL_S";
+/// Overrides `gateway.subject_header` (empty: no subject binding).
+pub const ENV_SUBJECT_HEADER: &str = "PARSLEY_GATEWAY_SUBJECT_HEADER";
+/// The token keys themselves: `id:base64key[,id:base64key...]`, newest first.
+pub const ENV_TOKEN_KEYS: &str = "PARSLEY_TOKEN_KEYS";
+/// A file holding the token keys in the same form (overrides `gateway.token_keys_file`).
+pub const ENV_TOKEN_KEYS_FILE: &str = "PARSLEY_TOKEN_KEYS_FILE";
+
+/// The `[gateway]` table. Every key has a default; `docs/configuration.md` and
+/// `docs/gateway.md` list them.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Settings {
+    /// Address the HTTP server binds.
+    pub listen: String,
+    /// How long a read waits for the projector to cover the session before answering 503.
+    pub read_wait_ms: u64,
+    /// How often a waiting read re-checks even without a notification (notifications can be
+    /// lost while the listener reconnects).
+    pub recheck_ms: u64,
+    /// The `Retry-After` of a 503, in seconds.
+    pub retry_after_s: u64,
+    /// Lifetime of a token from its last use, in seconds.
+    pub token_ttl_s: u64,
+    /// Longest client form of a token accepted, in characters.
+    pub token_max_encoded_len: usize,
+    /// Most channels a token may name.
+    pub token_max_entries: usize,
+    /// Largest `parsley.causes` value the gateway stamps on a write, in bytes.
+    pub metadata_budget: usize,
+    /// Request header carrying the authenticated subject a token is bound to (set by an
+    /// authenticating proxy). Absent: tokens are not bound to a subject.
+    pub subject_header: Option<String>,
+    /// File holding the token keys (`id:base64key,...`, newest first).
+    pub token_keys_file: Option<PathBuf>,
+    /// How long a write waits for the broker's acknowledgement.
+    pub produce_timeout_ms: u64,
+    /// Timeout of metadata and offset queries to Kafka.
+    pub kafka_timeout_ms: u64,
+    /// How often the topic metadata cache refreshes the topics it knows.
+    pub metadata_refresh_ms: u64,
+    /// Largest request body accepted, in bytes.
+    pub max_body_bytes: usize,
+    /// Timeout of a whole request (a read's wait included).
+    pub request_timeout_ms: u64,
+    /// Postgres connections of the gateway's pool.
+    pub max_connections: u32,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        let limits = TokenLimits::default();
+        Settings {
+            listen: "127.0.0.1:8080".to_string(),
+            read_wait_ms: 2_000,
+            recheck_ms: 250,
+            retry_after_s: 1,
+            token_ttl_s: 3_600,
+            token_max_encoded_len: limits.max_encoded_len,
+            token_max_entries: limits.max_entries,
+            metadata_budget: parsley::codec::DEFAULT_METADATA_BUDGET,
+            subject_header: None,
+            token_keys_file: None,
+            produce_timeout_ms: 10_000,
+            kafka_timeout_ms: 5_000,
+            metadata_refresh_ms: 60_000,
+            max_body_bytes: 1024 * 1024,
+            request_timeout_ms: 30_000,
+            max_connections: 16,
+        }
+    }
+}
+
+impl Settings {
+    /// Parses the `[gateway]` table (absent: all defaults). Unknown keys are refused.
+    pub fn from_table(table: Option<&toml::Table>) -> anyhow::Result<Settings> {
+        let settings = match table {
+            None => Settings::default(),
+            Some(t) => Settings::deserialize(toml::Value::Table(t.clone()))
+                .map_err(|e| anyhow::anyhow!("invalid [gateway] table: {e}"))?,
+        };
+        Ok(settings)
+    }
+
+    /// Applies the environment overrides, reading variables through `var`.
+    pub fn apply_env(&mut self, var: impl Fn(&str) -> Option<String>) -> anyhow::Result<()> {
+        let set = |name: &str| var(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+        let number = |name: &str, v: String| -> anyhow::Result<u64> {
+            v.parse().with_context(|| format!("{name} must be a whole number, not {v:?}"))
+        };
+        if let Some(v) = set(ENV_LISTEN) {
+            self.listen = v;
+        }
+        if let Some(v) = set(ENV_READ_WAIT_MS) {
+            self.read_wait_ms = number(ENV_READ_WAIT_MS, v)?;
+        }
+        if let Some(v) = set(ENV_RETRY_AFTER_S) {
+            self.retry_after_s = number(ENV_RETRY_AFTER_S, v)?;
+        }
+        if let Some(v) = set(ENV_TOKEN_TTL_S) {
+            self.token_ttl_s = number(ENV_TOKEN_TTL_S, v)?;
+        }
+        if let Some(v) = var(ENV_SUBJECT_HEADER) {
+            let v = v.trim().to_string();
+            self.subject_header = (!v.is_empty()).then_some(v);
+        }
+        if let Some(v) = set(ENV_TOKEN_KEYS_FILE) {
+            self.token_keys_file = Some(PathBuf::from(v));
+        }
+        Ok(())
+    }
+
+    /// Checks what serde cannot; every message names the key.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.listen.parse::<SocketAddr>().is_err() {
+            bail!("gateway.listen {:?} is not an address like 127.0.0.1:8080", self.listen);
+        }
+        if self.read_wait_ms > 60_000 {
+            bail!("gateway.read_wait_ms must be at most 60000 (a read holds a connection while it waits)");
+        }
+        if self.recheck_ms == 0 {
+            bail!("gateway.recheck_ms must be at least 1");
+        }
+        if self.retry_after_s == 0 {
+            bail!("gateway.retry_after_s must be at least 1");
+        }
+        if self.token_ttl_s == 0 {
+            bail!("gateway.token_ttl_s must be at least 1");
+        }
+        if self.token_max_encoded_len < 64 {
+            bail!("gateway.token_max_encoded_len must be at least 64");
+        }
+        if self.token_max_entries == 0 {
+            bail!("gateway.token_max_entries must be at least 1");
+        }
+        if self.metadata_budget < 16 {
+            bail!("gateway.metadata_budget must be at least 16 bytes");
+        }
+        if let Some(h) = &self.subject_header {
+            if HeaderName::try_from(h.as_str()).is_err() {
+                bail!("gateway.subject_header {h:?} is not an HTTP header name");
+            }
+        }
+        if self.produce_timeout_ms == 0 || self.kafka_timeout_ms == 0 {
+            bail!("gateway.produce_timeout_ms and gateway.kafka_timeout_ms must be at least 1");
+        }
+        if self.metadata_refresh_ms < 1_000 {
+            bail!("gateway.metadata_refresh_ms must be at least 1000");
+        }
+        if self.max_body_bytes == 0 {
+            bail!("gateway.max_body_bytes must be at least 1");
+        }
+        if self.request_timeout_ms <= self.read_wait_ms {
+            bail!("gateway.request_timeout_ms must be longer than gateway.read_wait_ms");
+        }
+        if self.max_connections == 0 {
+            bail!("gateway.max_connections must be at least 1");
+        }
+        Ok(())
+    }
+
+    pub fn limits(&self) -> TokenLimits {
+        TokenLimits { max_encoded_len: self.token_max_encoded_len, max_entries: self.token_max_entries }
+    }
+    pub fn read_wait(&self) -> Duration {
+        Duration::from_millis(self.read_wait_ms)
+    }
+    pub fn recheck(&self) -> Duration {
+        Duration::from_millis(self.recheck_ms)
+    }
+    pub fn produce_timeout(&self) -> Duration {
+        Duration::from_millis(self.produce_timeout_ms)
+    }
+    pub fn kafka_timeout(&self) -> Duration {
+        Duration::from_millis(self.kafka_timeout_ms)
+    }
+    pub fn metadata_refresh(&self) -> Duration {
+        Duration::from_millis(self.metadata_refresh_ms)
+    }
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_timeout_ms)
+    }
+}
+
+/// Everything the gateway is configured with.
+#[derive(Clone)]
+pub struct GatewayConfig {
+    /// The shared file: Kafka, database, the models (whose topics the gateway writes to and
+    /// whose documents it serves).
+    pub shared: Config,
+    pub settings: Settings,
+    /// Never printed (`KeyRing`'s `Debug` redacts the keys).
+    pub keys: KeyRing,
+}
+
+impl std::fmt::Debug for GatewayConfig {
+    /// The database URL may hold a password and the keys are secret: neither is printed.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let models: Vec<&str> = self.shared.models.iter().map(|m| m.name.as_str()).collect();
+        f.debug_struct("GatewayConfig")
+            .field("kafka.bootstrap", &self.shared.kafka.bootstrap)
+            .field("database.url", &self.shared.database.url.as_deref().map(parsley_infra::pg::redact))
+            .field("models", &models)
+            .field("settings", &self.settings)
+            .field("keys", &self.keys)
+            .finish()
+    }
+}
+
+impl GatewayConfig {
+    /// Reads `path`, applies the environment overrides to both the shared settings and the
+    /// gateway's, validates, and loads the token keys.
+    pub fn load(path: &Path) -> anyhow::Result<GatewayConfig> {
+        let shared = Config::load(path)?;
+        GatewayConfig::from_shared(shared, |name| std::env::var(name).ok())
+            .with_context(|| format!("invalid configuration in {}", path.display()))
+    }
+
+    /// The gateway's part of an already loaded shared configuration with the given keys and
+    /// no environment overrides (tests, embedding).
+    pub fn with_keys(shared: Config, keys: KeyRing) -> anyhow::Result<GatewayConfig> {
+        let settings = Settings::from_table(shared.gateway.as_ref())?;
+        settings.validate()?;
+        Ok(GatewayConfig { shared, settings, keys })
+    }
+
+    /// The gateway's part of an already loaded shared configuration, with environment
+    /// variables read through `var`.
+    pub fn from_shared(shared: Config, var: impl Fn(&str) -> Option<String>) -> anyhow::Result<GatewayConfig> {
+        let mut settings = Settings::from_table(shared.gateway.as_ref())?;
+        settings.apply_env(&var)?;
+        settings.validate()?;
+        let keys = load_keys(&settings, &var)?;
+        Ok(GatewayConfig { shared, settings, keys })
+    }
+}
+
+/// The token keys: `PARSLEY_TOKEN_KEYS`, else the file named by `PARSLEY_TOKEN_KEYS_FILE` or
+/// `gateway.token_keys_file`. Errors never quote a key.
+pub fn load_keys(settings: &Settings, var: impl Fn(&str) -> Option<String>) -> anyhow::Result<KeyRing> {
+    if let Some(spec) = var(ENV_TOKEN_KEYS).filter(|v| !v.trim().is_empty()) {
+        return KeyRing::parse(&spec).with_context(|| format!("{ENV_TOKEN_KEYS} is invalid"));
+    }
+    match &settings.token_keys_file {
+        Some(path) => {
+            let spec = std::fs::read_to_string(path)
+                .with_context(|| format!("reading the token keys file {}", path.display()))?;
+            KeyRing::parse(&spec).with_context(|| format!("the token keys file {} is invalid", path.display()))
+        }
+        None => bail!(
+            "no token keys: export {ENV_TOKEN_KEYS}=<id>:<base64 of 32 random bytes> \
+             (or name a file in {ENV_TOKEN_KEYS_FILE} or gateway.token_keys_file)"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use base64::Engine as _;
+
+    use super::*;
+
+    fn key() -> String {
+        base64::engine::general_purpose::STANDARD.encode([9u8; 32])
+    }
+
+    fn shared(text: &str) -> Config {
+        Config::parse(text).unwrap()
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: BTreeMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        move |name| map.get(name).cloned()
+    }
+
+    #[test]
+    fn defaults_apply_without_a_table() {
+        let keys = format!("k1:{}", key());
+        let c = GatewayConfig::from_shared(shared(""), env(&[(ENV_TOKEN_KEYS, &keys)])).unwrap();
+        assert_eq!(c.settings, Settings::default());
+        assert_eq!(c.settings.listen, "127.0.0.1:8080");
+        assert_eq!(c.settings.read_wait_ms, 2_000);
+        assert_eq!(c.settings.subject_header, None);
+    }
+
+    #[test]
+    fn the_table_is_strict_and_errors_name_the_key() {
+        let keys = format!("k1:{}", key());
+        let cases: &[(&str, &str)] = &[
+            ("[gateway]\nlisten = \"nowhere\"\n", "gateway.listen"),
+            ("[gateway]\nread_wait = 5\n", "read_wait"),
+            ("[gateway]\nretry_after_s = 0\n", "gateway.retry_after_s"),
+            ("[gateway]\nsubject_header = \"a b\"\n", "gateway.subject_header"),
+            ("[gateway]\ntoken_ttl_s = \"long\"\n", "token_ttl_s"),
+            ("[gateway]\nread_wait_ms = 40000\n", "gateway.request_timeout_ms"),
+        ];
+        for (text, needle) in cases {
+            let err =
+                format!("{:#}", GatewayConfig::from_shared(shared(text), env(&[(ENV_TOKEN_KEYS, &keys)])).unwrap_err());
+            assert!(err.contains(needle), "error for {text:?} does not name {needle:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn environment_overrides_the_table() {
+        let keys = format!("k1:{}", key());
+        let text = "[gateway]\nlisten = \"127.0.0.1:9000\"\nread_wait_ms = 100\nsubject_header = \"x-user\"\n";
+        let c = GatewayConfig::from_shared(
+            shared(text),
+            env(&[
+                (ENV_TOKEN_KEYS, &keys),
+                (ENV_LISTEN, "0.0.0.0:81"),
+                (ENV_READ_WAIT_MS, "300"),
+                (ENV_SUBJECT_HEADER, ""),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.settings.listen, "0.0.0.0:81");
+        assert_eq!(c.settings.read_wait_ms, 300);
+        assert_eq!(c.settings.subject_header, None, "an empty override turns subject binding off");
+        let err = GatewayConfig::from_shared(shared(text), env(&[(ENV_TOKEN_KEYS, &keys), (ENV_READ_WAIT_MS, "soon")]))
+            .unwrap_err();
+        assert!(err.to_string().contains(ENV_READ_WAIT_MS), "{err}");
+    }
+
+    #[test]
+    fn keys_come_from_the_environment_or_a_file_and_are_never_quoted() {
+        let err = format!("{:#}", GatewayConfig::from_shared(shared(""), env(&[])).unwrap_err());
+        assert!(err.contains(ENV_TOKEN_KEYS), "{err}");
+
+        let secret = "k1:bm90LXRoaXJ0eS10d28tYnl0ZXM";
+        let err =
+            format!("{:#}", GatewayConfig::from_shared(shared(""), env(&[(ENV_TOKEN_KEYS, secret)])).unwrap_err());
+        assert!(!err.contains("bm90LXRoaXJ0eS10d28tYnl0ZXM"), "{err}");
+
+        let dir = std::env::temp_dir().join(format!("parsley-gateway-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("keys");
+        std::fs::write(&file, format!("new:{}\n", key())).unwrap();
+        let path = file.to_string_lossy().into_owned();
+        let c = GatewayConfig::from_shared(shared(""), env(&[(ENV_TOKEN_KEYS_FILE, &path)])).unwrap();
+        let printed = format!("{c:?}");
+        assert!(!printed.contains(&key()), "keys never appear in Debug output");
+        let text = format!("[gateway]\ntoken_keys_file = {path:?}\n");
+        assert!(GatewayConfig::from_shared(shared(&text), env(&[])).is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,315 @@
+//! What the gateway knows about Kafka: topic names ↔ topic IDs and partition counts, and per
+//! channel the log start and high watermark. Token hygiene runs on these facts, so they are
+//! cached: a miss (or a fact that would refuse or prune a pair) refreshes from the broker
+//! before it is acted on, and known topics are refreshed periodically.
+//!
+//! Every broker call is blocking in librdkafka and runs on tokio's blocking pool through
+//! one long-lived read-uncommitted consumer (so its "high watermark" is the log end, not
+//! the last stable offset). The consumer joins no group and never consumes.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use parsley::{ChannelId, Position, TopicId};
+use rdkafka::consumer::{BaseConsumer, Consumer as _};
+use rdkafka::types::RDKafkaRespErr;
+
+/// One topic as the broker describes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopicFact {
+    pub name: String,
+    pub id: TopicId,
+    pub partitions: u32,
+}
+
+/// Offsets of one channel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OffsetFacts {
+    /// First offset still in the log; `None` when only an acknowledgement is known.
+    pub log_start: Option<Position>,
+    /// One past the last record in the log.
+    pub log_end: Position,
+}
+
+#[derive(Debug, Default)]
+struct Topics {
+    by_name: BTreeMap<String, TopicFact>,
+    by_id: BTreeMap<TopicId, String>,
+}
+
+impl Topics {
+    fn insert(&mut self, fact: TopicFact) {
+        if let Some(old) = self.by_name.get(&fact.name) {
+            if old.id != fact.id {
+                // Recreated: the old ID no longer resolves.
+                self.by_id.remove(&old.id);
+            }
+        }
+        self.by_id.insert(fact.id, fact.name.clone());
+        self.by_name.insert(fact.name.clone(), fact);
+    }
+
+    fn remove_name(&mut self, name: &str) {
+        if let Some(old) = self.by_name.remove(name) {
+            self.by_id.remove(&old.id);
+        }
+    }
+}
+
+/// The cached facts and the client that refreshes them. Cheap to share (`Arc`).
+pub struct KafkaFacts {
+    client: Arc<BaseConsumer>,
+    timeout: Duration,
+    topics: RwLock<Topics>,
+    offsets: Mutex<BTreeMap<ChannelId, OffsetFacts>>,
+    /// Serialises full listings; holds when the last one finished.
+    listing: tokio::sync::Mutex<Option<Instant>>,
+}
+
+impl std::fmt::Debug for KafkaFacts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaFacts").field("timeout", &self.timeout).finish_non_exhaustive()
+    }
+}
+
+impl KafkaFacts {
+    /// A client for `bootstrap`; connects lazily (creating it performs no I/O).
+    pub fn new(bootstrap: &str, timeout: Duration) -> anyhow::Result<KafkaFacts> {
+        let client: BaseConsumer = parsley_infra::kafka::consumer_config(bootstrap, "parsley-gateway.metadata")
+            .set("isolation.level", "read_uncommitted")
+            .set("allow.auto.create.topics", "false")
+            .create()
+            .context("creating the gateway's Kafka metadata client")?;
+        Ok(KafkaFacts {
+            client: Arc::new(client),
+            timeout,
+            topics: RwLock::new(Topics::default()),
+            offsets: Mutex::new(BTreeMap::new()),
+            listing: tokio::sync::Mutex::new(None),
+        })
+    }
+
+    fn topics_read(&self) -> std::sync::RwLockReadGuard<'_, Topics> {
+        self.topics.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn topics_write(&self) -> std::sync::RwLockWriteGuard<'_, Topics> {
+        self.topics.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn offsets_lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<ChannelId, OffsetFacts>> {
+        self.offsets.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The cached fact of topic `name`, without I/O.
+    pub fn cached_topic(&self, name: &str) -> Option<TopicFact> {
+        self.topics_read().by_name.get(name).cloned()
+    }
+
+    /// The cached name of topic `id`, without I/O.
+    pub fn cached_name(&self, id: &TopicId) -> Option<String> {
+        self.topics_read().by_id.get(id).cloned()
+    }
+
+    /// Topic `name`: from the cache, else from the broker. `Ok(None)`: no such topic.
+    pub async fn topic(&self, name: &str) -> anyhow::Result<Option<TopicFact>> {
+        if let Some(fact) = self.cached_topic(name) {
+            return Ok(Some(fact));
+        }
+        self.refresh_topics(&[name.to_string()]).await?;
+        Ok(self.cached_topic(name))
+    }
+
+    /// Re-describes `names` from the broker, updating the cache (a topic that no longer
+    /// exists is forgotten, so its ID stops resolving).
+    pub async fn refresh_topics(&self, names: &[String]) -> anyhow::Result<()> {
+        if names.is_empty() {
+            return Ok(());
+        }
+        let client = Arc::clone(&self.client);
+        let timeout = self.timeout;
+        let names = names.to_vec();
+        let found = tokio::task::spawn_blocking(move || describe(&client, Some(&names), timeout))
+            .await
+            .context("the topic metadata task panicked")??;
+        let mut topics = self.topics_write();
+        for (name, fact) in found {
+            match fact {
+                Some(fact) => topics.insert(fact),
+                None => topics.remove_name(&name),
+            }
+        }
+        Ok(())
+    }
+
+    /// The name of topic `id`: from the cache, else from a full listing of the cluster's
+    /// topics. `Ok(None)`: no topic has that ID (it was deleted, or recreated under a new ID).
+    pub async fn topic_name(&self, id: &TopicId) -> anyhow::Result<Option<String>> {
+        if let Some(name) = self.cached_name(id) {
+            return Ok(Some(name));
+        }
+        let asked = Instant::now();
+        let mut last = self.listing.lock().await;
+        // A listing that finished after this call began saw the cluster as it is now: a
+        // burst of lookups shares it.
+        if last.is_some_and(|at| at >= asked) {
+            return Ok(self.cached_name(id));
+        }
+        let client = Arc::clone(&self.client);
+        let timeout = self.timeout;
+        let found = tokio::task::spawn_blocking(move || describe(&client, None, timeout))
+            .await
+            .context("the topic listing task panicked")??;
+        {
+            let mut topics = self.topics_write();
+            let mut fresh = Topics::default();
+            for fact in found.into_iter().filter_map(|(_, f)| f) {
+                fresh.insert(fact);
+            }
+            *topics = fresh;
+        }
+        *last = Some(Instant::now());
+        Ok(self.cached_name(id))
+    }
+
+    /// The names the cache knows (for the periodic refresh).
+    pub fn known_names(&self) -> Vec<String> {
+        self.topics_read().by_name.keys().cloned().collect()
+    }
+
+    /// The cached offsets of `channel`, without I/O.
+    pub fn cached_offsets(&self, channel: &ChannelId) -> Option<OffsetFacts> {
+        self.offsets_lock().get(channel).copied()
+    }
+
+    /// Queries the log start and log end of `channel` (topic `name`) and caches them.
+    pub async fn refresh_offsets(&self, channel: ChannelId, name: &str) -> anyhow::Result<OffsetFacts> {
+        let client = Arc::clone(&self.client);
+        let timeout = self.timeout;
+        let topic = name.to_string();
+        let partition = i32::try_from(channel.partition).context("partition out of range")?;
+        let (low, high) = tokio::task::spawn_blocking(move || {
+            client
+                .fetch_watermarks(&topic, partition, timeout)
+                .with_context(|| format!("querying the offsets of {topic}/{partition}"))
+        })
+        .await
+        .context("the offsets task panicked")??;
+        let mut offsets = self.offsets_lock();
+        let entry = offsets.entry(channel).or_insert(OffsetFacts { log_start: Some(low), log_end: high });
+        // Both only grow (for one topic ID); an older answer racing a newer one must not
+        // move them back.
+        entry.log_start = Some(entry.log_start.map_or(low, |l| l.max(low)));
+        entry.log_end = entry.log_end.max(high);
+        Ok(*entry)
+    }
+
+    /// Records that the broker acknowledged `offset` on `channel`: the log extends past it.
+    pub fn note_acknowledged(&self, channel: ChannelId, offset: Position) {
+        let mut offsets = self.offsets_lock();
+        let entry = offsets.entry(channel).or_insert(OffsetFacts { log_start: None, log_end: offset + 1 });
+        entry.log_end = entry.log_end.max(offset + 1);
+    }
+
+    /// Whether the broker answers a metadata request (readiness).
+    pub async fn reachable(&self) -> anyhow::Result<()> {
+        let client = Arc::clone(&self.client);
+        let timeout = self.timeout;
+        tokio::task::spawn_blocking(move || {
+            client.fetch_metadata(None, timeout).map(|_| ()).context("fetching cluster metadata")
+        })
+        .await
+        .context("the metadata task panicked")?
+    }
+}
+
+/// Describes `names` (all topics when `None`): `(name, Some(fact))` for each existing topic,
+/// `(name, None)` for each asked-for topic that does not exist.
+fn describe(
+    client: &BaseConsumer,
+    names: Option<&[String]>,
+    timeout: Duration,
+) -> anyhow::Result<Vec<(String, Option<TopicFact>)>> {
+    let mut existing = Vec::new();
+    let mut missing = Vec::new();
+    match names {
+        Some(names) => {
+            for name in names {
+                let metadata = client
+                    .fetch_metadata(Some(name), timeout)
+                    .with_context(|| format!("fetching metadata of topic {name:?}"))?;
+                match metadata.topics().iter().find(|t| t.name() == name).and_then(|t| t.error()) {
+                    None => existing.push(name.clone()),
+                    Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) => missing.push(name.clone()),
+                    Some(e) => anyhow::bail!("metadata of topic {name:?}: error {e:?}"),
+                }
+            }
+        }
+        None => {
+            let metadata = client.fetch_metadata(None, timeout).context("listing the cluster's topics")?;
+            existing = metadata.topics().iter().filter(|t| t.error().is_none()).map(|t| t.name().to_string()).collect();
+        }
+    }
+    let mut out: Vec<(String, Option<TopicFact>)> = missing.into_iter().map(|n| (n, None)).collect();
+    if existing.is_empty() {
+        return Ok(out);
+    }
+    let described = match parsley_infra::describe_topics_blocking(client.client(), &existing, timeout) {
+        Ok(d) => d.into_iter().map(|d| (d.name.clone(), Some(d))).collect::<Vec<_>>(),
+        // One topic deleted between the listing and the describe fails the whole call:
+        // describe one by one, reading a failure as "gone" only when the rest succeeded.
+        Err(whole) => {
+            let mut each = Vec::with_capacity(existing.len());
+            let mut failures = 0;
+            for name in &existing {
+                match parsley_infra::describe_topics_blocking(client.client(), std::slice::from_ref(name), timeout) {
+                    Ok(mut d) => each.push((name.clone(), d.pop())),
+                    Err(_) => {
+                        failures += 1;
+                        each.push((name.clone(), None));
+                    }
+                }
+            }
+            if failures == existing.len() {
+                return Err(whole.context("describing topics"));
+            }
+            each
+        }
+    };
+    for (name, d) in described {
+        let fact = d.map(|d| TopicFact { name: d.name, id: TopicId::from_bytes(d.id), partitions: d.partitions });
+        out.push((name, fact));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fact(name: &str, id: u8) -> TopicFact {
+        TopicFact { name: name.into(), id: TopicId::from_bytes([id; 16]), partitions: 3 }
+    }
+
+    #[test]
+    fn a_recreated_topic_forgets_its_old_id() {
+        let mut t = Topics::default();
+        t.insert(fact("orders", 1));
+        t.insert(fact("orders", 2));
+        assert!(!t.by_id.contains_key(&TopicId::from_bytes([1; 16])));
+        assert_eq!(t.by_id.get(&TopicId::from_bytes([2; 16])).map(String::as_str), Some("orders"));
+        t.remove_name("orders");
+        assert!(t.by_id.is_empty() && t.by_name.is_empty());
+    }
+
+    #[tokio::test]
+    async fn acknowledgements_extend_the_log_end_and_never_shrink_it() {
+        let facts = KafkaFacts::new("127.0.0.1:1", Duration::from_millis(10)).unwrap();
+        let c = ChannelId::new(TopicId::from_bytes([3; 16]), 0);
+        facts.note_acknowledged(c, 9);
+        facts.note_acknowledged(c, 4);
+        assert_eq!(facts.cached_offsets(&c), Some(OffsetFacts { log_start: None, log_end: 10 }));
+    }
+}

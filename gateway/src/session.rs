@@ -1,0 +1,170 @@
+//! A request's session: the token opened from the `Parsley-Session` header (none starts an
+//! empty session; a bad one is refused, never read as empty), its hygiene against the log
+//! (refuse positions beyond the log end, prune pairs the engine's rule drops), and the
+//! re-sealed token a response carries.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::http::{HeaderMap, HeaderValue};
+use parsley::{CausalPast, ChannelId, Position};
+
+use crate::app::AppState;
+use crate::problem::ApiError;
+use crate::token::{self, Session, TokenError};
+
+/// The request and response header carrying the sealed token.
+pub const SESSION_HEADER: &str = "parsley-session";
+
+/// Longest subject a token can be bound to (the envelope stores its length in one byte).
+const MAX_SUBJECT_LEN: usize = 255;
+
+/// Seconds since the epoch.
+pub fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// Who is asking and what their session says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Caller {
+    /// The subject from the configured subject header, if any.
+    pub subject: Option<String>,
+    /// When the session began (`None`: it begins with this request).
+    pub issued_at: Option<u64>,
+    pub past: CausalPast,
+}
+
+/// Reads the subject header and opens the session token, if any.
+pub fn open_session(state: &AppState, headers: &HeaderMap, now: u64) -> Result<Caller, ApiError> {
+    let subject = match &state.config.settings.subject_header {
+        None => None,
+        Some(name) => match headers.get(name.as_str()) {
+            None => None,
+            Some(v) => {
+                let s = v
+                    .to_str()
+                    .map_err(|_| ApiError::InvalidSubject(format!("the {name} header is not visible ASCII")))?
+                    .trim();
+                if s.len() > MAX_SUBJECT_LEN {
+                    return Err(ApiError::InvalidSubject(format!(
+                        "the {name} header is longer than {MAX_SUBJECT_LEN} bytes"
+                    )));
+                }
+                (!s.is_empty()).then(|| s.to_string())
+            }
+        },
+    };
+    let mut values = headers.get_all(SESSION_HEADER).iter();
+    let Some(value) = values.next() else {
+        return Ok(Caller { subject, issued_at: None, past: CausalPast::new() });
+    };
+    if values.next().is_some() {
+        return Err(TokenError::Malformed("more than one Parsley-Session header".into()).into());
+    }
+    let text = value.to_str().map_err(|_| TokenError::Malformed("not base64url without padding".into()))?;
+    let session = token::open(&state.config.keys, text, now, subject.as_deref(), &state.config.settings.limits())?;
+    Ok(Caller { subject, issued_at: Some(session.issued_at), past: session.past })
+}
+
+/// Checks every pair against the log and prunes what the engine's rule drops:
+/// - a pair whose topic ID no longer resolves (deleted, or recreated under a new ID) is
+///   pruned;
+/// - a pair at or beyond its channel's log end is refused (`token-ahead-of-log`), after the
+///   log end was re-read from the broker;
+/// - a pair below its channel's log start (as last seen) is pruned.
+///
+/// Broker failures answer 503: a pair that cannot be checked is neither trusted nor dropped.
+pub async fn sanitize(state: &AppState, past: &CausalPast) -> Result<CausalPast, ApiError> {
+    if past.is_empty() {
+        return Ok(past.clone());
+    }
+    let mut pruned: Vec<(ChannelId, &'static str)> = Vec::new();
+    for (channel, position) in past.iter() {
+        let name = match state.facts.topic_name(&channel.topic).await.map_err(|e| kafka_unavailable(state, e))? {
+            Some(n) => n,
+            None => {
+                pruned.push((channel, "topic-gone"));
+                continue;
+            }
+        };
+        check_partition(state, channel, position, &name).await?;
+        let offsets = match state.facts.cached_offsets(&channel) {
+            Some(o) if position < o.log_end => o,
+            _ => state.facts.refresh_offsets(channel, &name).await.map_err(|e| kafka_unavailable(state, e))?,
+        };
+        if position >= offsets.log_end {
+            return Err(ApiError::TokenAheadOfLog {
+                channel: format!("{name}/{}", channel.partition),
+                position,
+                log_end: offsets.log_end,
+            });
+        }
+        if offsets.log_start.is_some_and(|start| position < start) {
+            pruned.push((channel, "below-log-start"));
+        }
+    }
+    if pruned.is_empty() {
+        return Ok(past.clone());
+    }
+    for (channel, why) in &pruned {
+        state.metrics.add("parsley_gateway_token_pairs_pruned_total", &[("reason", why)], 1.0);
+        tracing::debug!(%channel, reason = why, "token pair pruned");
+    }
+    Ok(past.clone().retain(|c, _| !pruned.iter().any(|(p, _)| *p == c)))
+}
+
+/// A partition beyond the topic's partition count (re-read before refusing) cannot hold the
+/// position the token names.
+async fn check_partition(state: &AppState, channel: ChannelId, position: Position, name: &str) -> Result<(), ApiError> {
+    let within = |state: &AppState| state.facts.cached_topic(name).is_some_and(|t| channel.partition < t.partitions);
+    if within(state) {
+        return Ok(());
+    }
+    state.facts.refresh_topics(&[name.to_string()]).await.map_err(|e| kafka_unavailable(state, e))?;
+    if within(state) {
+        return Ok(());
+    }
+    Err(ApiError::TokenAheadOfLog { channel: format!("{name}/{}", channel.partition), position, log_end: 0 })
+}
+
+pub fn kafka_unavailable(state: &AppState, e: anyhow::Error) -> ApiError {
+    tracing::warn!(error = %format!("{e:#}"), "Kafka request failed");
+    ApiError::Unavailable {
+        what: "Kafka",
+        detail: "the broker did not answer a metadata or offsets request".into(),
+        retry_after: state.config.settings.retry_after_s,
+    }
+}
+
+/// Seals `past` for the caller: bound to the caller's subject, expiring `token_ttl_s` from
+/// now. A past that outgrew the limits the next request would check is refused here, so
+/// the gateway never hands out a token it would not accept.
+pub fn reseal(state: &AppState, caller: &Caller, past: CausalPast, now: u64) -> Result<HeaderValue, ApiError> {
+    let settings = &state.config.settings;
+    if past.len() > settings.token_max_entries {
+        return Err(ApiError::SessionTooLarge {
+            detail: format!(
+                "the session names {} channels, more than the {} a token may hold; start a new session",
+                past.len(),
+                settings.token_max_entries
+            ),
+        });
+    }
+    let session = Session {
+        issued_at: caller.issued_at.unwrap_or(now),
+        expires_at: now.saturating_add(settings.token_ttl_s),
+        subject: caller.subject.clone(),
+        past,
+    };
+    let sealed = token::seal(&state.config.keys, &session);
+    if sealed.len() > settings.token_max_encoded_len {
+        return Err(ApiError::SessionTooLarge {
+            detail: format!(
+                "the session's token would be {} characters, more than the {} accepted; start a new session",
+                sealed.len(),
+                settings.token_max_encoded_len
+            ),
+        });
+    }
+    HeaderValue::from_str(&sealed)
+        .map_err(|e| ApiError::Internal(anyhow::anyhow!("sealed token is not a header value: {e}")))
+}
