@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make demo`: start the local stack, then run the main job.
-set -euo pipefail
+set -Eeuo pipefail
 
 # shellcheck source=scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"

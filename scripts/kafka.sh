@@ -167,7 +167,7 @@ kafka_format() {
         </dev/null >>"$log" 2>&1 || fail "formatting the Kafka storage failed" "$log" "$KAFKA_LOG"
 }
 
-kafka_pid() { cat "$KAFKA_PIDFILE" 2>/dev/null; }
+kafka_pid() { cat "$KAFKA_PIDFILE" 2>/dev/null || true; }
 
 # kafka_running: our pid file names a live JVM running kafka.Kafka with our config.
 kafka_running() {

@@ -46,6 +46,10 @@ fail() {
 
 now_s() { date +%s; }
 
+# Any command failing where no check expected it: say where, instead of exiting silently.
+# (Scripts that source this file use `set -Eeuo pipefail`, so the trap reaches functions.)
+trap 'fail "unexpected failure (exit $?) at ${BASH_SOURCE[0]}:$LINENO: $BASH_COMMAND"' ERR
+
 # port_open PORT: true if something accepts TCP connections on 127.0.0.1:PORT.
 port_open() {
     (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null

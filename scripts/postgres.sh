@@ -75,7 +75,7 @@ pg_install() {
 }
 
 pg_pid() {
-    head -n 1 "$PGDATA_DIR/postmaster.pid" 2>/dev/null
+    head -n 1 "$PGDATA_DIR/postmaster.pid" 2>/dev/null || true
 }
 
 # pg_running: the pid in our data folder's postmaster.pid is a live postgres process working

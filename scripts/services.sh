@@ -7,7 +7,7 @@
 #   scripts/services.sh reset    down, then delete all local data (.local/)
 #
 # Everything lives under .local/ in the repository (see docs/development.md).
-set -euo pipefail
+set -Eeuo pipefail
 
 # shellcheck source=scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -67,7 +67,11 @@ cmd_reset() {
 case "${1:-}" in
 up) cmd_up ;;
 down) cmd_down ;;
-status) cmd_status ;;
+status)
+    rc=0
+    cmd_status || rc=$?
+    exit "$rc"
+    ;;
 reset) cmd_reset ;;
 *)
     echo "usage: $0 up|down|status|reset" >&2

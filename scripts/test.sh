@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make test`: start the local stack, build the workspace's tests, run them.
 # Exit status is the test suite's. Prints how long each phase took.
-set -euo pipefail
+set -Eeuo pipefail
 
 # shellcheck source=scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
