@@ -313,13 +313,19 @@ impl<P: Projection> TaskRunner<P> {
             }
         }
         let batch = self.poll().await;
-        if self.check_log_start {
-            self.check_log_start = false;
+        let out_of_range = std::mem::take(&mut self.check_log_start);
+        if out_of_range {
             if let Err(e) = self.observe_log_starts().await {
                 return self.fail(e, &[]).await;
             }
         }
-        self.step(batch).await
+        let outcome = self.step(batch).await;
+        if out_of_range && self.state == TaskState::Running {
+            // Not refused: the log start is still within reach. Read on from fed_up_to + 1
+            // with a fresh consumer rather than trust the one that reported the error.
+            self.needs_restore = true;
+        }
+        outcome
     }
 
     fn stopped_outcome(&self) -> Option<StepOutcome> {
