@@ -1,1 +1,9 @@
-//! placeholder
+//! Integration tests of the gateway against the real broker and database started by
+//! `make services-up`, with the real projector applying records. They read
+//! `PARSLEY_KAFKA_BOOTSTRAP` and `DATABASE_URL` and fail with a message saying how to start
+//! the services when either is unset. Every test uses its own topics and model.
+
+mod ops;
+mod sessions;
+mod support;
+mod tokens;

@@ -1,0 +1,210 @@
+//! Session consistency end to end: write through the gateway, read through the gateway,
+//! with the real projector applying the records in between.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use axum::http::{Method, StatusCode};
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_session_reads_its_own_writes_never_a_404() {
+    let mut s = Stack::new("ryw", 3, "read_wait_ms = 15000").await;
+    s.start_projector().await;
+    let (orders, payments) = (s.names.orders.clone(), s.names.payments.clone());
+
+    let mut token: Option<String> = None;
+    for i in 0..6 {
+        let key = format!("order-{i}");
+        let w = s.write(&orders, &key, json!({"status": "placed", "n": i}), token.as_deref()).await;
+        assert_eq!(w.status, StatusCode::CREATED, "{}", w.json);
+        assert_eq!(w.json["topic"], json!(orders));
+        assert!(w.json["offset"].as_i64().unwrap() >= 0);
+        // Read immediately: the gateway waits until the projector has applied the write.
+        let r = s.read(&key, Some(&w.token())).await;
+        assert_eq!(r.status, StatusCode::OK, "{key}: {}", r.json);
+        assert_eq!(r.json["key"], json!(key));
+        assert_eq!(r.json["document"], json!({"status": "placed", "n": i}));
+        token = Some(r.token());
+    }
+
+    // A payment merges into the order; the session sees both.
+    let w = s.write(&payments, "order-0", json!({"paid": true}), token.as_deref()).await;
+    assert_eq!(w.status, StatusCode::CREATED, "{}", w.json);
+    let r = s.read("order-0", Some(&w.token())).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.json);
+    assert_eq!(r.json["document"], json!({"status": "placed", "n": 0, "paid": true}));
+    assert_eq!(r.json["version"], json!(2));
+
+    // The collection is gated on every task and shows every write of the session.
+    let l = s.list("", Some(&r.token())).await;
+    assert_eq!(l.status, StatusCode::OK, "{}", l.json);
+    let keys: Vec<&str> = l.json["documents"].as_array().unwrap().iter().map(|d| d["key"].as_str().unwrap()).collect();
+    assert_eq!(keys, (0..6).map(|i| format!("order-{i}")).collect::<Vec<_>>());
+    assert_eq!(l.json["next"], Value::Null);
+    // Paging.
+    let p = s.list("?limit=4", Some(&l.token())).await;
+    assert_eq!(p.json["documents"].as_array().unwrap().len(), 4);
+    assert_eq!(p.json["next"], json!("order-3"));
+    let p2 = s.list("?limit=4&after=order-3", Some(&p.token())).await;
+    let rest: Vec<&str> = p2.json["documents"].as_array().unwrap().iter().map(|d| d["key"].as_str().unwrap()).collect();
+    assert_eq!(rest, vec!["order-4", "order-5"]);
+
+    // A tombstone deletes; a 404 comes only once the delete is proven applied.
+    let w = s.write(&orders, "order-5", Value::Null, Some(&p2.token())).await;
+    assert_eq!(w.status, StatusCode::CREATED, "{}", w.json);
+    let r = s.read("order-5", Some(&w.token())).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.json);
+    assert_eq!(r.problem_type(), "https://parsley.dev/problems/not-found");
+    assert!(r.token.is_some(), "a 404 carries the refreshed token");
+    s.stop_projector().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn without_the_projector_a_covered_read_is_refused_with_every_gap() {
+    let mut s = Stack::new("stopped", 2, "read_wait_ms = 700\nretry_after_s = 2").await;
+    let orders = s.names.orders.clone();
+    s.start_projector().await;
+    let w = s.write(&orders, "a", json!({"v": 1}), None).await;
+    let r = s.read("a", Some(&w.token())).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.json);
+    let applied_partition = w.json["partition"].as_u64().unwrap();
+    let applied_offset = w.json["offset"].as_i64().unwrap();
+    s.stop_projector().await;
+
+    // Written while nothing applies it: the session's read cannot be covered.
+    let w = s.write(&orders, "a", json!({"v": 2}), Some(&r.token())).await;
+    assert_eq!(w.status, StatusCode::CREATED, "writes never wait on deliverability: {}", w.json);
+    let (partition, offset) = (w.json["partition"].as_u64().unwrap(), w.json["offset"].as_i64().unwrap());
+    let token = w.token();
+    let started = Instant::now();
+    let r = s.read("a", Some(&token)).await;
+    assert!(started.elapsed() >= Duration::from_millis(650), "the read waited before refusing");
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.json);
+    assert_eq!(r.retry_after.as_deref(), Some("2"));
+    assert_eq!(r.content_type.as_deref(), Some("application/problem+json"));
+    assert_eq!(r.problem_type(), "https://parsley.dev/problems/not-yet-covered");
+    assert!(r.token.is_none(), "nothing was proven, so no token is issued");
+    let gaps = r.json["gaps"].as_array().unwrap();
+    assert_eq!(gaps.len(), 1, "{}", r.json);
+    assert_eq!(gaps[0]["topic"], json!(orders));
+    assert_eq!(gaps[0]["partition"], json!(partition));
+    assert_eq!(gaps[0]["required"], json!(offset));
+    let recorded = if partition == applied_partition { json!(applied_offset) } else { Value::Null };
+    assert_eq!(gaps[0]["recorded"], recorded, "{}", r.json);
+    assert_eq!(gaps[0]["tasks"], json!([partition]));
+    // The collection has the same gap; the old document is never served meanwhile.
+    let l = s.list("", Some(&token)).await;
+    assert_eq!(l.status, StatusCode::SERVICE_UNAVAILABLE, "{}", l.json);
+
+    // A session that demands nothing is served at once from what is there.
+    let r = s.read("a", None).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.json);
+    assert_eq!(r.json["document"], json!({"v": 1}));
+
+    // A read already waiting is woken by the projector's NOTIFY when it catches up: with
+    // the fallback re-check 30 s away, only the notification can answer it in time.
+    let (patient, _stop) =
+        s.other_gateway("read_wait_ms = 30000\nrecheck_ms = 30000\nrequest_timeout_ms = 40000").await;
+    let asked = Instant::now();
+    let waiting = tokio::spawn({
+        let token = token.clone();
+        let uri = format!("/v1/models/{}/documents/a", s.names.model);
+        async move { send(&patient, Method::GET, &uri, Some(&token), None).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "the read waits for coverage");
+    s.start_projector().await;
+    let r = waiting.await.unwrap();
+    assert_eq!(r.status, StatusCode::OK, "{}", r.json);
+    assert_eq!(r.json["document"], json!({"v": 2}));
+    assert!(
+        asked.elapsed() < Duration::from_secs(20),
+        "woken by the notification, not the timer: {:?}",
+        asked.elapsed()
+    );
+    s.stop_projector().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_sessions_see_their_writes_and_never_go_back() {
+    const SESSIONS: usize = 4;
+    const ROUNDS: usize = 6;
+    let mut s = Stack::new("concurrent", 3, "read_wait_ms = 15000").await;
+    s.start_projector().await;
+    let orders = s.names.orders.clone();
+    let payments = s.names.payments.clone();
+    let model = s.names.model.clone();
+    let router = s.router.clone();
+
+    let mut clients = Vec::new();
+    for c in 0..SESSIONS {
+        let (router, orders, payments, model) = (router.clone(), orders.clone(), payments.clone(), model.clone());
+        clients.push(tokio::spawn(async move {
+            let mut token: Option<String> = None;
+            let mut last_shared_version = 0i64;
+            let mut last_seen: BTreeMap<String, i64> = BTreeMap::new();
+            for round in 0..ROUNDS {
+                let key = format!("c{c}-k{}", round % 3);
+                let body = json!({"key": key, "value": {"client": c, "round": round}});
+                let w =
+                    send(&router, Method::POST, &format!("/v1/topics/{orders}/records"), token.as_deref(), Some(&body))
+                        .await;
+                assert_eq!(w.status, StatusCode::CREATED, "{}", w.json);
+                let r =
+                    send(&router, Method::GET, &format!("/v1/models/{model}/documents/{key}"), Some(&w.token()), None)
+                        .await;
+                assert_eq!(r.status, StatusCode::OK, "client {c} round {round}: {}", r.json);
+                assert_eq!(r.json["document"], json!({"client": c, "round": round}), "read-your-writes");
+                let version = r.json["version"].as_i64().unwrap();
+                assert!(version >= last_seen.get(&key).copied().unwrap_or(0), "monotonic reads on {key}");
+                last_seen.insert(key, version);
+                token = Some(r.token());
+
+                // Everyone also patches and reads one shared document.
+                let patch = json!({"key": "shared", "value": {format!("c{c}"): round}});
+                let w = send(
+                    &router,
+                    Method::POST,
+                    &format!("/v1/topics/{payments}/records"),
+                    token.as_deref(),
+                    Some(&patch),
+                )
+                .await;
+                assert_eq!(w.status, StatusCode::CREATED, "{}", w.json);
+                let r =
+                    send(&router, Method::GET, &format!("/v1/models/{model}/documents/shared"), Some(&w.token()), None)
+                        .await;
+                assert_eq!(r.status, StatusCode::OK, "{}", r.json);
+                assert_eq!(r.json["document"][format!("c{c}")], json!(round), "own patch visible: {}", r.json);
+                let version = r.json["version"].as_i64().unwrap();
+                assert!(
+                    version >= last_shared_version,
+                    "monotonic reads: version {version} after {last_shared_version}"
+                );
+                last_shared_version = version;
+                token = Some(r.token());
+            }
+            // The collection (gated on every task) shows this session's last value per key.
+            let l =
+                send(&router, Method::GET, &format!("/v1/models/{model}/documents?limit=1000"), token.as_deref(), None)
+                    .await;
+            assert_eq!(l.status, StatusCode::OK, "{}", l.json);
+            let docs = l.json["documents"].as_array().unwrap();
+            for k in 0..3 {
+                let key = format!("c{c}-k{k}");
+                let doc = docs.iter().find(|d| d["key"] == json!(key)).unwrap_or_else(|| panic!("{key} missing"));
+                let last_round = (0..ROUNDS).filter(|r| r % 3 == k).max().unwrap();
+                assert_eq!(doc["document"], json!({"client": c, "round": last_round}));
+            }
+        }));
+    }
+    for c in clients {
+        c.await.unwrap();
+    }
+    let shared = s.read("shared", None).await;
+    assert_eq!(shared.json["version"], json!((SESSIONS * ROUNDS) as i64));
+    s.stop_projector().await;
+}

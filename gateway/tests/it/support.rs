@@ -1,0 +1,261 @@
+//! Shared test machinery: the services from the environment (a clear failure when they are
+//! missing), unique names, topics, a stack of the real projector (its library API, driven
+//! until stopped) plus the gateway's router driven with `oneshot`, and request helpers.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use axum::Router;
+use parsley_gateway::token::{KeyRing, SecretKey};
+use parsley_gateway::{app, AppState, Gateway, GatewayConfig, SESSION_HEADER};
+use parsley_infra::env;
+use parsley_projector::config::{Apply, Config, InitialPosition, ModelConfig, TopicConfig};
+use parsley_projector::metrics::Metrics;
+use parsley_projector::{migrations, DocumentProjection, ModelProjector};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use serde_json::Value;
+use sqlx::PgPool;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tower::ServiceExt as _;
+
+pub const TIMEOUT: Duration = Duration::from_secs(30);
+
+pub fn bootstrap() -> String {
+    env::kafka_bootstrap().unwrap_or_else(|e| panic!("these tests need the real broker: {e:#}"))
+}
+
+pub fn database_url() -> String {
+    env::database_url().unwrap_or_else(|e| panic!("these tests need the real database: {e:#}"))
+}
+
+/// A name no other run or test uses.
+pub fn unique(prefix: &str) -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
+    format!("{prefix}-{}-{}-{}", std::process::id(), nanos % 1_000_000_000_000, COUNTER.fetch_add(1, Ordering::Relaxed))
+}
+
+/// A pool on the test database with the schema migrated.
+pub async fn pool() -> PgPool {
+    let pool = parsley_infra::pg::connect(&database_url(), 4, TIMEOUT).await.unwrap_or_else(|e| panic!("{e:#}"));
+    migrations::run(&pool).await.unwrap_or_else(|e| panic!("{e:#}"));
+    pool
+}
+
+fn admin() -> AdminClient<DefaultClientContext> {
+    parsley_infra::kafka::admin_config(&bootstrap()).create().expect("admin client")
+}
+
+pub async fn create_topics(names: &[&str], partitions: i32) {
+    let admin = admin();
+    let options = AdminOptions::new().operation_timeout(Some(TIMEOUT)).request_timeout(Some(TIMEOUT));
+    for name in names {
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            let results = admin
+                .create_topics(&[NewTopic::new(name, partitions, TopicReplication::Fixed(1))], &options)
+                .await
+                .expect("create_topics request");
+            match &results[0] {
+                Ok(_) => break,
+                Err((_, code)) if Instant::now() < deadline => {
+                    eprintln!("create {name}: {code}, retrying");
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+                Err((_, code)) => panic!("creating topic {name}: {code}"),
+            }
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+}
+
+/// The key ring every test gateway seals with.
+pub fn ring() -> KeyRing {
+    KeyRing::new(vec![("it".to_string(), SecretKey::from_bytes([0x42; 32]))]).unwrap()
+}
+
+/// A model receiving `orders` (replace) and `payments` (merge), with `partitions` tasks.
+pub struct Names {
+    pub model: String,
+    pub orders: String,
+    pub payments: String,
+}
+
+impl Names {
+    pub fn new(prefix: &str) -> Names {
+        let base = unique(prefix);
+        Names { model: base.clone(), orders: format!("{base}.orders"), payments: format!("{base}.payments") }
+    }
+}
+
+/// The shared configuration for the test services, with `gateway` as the `[gateway]` table.
+pub fn config(n: &Names, gateway: &str) -> Config {
+    let mut c = Config::parse(&format!("[gateway]\n{gateway}\n")).unwrap();
+    c.kafka.bootstrap = bootstrap();
+    c.database.url = Some(database_url());
+    c.projector.owner = Some(unique("owner"));
+    c.projector.metrics_address = String::new();
+    c.projector.initial_backoff_ms = 50;
+    c.projector.max_backoff_ms = 400;
+    c.models.push(ModelConfig {
+        name: n.model.clone(),
+        projection: Default::default(),
+        topics: vec![
+            TopicConfig { name: n.orders.clone(), apply: Apply::Replace, initial_position: None },
+            TopicConfig { name: n.payments.clone(), apply: Apply::Merge, initial_position: None },
+        ],
+        initial_position: InitialPosition::Earliest,
+        max_step_records: 500,
+        max_step_ms: 50,
+        tasks: None,
+    });
+    c.validate().unwrap();
+    c
+}
+
+/// One HTTP answer.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub json: Value,
+    pub token: Option<String>,
+    pub retry_after: Option<String>,
+    pub content_type: Option<String>,
+}
+
+impl Reply {
+    /// The new token; panics with the body when there is none.
+    pub fn token(&self) -> String {
+        self.token.clone().unwrap_or_else(|| panic!("no session token in {} {}", self.status, self.json))
+    }
+
+    pub fn problem_type(&self) -> &str {
+        self.json["type"].as_str().unwrap_or("")
+    }
+}
+
+/// Sends one request through `router`.
+pub async fn send(router: &Router, method: Method, uri: &str, token: Option<&str>, body: Option<&Value>) -> Reply {
+    let mut req = Request::builder().method(method).uri(uri);
+    if let Some(t) = token {
+        req = req.header(SESSION_HEADER, t);
+    }
+    let body = match body {
+        Some(b) => {
+            req = req.header("content-type", "application/json");
+            Body::from(serde_json::to_vec(b).unwrap())
+        }
+        None => Body::empty(),
+    };
+    let response = router.clone().oneshot(req.body(body).unwrap()).await.unwrap();
+    let (status, token, retry_after, content_type) = {
+        let header = |name: &str| response.headers().get(name).map(|v| v.to_str().unwrap().to_string());
+        (response.status(), header(SESSION_HEADER), header("retry-after"), header("content-type"))
+    };
+    let bytes = axum::body::to_bytes(response.into_body(), 16 << 20).await.unwrap();
+    let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    Reply { status, json, token, retry_after, content_type }
+}
+
+/// A running projector.
+struct Running {
+    stop: watch::Sender<bool>,
+    handle: JoinHandle<anyhow::Result<()>>,
+}
+
+/// The real projector for one model plus a gateway over the same services.
+pub struct Stack {
+    pub names: Names,
+    pub config: Config,
+    pub pool: PgPool,
+    pub state: AppState,
+    pub router: Router,
+    stop_gateway: watch::Sender<bool>,
+    projector: Option<Running>,
+}
+
+impl Stack {
+    /// Creates the topics (`partitions` each) and a gateway with `[gateway]` settings
+    /// `gateway`; the projector is not started.
+    pub async fn new(prefix: &str, partitions: i32, gateway: &str) -> Stack {
+        let names = Names::new(prefix);
+        create_topics(&[&names.orders, &names.payments], partitions).await;
+        let pool = pool().await;
+        let config = config(&names, gateway);
+        let (state, stop_gateway) = start_gateway(&config).await;
+        let router = app(state.clone());
+        Stack { names, config, pool, state, router, stop_gateway, projector: None }
+    }
+
+    /// Another gateway over the same model with different `[gateway]` settings.
+    pub async fn other_gateway(&self, gateway: &str) -> (Router, watch::Sender<bool>) {
+        let mut config = self.config.clone();
+        config.gateway = Config::parse(&format!("[gateway]\n{gateway}\n")).unwrap().gateway;
+        let (state, stop) = start_gateway(&config).await;
+        (app(state), stop)
+    }
+
+    pub async fn start_projector(&mut self) {
+        assert!(self.projector.is_none(), "the projector is already running");
+        let model = &self.config.models[0];
+        let projector = ModelProjector::start(
+            &self.config,
+            model,
+            self.pool.clone(),
+            Arc::new(DocumentProjection::from_model(model)),
+            Metrics::new(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("starting the projector: {e:#}"));
+        assert!(projector.refusal().is_none(), "the model was refused: {:?}", projector.refusal());
+        let (stop, shutdown) = watch::channel(false);
+        let handle = tokio::spawn(projector.run(shutdown));
+        self.projector = Some(Running { stop, handle });
+    }
+
+    pub async fn stop_projector(&mut self) {
+        let running = self.projector.take().expect("the projector is running");
+        running.stop.send(true).unwrap();
+        running.handle.await.unwrap().unwrap_or_else(|e| panic!("the projector failed: {e:#}"));
+    }
+
+    pub async fn send(&self, method: Method, uri: &str, token: Option<&str>, body: Option<&Value>) -> Reply {
+        send(&self.router, method, uri, token, body).await
+    }
+
+    pub async fn write(&self, topic: &str, key: &str, value: Value, token: Option<&str>) -> Reply {
+        let body = serde_json::json!({"key": key, "value": value});
+        self.send(Method::POST, &format!("/v1/topics/{topic}/records"), token, Some(&body)).await
+    }
+
+    pub async fn read(&self, key: &str, token: Option<&str>) -> Reply {
+        self.send(Method::GET, &format!("/v1/models/{}/documents/{key}", self.names.model), token, None).await
+    }
+
+    pub async fn list(&self, query: &str, token: Option<&str>) -> Reply {
+        self.send(Method::GET, &format!("/v1/models/{}/documents{query}", self.names.model), token, None).await
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        let _ = self.stop_gateway.send(true);
+        if let Some(r) = &self.projector {
+            let _ = r.stop.send(true);
+        }
+    }
+}
+
+/// A gateway state over `config` with its background tasks (clock listener, metadata
+/// refresh) running until the returned sender says stop.
+async fn start_gateway(config: &Config) -> (AppState, watch::Sender<bool>) {
+    let gateway = Gateway::new(GatewayConfig::with_keys(config.clone(), ring()).unwrap()).unwrap();
+    let (stop, shutdown) = watch::channel(false);
+    let _ = gateway.spawn_background(shutdown);
+    (gateway.state().clone(), stop)
+}
