@@ -208,3 +208,39 @@ async fn concurrent_sessions_see_their_writes_and_never_go_back() {
     assert_eq!(shared.json["version"], json!((SESSIONS * ROUNDS) as i64));
     s.stop_projector().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_503_names_the_failing_task_that_blocks_the_session() {
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+
+    let mut s = Stack::new("failing", 1, "read_wait_ms = 800").await;
+    s.start_projector().await;
+    // A record the document projection cannot apply (not JSON), written around the gateway:
+    // the owning task fails on it and retries it, never skipping it.
+    let raw: FutureProducer = parsley_infra::kafka::producer_config(&bootstrap()).create().unwrap();
+    raw.send(FutureRecord::<str, [u8]>::to(&s.names.orders).key("x").payload(b"not json"), TIMEOUT)
+        .await
+        .map_err(|(e, _)| e)
+        .unwrap();
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let st = s.send(Method::GET, "/v1/status", None, None).await;
+        if st.json["models"][0]["tasks"][0]["status"] == json!("failing") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the task never reported its failure: {}", st.json);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let w = s.write(&s.names.orders.clone(), "x", json!({"ok": true}), None).await;
+    assert_eq!(w.status, StatusCode::CREATED, "{}", w.json);
+    let r = s.read("x", Some(&w.token())).await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.json);
+    let tasks = r.json["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 1, "{}", r.json);
+    assert_eq!(tasks[0]["task"], json!(0));
+    assert_eq!(tasks[0]["status"], json!("failing"));
+    assert!(tasks[0]["last_error"].as_str().unwrap().contains("not JSON"), "{}", r.json);
+    assert!(tasks[0]["failures"].as_i64().unwrap() >= 1);
+    s.stop_projector().await;
+}
