@@ -86,11 +86,18 @@ pub fn app(state: AppState) -> Router {
         .fallback(no_route)
         .layer(middleware::from_fn_with_state(state.clone(), observe))
         .layer(DefaultBodyLimit::max(max_body))
-        .layer(TraceLayer::new_for_http().make_span_with(|req: &Request| {
-            // The route template, not the path: paths carry keys, and logs carry coordinates.
-            let route = req.extensions().get::<MatchedPath>().map_or("unmatched", |m| m.as_str());
-            tracing::info_span!("request", method = %req.method(), route)
-        }))
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(|req: &Request| {
+                    // The route template, not the path: paths carry keys, and logs carry
+                    // coordinates.
+                    let route = req.extensions().get::<MatchedPath>().map_or("unmatched", |m| m.as_str());
+                    tracing::info_span!("request", method = %req.method(), route)
+                })
+                // A 503 not-yet-covered is an answer, not a failure; internal errors are
+                // logged once where they become a 500.
+                .on_failure(()),
+        )
         .with_state(state)
 }
 
@@ -374,6 +381,24 @@ max_body_bytes = 256
         let text = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
         let text = String::from_utf8(text.to_vec()).unwrap();
         assert!(text.contains("# TYPE parsley_gateway_requests_total counter"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn readiness_reports_each_unreachable_dependency() {
+        let text = FILE
+            .replace("[gateway]", "[gateway]\nkafka_timeout_ms = 200")
+            .replace("[database]", "[database]\nacquire_timeout_ms = 200");
+        let s = AppState::new(GatewayConfig::with_keys(Config::parse(&text).unwrap(), ring()).unwrap()).unwrap();
+        let req = axum::http::Request::builder().uri("/readyz").body(Body::empty()).unwrap();
+        let response = app(s).oneshot(req).await.unwrap();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
+        let json: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(json["type"], "https://parsley.dev/problems/not-ready");
+        for check in ["database", "migrations", "kafka"] {
+            assert_eq!(json["checks"][check]["ok"], false, "{json}");
+        }
+        assert!(!json.to_string().contains("secret"), "the database password never leaks: {json}");
     }
 
     #[tokio::test]
