@@ -64,7 +64,8 @@ async fn bench() -> anyhow::Result<()> {
     let topic = format!("{run}.events");
     let admin: AdminClient<DefaultClientContext> = parsley_infra::kafka::admin_config(&bootstrap).create()?;
     let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-    for r in admin.create_topics(&[NewTopic::new(&topic, PARTITIONS as i32, TopicReplication::Fixed(1))], &opts).await? {
+    for r in admin.create_topics(&[NewTopic::new(&topic, PARTITIONS as i32, TopicReplication::Fixed(1))], &opts).await?
+    {
         r.map_err(|(t, e)| anyhow::anyhow!("creating {t}: {e}"))?;
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -100,7 +101,10 @@ async fn bench() -> anyhow::Result<()> {
 }
 
 fn rand_suffix() -> u128 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() % 1_000_000_000).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() % 1_000_000_000)
+        .unwrap_or(0)
 }
 
 async fn produce(bootstrap: &str, topic: &str, records: usize) -> anyhow::Result<()> {
@@ -160,12 +164,18 @@ async fn parsley_run(
     let projector = ModelProjector::start(&config, &config.models[0], pool.clone(), projection, Metrics::new()).await?;
     let (stop, shutdown) = watch::channel(false);
     let running = tokio::spawn(projector.run(shutdown));
-    wait_for(pool, "SELECT coalesce(sum(fed_up_to + 1), 0)::int8 FROM parsley.channels WHERE model = $1", model, records)
-        .await?;
+    wait_for(
+        pool,
+        "SELECT coalesce(sum(fed_up_to + 1), 0)::int8 FROM parsley.channels WHERE model = $1",
+        model,
+        records,
+    )
+    .await?;
     let elapsed = started.elapsed().as_secs_f64();
     stop.send(true)?;
     running.await??;
-    let held: i64 = sqlx::query_scalar("SELECT count(*) FROM parsley.held WHERE model = $1").bind(model).fetch_one(pool).await?;
+    let held: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM parsley.held WHERE model = $1").bind(model).fetch_one(pool).await?;
     anyhow::ensure!(held == 0, "records left held");
     println!("  parsley: {records} records in {elapsed:.1}s");
     Ok(records as f64 / elapsed)
@@ -254,8 +264,13 @@ async fn naive_run(
             Ok(())
         }));
     }
-    wait_for(pool, "SELECT coalesce(sum(next_offset), 0)::int8 FROM public.bench_naive_offsets WHERE model = $1", model, records)
-        .await?;
+    wait_for(
+        pool,
+        "SELECT coalesce(sum(next_offset), 0)::int8 FROM public.bench_naive_offsets WHERE model = $1",
+        model,
+        records,
+    )
+    .await?;
     let elapsed = started.elapsed().as_secs_f64();
     stop.send(true)?;
     for h in handles {

@@ -262,8 +262,8 @@ impl Config {
     /// Reads `path`, applies the environment overrides, validates.
     pub fn load(path: &Path) -> anyhow::Result<Config> {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let mut config: Config = toml::from_str(&text)
-            .map_err(|e| anyhow::anyhow!("invalid configuration in {}: {e}", path.display()))?;
+        let mut config: Config =
+            toml::from_str(&text).map_err(|e| anyhow::anyhow!("invalid configuration in {}: {e}", path.display()))?;
         config.apply_env(|name| std::env::var(name).ok());
         config.validate().with_context(|| format!("invalid configuration in {}", path.display()))?;
         Ok(config)
@@ -311,7 +311,10 @@ impl Config {
         if !self.projector.metrics_address.is_empty()
             && self.projector.metrics_address.parse::<std::net::SocketAddr>().is_err()
         {
-            bail!("projector.metrics_address {:?} is not an address like 127.0.0.1:9464", self.projector.metrics_address);
+            bail!(
+                "projector.metrics_address {:?} is not an address like 127.0.0.1:9464",
+                self.projector.metrics_address
+            );
         }
         let mut names = BTreeSet::new();
         for (i, m) in self.models.iter().enumerate() {

@@ -110,7 +110,12 @@ struct Folded {
 }
 
 impl Projection for DocumentProjection {
-    async fn apply(&self, conn: &mut PgConnection, step: StepContext<'_>, record: &Delivered<'_>) -> anyhow::Result<()> {
+    async fn apply(
+        &self,
+        conn: &mut PgConnection,
+        step: StepContext<'_>,
+        record: &Delivered<'_>,
+    ) -> anyhow::Result<()> {
         self.apply_batch(conn, step, std::slice::from_ref(record)).await
     }
 
@@ -143,8 +148,7 @@ impl Projection for DocumentProjection {
         for (key, op, _) in &ops {
             first_is_merge.entry(key).or_insert(matches!(op, Op::Merge(_)));
         }
-        let wanted: Vec<String> =
-            first_is_merge.iter().filter(|(_, m)| **m).map(|(k, _)| k.to_string()).collect();
+        let wanted: Vec<String> = first_is_merge.iter().filter(|(_, m)| **m).map(|(k, _)| k.to_string()).collect();
         let mut stored: BTreeMap<String, Value> = BTreeMap::new();
         if !wanted.is_empty() {
             let rows = sqlx::query("SELECT key, doc FROM projection.documents WHERE model = $1 AND key = ANY($2)")
@@ -268,12 +272,12 @@ mod tests {
             (json!({"a":"c"}), json!({"a":["b"]}), json!({"a":["b"]})),
             (json!({"a":{"b":"c"}}), json!({"a":{"b":"d","c":null}}), json!({"a":{"b":"d"}})),
             (json!({"a":[{"b":"c"}]}), json!({"a":[1]}), json!({"a":[1]})),
-            (json!(["a","b"]), json!(["c","d"]), json!(["c","d"])),
+            (json!(["a", "b"]), json!(["c", "d"]), json!(["c", "d"])),
             (json!({"a":"b"}), json!(["c"]), json!(["c"])),
             (json!({"a":"foo"}), json!(null), json!(null)),
             (json!({"a":"foo"}), json!("bar"), json!("bar")),
             (json!({"e":null}), json!({"a":1}), json!({"e":null,"a":1})),
-            (json!([1,2]), json!({"a":"b","c":null}), json!({"a":"b"})),
+            (json!([1, 2]), json!({"a":"b","c":null}), json!({"a":"b"})),
             (json!({}), json!({"a":{"bb":{"ccc":null}}}), json!({"a":{"bb":{}}})),
         ];
         for (target, patch, expected) in cases {

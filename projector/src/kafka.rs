@@ -71,7 +71,11 @@ fn resolve_topics_blocking(
         match topic.error() {
             None => {
                 existing.push(name.clone());
-                resolved.push(ResolvedTopic { name: name.clone(), id: None, partitions: topic.partitions().len() as u32 });
+                resolved.push(ResolvedTopic {
+                    name: name.clone(),
+                    id: None,
+                    partitions: topic.partitions().len() as u32,
+                });
             }
             Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) => {
                 resolved.push(ResolvedTopic { name: name.clone(), id: None, partitions: 0 });

@@ -16,7 +16,11 @@ use tokio::sync::watch;
 /// Every metric the projector exports: name, kind, help.
 pub const METRICS: &[(&str, Kind, &str)] = &[
     ("parsley_projector_records_received_total", Kind::Counter, "Records fed to the engine (replays excluded)."),
-    ("parsley_projector_records_replayed_total", Kind::Counter, "Records dropped as already accounted for (replay after restart)."),
+    (
+        "parsley_projector_records_replayed_total",
+        Kind::Counter,
+        "Records dropped as already accounted for (replay after restart).",
+    ),
     ("parsley_projector_records_delivered_total", Kind::Counter, "Records delivered to the projection and committed."),
     ("parsley_projector_held_records", Kind::Gauge, "Records received and not yet delivered."),
     ("parsley_projector_head_hold_age_seconds", Kind::Gauge, "How long the oldest held queue head has been held."),
@@ -196,7 +200,8 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, mut shutdown: w
 
 /// Binds `address` for [`serve`].
 pub async fn bind(address: &str) -> anyhow::Result<(TcpListener, SocketAddr)> {
-    let listener = TcpListener::bind(address).await.with_context(|| format!("binding the metrics address {address}"))?;
+    let listener =
+        TcpListener::bind(address).await.with_context(|| format!("binding the metrics address {address}"))?;
     let local = listener.local_addr().context("reading the metrics address")?;
     Ok((listener, local))
 }

@@ -98,7 +98,12 @@ impl<P: Projection> ModelProjector<P> {
             let mut conn = pool.acquire().await.context("acquiring a connection")?;
             store::load_model(&mut conn, &model.name).await?
         };
-        let refused = |refusal: Refusal| ModelProjector { plan: None, name: model.name.clone(), tasks: Vec::new(), refusal: Some(refusal) };
+        let refused = |refusal: Refusal| ModelProjector {
+            plan: None,
+            name: model.name.clone(),
+            tasks: Vec::new(),
+            refusal: Some(refusal),
+        };
 
         // Identity first: a recreated topic must be named as such, whatever its width.
         let mut ids = Vec::with_capacity(resolved.len());
@@ -115,7 +120,8 @@ impl<P: Projection> ModelProjector<P> {
                 Ok(id) => ids.push(id),
                 Err(r) => {
                     let r = Refusal { diagnosis: format!("model {}: {}", model.name, r.diagnosis), ..r };
-                    return finish_refused(&pool, &model.name, recorded.as_ref().map(|m| m.task_count), r, refused).await;
+                    return finish_refused(&pool, &model.name, recorded.as_ref().map(|m| m.task_count), r, refused)
+                        .await;
                 }
             }
         }
@@ -161,8 +167,15 @@ impl<P: Projection> ModelProjector<P> {
         let mut tasks = Vec::with_capacity(owned.len());
         for task in owned {
             tasks.push(
-                TaskRunner::start(Arc::clone(&plan), task, pool.clone(), Arc::clone(&projection), Arc::clone(&metrics), &owner)
-                    .await?,
+                TaskRunner::start(
+                    Arc::clone(&plan),
+                    task,
+                    pool.clone(),
+                    Arc::clone(&projection),
+                    Arc::clone(&metrics),
+                    &owner,
+                )
+                .await?,
             );
         }
         Ok(ModelProjector { plan: Some(plan), name: model.name.clone(), tasks, refusal: None })

@@ -106,7 +106,13 @@ pub async fn model_report(conn: &mut PgConnection, model: &str) -> anyhow::Resul
         }
         tasks.push(report);
     }
-    Ok(Some(ModelReport { model: model.to_string(), task_count: row.task_count, format_version: row.format_version, topics, tasks }))
+    Ok(Some(ModelReport {
+        model: model.to_string(),
+        task_count: row.task_count,
+        format_version: row.format_version,
+        topics,
+        tasks,
+    }))
 }
 
 fn position(p: Option<Position>) -> String {
@@ -116,7 +122,11 @@ fn position(p: Option<Position>) -> String {
 /// Renders a report for operators.
 pub fn render(report: &ModelReport) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "model {} ({} tasks, ordering-state format {})", report.model, report.task_count, report.format_version);
+    let _ = writeln!(
+        out,
+        "model {} ({} tasks, ordering-state format {})",
+        report.model, report.task_count, report.format_version
+    );
     for (id, name) in &report.topics {
         let _ = writeln!(out, "  topic {name} = {id}");
     }

@@ -242,15 +242,16 @@ pub async fn load_state(
     format_version: i32,
 ) -> Result<PersistedState<RecordData>, LoadError> {
     let db = |what: &'static str| move |e: sqlx::Error| LoadError::Database(anyhow::Error::new(e).context(what));
-    let fed_up_to = sqlx::query("SELECT topic_id, partition, fed_up_to FROM parsley.channels WHERE model = $1 AND task = $2")
-        .bind(model)
-        .bind(task as i32)
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(db("reading fed_up_to"))?
-        .into_iter()
-        .map(|r| Ok((channel_of(r.get(0), r.get(1)).map_err(LoadError::Database)?, r.get::<i64, _>(2))))
-        .collect::<Result<BTreeMap<ChannelId, Position>, LoadError>>()?;
+    let fed_up_to =
+        sqlx::query("SELECT topic_id, partition, fed_up_to FROM parsley.channels WHERE model = $1 AND task = $2")
+            .bind(model)
+            .bind(task as i32)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(db("reading fed_up_to"))?
+            .into_iter()
+            .map(|r| Ok((channel_of(r.get(0), r.get(1)).map_err(LoadError::Database)?, r.get::<i64, _>(2))))
+            .collect::<Result<BTreeMap<ChannelId, Position>, LoadError>>()?;
     let rows = sqlx::query(
         "SELECT topic_id, partition, position, record_key, record_value, headers, timestamp_ms, causes
          FROM parsley.held WHERE model = $1 AND task = $2 ORDER BY topic_id, partition, position",
@@ -604,7 +605,11 @@ pub async fn clock_rows(conn: &mut PgConnection, model: &str) -> anyhow::Result<
     .with_context(|| format!("reading the clock of model {model:?}"))?;
     rows.into_iter()
         .map(|r| {
-            Ok(ClockRow { task: r.get::<i32, _>(0) as u32, channel: channel_of(r.get(1), r.get(2))?, position: r.get(3) })
+            Ok(ClockRow {
+                task: r.get::<i32, _>(0) as u32,
+                channel: channel_of(r.get(1), r.get(2))?,
+                position: r.get(3),
+            })
         })
         .collect()
 }

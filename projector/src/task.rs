@@ -35,7 +35,11 @@ use crate::store::{self, LoadError, TaskStatusKind};
 pub enum TaskState {
     Running,
     /// The last step failed; the next is tried at `retry_at`.
-    Failing { failures: u32, retry_at: Instant, error: String },
+    Failing {
+        failures: u32,
+        retry_at: Instant,
+        error: String,
+    },
     /// Stopped delivering, with a reason, until an operator clears it.
     Refused(Refusal),
     /// Another owner took the task; this runner no longer touches it.

@@ -50,7 +50,11 @@ async fn a_payment_waits_for_its_order_in_an_open_transaction() {
     })
     .await;
     let (doc, version) = document(&pool, &n.model, "o1").await.unwrap();
-    assert_eq!(doc, json!({"status": "placed", "total": 10, "paid": true}), "the order replaced, then the payment merged");
+    assert_eq!(
+        doc,
+        json!({"status": "placed", "total": 10, "paid": true}),
+        "the order replaced, then the payment merged"
+    );
     assert_eq!(version, 2);
     assert_eq!(
         applied(&pool, &n.model).await,
@@ -83,7 +87,11 @@ async fn a_cause_on_an_aborted_run_is_settled_by_the_next_record() {
     })
     .await;
     drive(&mut projector, 2).await;
-    assert_eq!(report(&pool, &n.model).await.task(0).unwrap().held_total, 1, "nothing settles the aborted position yet");
+    assert_eq!(
+        report(&pool, &n.model).await.task(0).unwrap().held_total,
+        1,
+        "nothing settles the aborted position yet"
+    );
 
     let next_at = produce(&plain, &n.orders, 0, "o2", Some(br#"{"status":"placed"}"#), None).await;
     assert!(next_at > aborted_at + 1, "the abort marker sits between them");

@@ -15,7 +15,8 @@ async fn a_second_owner_fences_the_first() {
 
     let config_a = n.config();
     let mut a = start(&config_a, &pool, Recording::new(&config_a)).await;
-    drive_until(&mut a, "the first record to apply", || async { document(&pool, &n.model, "o1").await.is_some() }).await;
+    drive_until(&mut a, "the first record to apply", || async { document(&pool, &n.model, "o1").await.is_some() })
+        .await;
     let epoch_a = a.tasks()[0].epoch();
 
     let config_b = n.config(); // another owner name

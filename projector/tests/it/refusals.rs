@@ -177,7 +177,10 @@ async fn topics_that_are_not_co_partitioned_are_refused_with_a_clear_message() {
     let projector: ModelProjector<Recording> = start(&config, &pool, Recording::new(&config)).await;
     let refusal = projector.refusal().expect("refused");
     assert_eq!(refusal.reason, RefusalReason::SubstrateMisconfigured);
-    assert!(refusal.diagnosis.contains(&format!("{}=2", n.orders)) && refusal.diagnosis.contains(&format!("{}=3", n.payments)));
+    assert!(
+        refusal.diagnosis.contains(&format!("{}=2", n.orders))
+            && refusal.diagnosis.contains(&format!("{}=3", n.payments))
+    );
     assert!(projector.tasks().is_empty());
 }
 

@@ -19,9 +19,15 @@ async fn held_payment(n: &Names) -> (rdkafka::producer::FutureProducer, i64, i64
     let txp = transactional_producer();
     txp.begin_transaction().unwrap();
     let order_at = produce(&txp, &n.orders, 0, "o1", Some(br#"{"status":"placed"}"#), None).await;
-    let pay_at =
-        produce(&producer(), &n.payments, 0, "o1", Some(br#"{"paid":true}"#), Some(&causes(&[(orders_id, 0, order_at)])))
-            .await;
+    let pay_at = produce(
+        &producer(),
+        &n.payments,
+        0,
+        "o1",
+        Some(br#"{"paid":true}"#),
+        Some(&causes(&[(orders_id, 0, order_at)])),
+    )
+    .await;
     (txp, order_at, pay_at)
 }
 
@@ -100,10 +106,7 @@ async fn a_crash_inside_a_step_loses_nothing_and_repeats_nothing() {
     })
     .await;
     drive(&mut second, 2).await;
-    assert_eq!(
-        applied(&pool, &n.model).await,
-        vec![(n.orders.clone(), 0, order_at), (n.payments.clone(), 0, pay_at)]
-    );
+    assert_eq!(applied(&pool, &n.model).await, vec![(n.orders.clone(), 0, order_at), (n.payments.clone(), 0, pay_at)]);
     assert_eq!(document(&pool, &n.model, "o1").await, Some((json!({"status": "placed", "paid": true}), 2)));
 }
 
@@ -188,7 +191,8 @@ async fn kill_9_of_the_binary_under_load_loses_and_repeats_nothing() {
     for i in 0..RECORDS {
         let key = format!("k{i}");
         let partition = parsley::murmur2::partition_for_key(key.as_bytes(), 2) as i32;
-        let order_at = produce(&plain, &n.orders, partition, &key, Some(format!("{{\"n\":{i}}}").as_bytes()), None).await;
+        let order_at =
+            produce(&plain, &n.orders, partition, &key, Some(format!("{{\"n\":{i}}}").as_bytes()), None).await;
         let cause = causes(&[(orders_id, partition as u32, order_at)]);
         produce(&plain, &n.payments, partition, &key, Some(br#"{"paid":true}"#), Some(&cause)).await;
         expected.push(key);

@@ -20,7 +20,7 @@ fn ch(topic: u8, partition: u32) -> ChannelId {
 fn data(i: u8) -> RecordData {
     RecordData {
         key: Some(vec![b'k', i]),
-        value: if i % 2 == 0 { Some(vec![i; 3]) } else { None },
+        value: if i.is_multiple_of(2) { Some(vec![i; 3]) } else { None },
         headers: vec![("h".into(), Some(vec![i])), ("null".into(), None)],
         timestamp_ms: Some(1_700_000_000_000 + i64::from(i)),
     }

@@ -19,8 +19,8 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
+use rdkafka::types::RDKafkaErrorCode;
 use sqlx::{PgConnection, PgPool, Row as _};
 
 pub const TIMEOUT: Duration = Duration::from_secs(30);
@@ -137,7 +137,9 @@ pub async fn produce(
         match producer.send(record, TIMEOUT).await {
             Ok(d) => return d.offset,
             // A new topic's partitions reach the producer's metadata a moment after creation.
-            Err((KafkaError::MessageProduction(RDKafkaErrorCode::UnknownPartition), _)) if Instant::now() < deadline => {
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::UnknownPartition), _))
+                if Instant::now() < deadline =>
+            {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
             Err((e, _)) => panic!("producing to {topic}/{partition}: {e}"),
@@ -194,7 +196,12 @@ impl Recording {
 }
 
 impl Projection for Recording {
-    async fn apply(&self, conn: &mut PgConnection, step: StepContext<'_>, record: &Delivered<'_>) -> anyhow::Result<()> {
+    async fn apply(
+        &self,
+        conn: &mut PgConnection,
+        step: StepContext<'_>,
+        record: &Delivered<'_>,
+    ) -> anyhow::Result<()> {
         self.apply_batch(conn, step, std::slice::from_ref(record)).await
     }
 
@@ -206,14 +213,16 @@ impl Projection for Recording {
     ) -> anyhow::Result<()> {
         self.inner.apply_batch(conn, step, records).await?;
         for r in records {
-            sqlx::query("INSERT INTO public.test_applied (model, task, topic, partition, position) VALUES ($1, $2, $3, $4, $5)")
-                .bind(step.model)
-                .bind(step.task as i32)
-                .bind(r.topic)
-                .bind(r.channel.partition as i32)
-                .bind(r.position)
-                .execute(&mut *conn)
-                .await?;
+            sqlx::query(
+                "INSERT INTO public.test_applied (model, task, topic, partition, position) VALUES ($1, $2, $3, $4, $5)",
+            )
+            .bind(step.model)
+            .bind(step.task as i32)
+            .bind(r.topic)
+            .bind(r.channel.partition as i32)
+            .bind(r.position)
+            .execute(&mut *conn)
+            .await?;
         }
         if self.hang.load(Ordering::SeqCst) {
             std::future::pending::<()>().await;
