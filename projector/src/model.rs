@@ -257,7 +257,6 @@ async fn finish_refused<P: Projection>(
     refusal: Refusal,
     refused: impl FnOnce(Refusal) -> ModelProjector<P>,
 ) -> anyhow::Result<ModelProjector<P>> {
-    tracing::error!(model, reason = %refusal.reason, diagnosis = %refusal.diagnosis, "model refused");
     if let Some(width) = recorded_width {
         store::refuse_model(pool, model, width, &refusal).await?;
     }

@@ -114,14 +114,19 @@ struct Binary(Child);
 
 impl Binary {
     fn spawn(config_path: &std::path::Path) -> Binary {
+        Binary::spawn_with(config_path, &database_url(), &bootstrap(), Stdio::inherit())
+    }
+
+    fn spawn_with(config_path: &std::path::Path, database: &str, kafka: &str, stderr: Stdio) -> Binary {
         let child = Command::new(env!("CARGO_BIN_EXE_parsley-projector"))
             .args(["run", "--config"])
             .arg(config_path)
-            .env("PARSLEY_DATABASE_URL", database_url())
-            .env("PARSLEY_KAFKA_BOOTSTRAP", bootstrap())
+            .env("PARSLEY_DATABASE_URL", database)
+            .env("PARSLEY_KAFKA_BOOTSTRAP", kafka)
             .env("PARSLEY_METRICS_ADDRESS", "")
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .expect("spawning parsley-projector");
         Binary(child)
@@ -231,4 +236,37 @@ async fn kill_9_of_the_binary_under_load_loses_and_repeats_nothing() {
     }
     let r = report(&pool, &n.model).await;
     assert!(r.tasks.iter().all(|t| t.held_total == 0 && t.epoch == 2), "{r:?}");
+}
+
+/// With Postgres or Kafka unreachable the binary neither exits nor stays silent: it keeps
+/// retrying with backoff and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_services_are_retried_and_reported() {
+    let n = Names::new("unreachable");
+    let dir = std::env::temp_dir().join(unique("projector-config"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("parsley.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[kafka]\nrequest_timeout_ms = 500\n[database]\nacquire_timeout_ms = 500\n[[models]]\nname = \"{}\"\ntopics = [{{ name = \"{}\" }}]\n",
+            n.model, n.orders
+        ),
+    )
+    .unwrap();
+    let cases = [
+        ("postgres://parsley:secret-password@127.0.0.1:1/parsley".to_string(), bootstrap(), "Postgres unavailable"),
+        (database_url(), "127.0.0.1:1".to_string(), "could not start the model; retrying"),
+    ];
+    for (database, kafka, expected) in cases {
+        let mut binary = Binary::spawn_with(&path, &database, &kafka, Stdio::piped());
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        assert!(binary.0.try_wait().unwrap().is_none(), "the projector exited instead of retrying ({expected})");
+        binary.0.kill().unwrap();
+        let output =
+            std::mem::replace(&mut binary.0, Command::new("true").spawn().unwrap()).wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.matches(expected).count() >= 2, "expected repeated {expected:?} in:\n{stderr}");
+        assert!(!stderr.contains("secret-password"), "the database password leaked into the logs:\n{stderr}");
+    }
 }
