@@ -41,7 +41,12 @@ fn env_usize(name: &str, default: usize) -> usize {
 }
 
 fn main() -> anyhow::Result<()> {
-    // `cargo bench` passes `--bench`; nothing else is accepted.
+    // `cargo bench` passes `--bench`; `cargo test --benches` does not, and should not run
+    // a multi-minute measurement against the services.
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("throughput: a benchmark; run it with `cargo bench -p parsley-projector --bench throughput`");
+        return Ok(());
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build()?;
     runtime.block_on(bench())
 }
