@@ -370,4 +370,13 @@ mod tests {
         assert!(GatewayConfig::from_shared(shared(&text), env(&[])).is_ok());
         std::fs::remove_dir_all(&dir).unwrap();
     }
+
+    #[test]
+    fn the_compose_configuration_parses_for_both_services() {
+        let shared = Config::parse(include_str!("../../config/compose.toml")).unwrap();
+        assert_eq!(shared.model("shop").unwrap().topics.len(), 2);
+        let settings = Settings::from_table(shared.gateway.as_ref()).unwrap();
+        settings.validate().unwrap();
+        assert_eq!(settings.listen, "0.0.0.0:8080");
+    }
 }
