@@ -7,6 +7,7 @@
 //! - `SIM_SEEDS=<n>`, `SIM_SEED_START=<s>`: sweep seeds `s..s+n` instead of the default.
 //! - `SIM_SABOTAGE_SEEDS=<n>`: sabotage tests sweep `n` seeds and print which catch,
 //!   instead of running their pinned seeds (how the pins were found).
+//! - `SIM_VERBOSE=1`: sabotage tests print what the oracle reported for each pinned seed.
 //!
 //! See `docs/verification.md` for what each check guards and how to reproduce a seed.
 
@@ -27,11 +28,36 @@ fn seeds(default_count: u64) -> Vec<u64> {
     (start..start + count).collect()
 }
 
+/// Runs `seeds` on a few threads (each run stays single-threaded and deterministic);
+/// reports come back in seed order.
+fn run_all(seeds: &[u64], scenario: &Scenario) -> Vec<RunReport> {
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(1, 4);
+    let mut slots: Vec<Option<RunReport>> = vec![None; seeds.len()];
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers)
+            .map(|w| {
+                scope.spawn(move || {
+                    (w..seeds.len())
+                        .step_by(workers)
+                        .map(|i| (i, run(seeds[i], scenario, Sabotage::None)))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for h in handles {
+            for (i, report) in h.join().expect("a simulation thread panicked") {
+                slots[i] = Some(report);
+            }
+        }
+    });
+    slots.into_iter().map(|r| r.expect("every seed ran")).collect()
+}
+
 /// Runs every seed and fails, naming each failing seed and how to reproduce it, if any
 /// run broke a guarantee. A lone seed (`SIM_SEED`) that fails also prints its trace.
 fn sweep(test: &str, scenario: &Scenario, default_count: u64) -> Vec<RunReport> {
     let seeds = seeds(default_count);
-    let reports: Vec<RunReport> = seeds.iter().map(|&s| run(s, scenario, Sabotage::None)).collect();
+    let reports = run_all(&seeds, scenario);
     let failed: Vec<&RunReport> = reports.iter().filter(|r| !r.passed()).collect();
     if !failed.is_empty() {
         if let [only] = failed.as_slice() {
@@ -128,12 +154,13 @@ fn common_floors() -> Vec<Floor> {
         floor("replays dropped after a restart", |s| s.replays_dropped, 40),
         floor("gated reads that had to wait", |s| s.gated_waits, 60),
         floor("waiting reads later served", |s| s.waited_reads_served, 50),
+        floor("reads served by a lagging replica", |s| s.lagging_replica_reads, 60),
     ]
 }
 
 #[test]
 fn soak_sweep() {
-    let reports = sweep("soak_sweep", &Scenario::soak(), 48);
+    let reports = sweep("soak_sweep", &Scenario::soak(), 2500);
     let mut floors = common_floors();
     floors.push(floor("retention advances", |s| s.retention_advances, 60));
     floors.push(floor("prunes that removed a pair", |s| s.prunes, 40));
@@ -143,15 +170,24 @@ fn soak_sweep() {
 
 #[test]
 fn crash_sweep() {
-    let reports = sweep("crash_sweep", &Scenario::crashes(), 48);
+    let reports = sweep("crash_sweep", &Scenario::crashes(), 2000);
     let mut floors = common_floors();
     floors.push(floor("step aborts", |s| s.step_aborts, 80));
     check_floors("crashes", &reports, &floors);
 }
 
 #[test]
+fn long_sweep() {
+    let reports = sweep("long_sweep", &Scenario::long(), 300);
+    let mut floors = common_floors();
+    floors.push(floor("retention advances", |s| s.retention_advances, 80));
+    floors.push(floor("topic recreations", |s| s.topic_recreations, 60));
+    check_floors("long", &reports, &floors);
+}
+
+#[test]
 fn corrupt_sweep() {
-    let reports = sweep("corrupt_sweep", &Scenario::corrupt(), 24);
+    let reports = sweep("corrupt_sweep", &Scenario::corrupt(), 500);
     let floors = [
         floor("damaged records written", |s| s.corrupt_records, 90),
         floor("refusals", |s| s.refusals, 80),
@@ -189,15 +225,30 @@ fn same_seed_same_trace() {
 fn must_catch(sabotage: Sabotage, scenario: &Scenario, pinned: &[u64], expected: &[ViolationKind]) {
     if let Some(n) = env_u64("SIM_SABOTAGE_SEEDS") {
         let start = env_u64("SIM_SEED_START").unwrap_or(0);
-        let caught: Vec<u64> = (start..start + n)
-            .filter(|&s| run(s, scenario, sabotage).violations.iter().any(|v| expected.contains(&v.kind)))
-            .collect();
-        println!("{sabotage:?} on {}: caught by {} of {n} seeds: {caught:?}", scenario.name, caught.len());
+        let mut caught = Vec::new();
+        let mut kinds = std::collections::BTreeMap::<&str, u32>::new();
+        for s in start..start + n {
+            let report = run(s, scenario, sabotage);
+            if report.violations.iter().any(|v| expected.contains(&v.kind)) {
+                caught.push(s);
+            }
+            for v in &report.violations {
+                *kinds.entry(v.kind.name()).or_default() += 1;
+            }
+        }
+        println!(
+            "{sabotage:?} on {} as {expected:?}: caught by {} of {n} seeds: {caught:?}\n  reported: {kinds:?}",
+            scenario.name,
+            caught.len()
+        );
         assert!(!caught.is_empty(), "{sabotage:?} was caught by no seed in {start}..{}", start + n);
         return;
     }
     for &seed in pinned {
         let report = run(seed, scenario, sabotage);
+        if std::env::var_os("SIM_VERBOSE").is_some() {
+            println!("{}", report.summary());
+        }
         assert!(
             report.violations.iter().any(|v| expected.contains(&v.kind)),
             "{sabotage:?} on seed {seed} ({}) was not caught as any of {expected:?}; the harness may have gone blind.\n{}\n  \
@@ -235,7 +286,12 @@ fn sabotage_undecodable_as_empty_is_caught() {
 
 #[test]
 fn sabotage_held_not_persisted_is_caught() {
-    must_catch(Sabotage::HeldNotPersisted, &Scenario::crashes(), &[0, 1, 2], &[ViolationKind::Incomplete]);
+    must_catch(
+        Sabotage::HeldNotPersisted,
+        &Scenario::crashes(),
+        &[0, 1, 2],
+        &[ViolationKind::Incomplete, ViolationKind::Fifo],
+    );
 }
 
 #[test]
@@ -260,12 +316,49 @@ fn sabotage_coverage_skips_unrecorded_is_caught() {
 
 #[test]
 fn sabotage_refresh_full_clock_is_caught() {
-    must_catch(Sabotage::RefreshFullClock, &Scenario::soak(), &[0, 1, 2], &[ViolationKind::ReadNeverCovered]);
+    must_catch(Sabotage::RefreshFullClock, &Scenario::soak(), &[0, 4, 6], &[ViolationKind::ReadNeverCovered]);
 }
 
 #[test]
 fn sabotage_gate_served_task_only_is_caught() {
     must_catch(Sabotage::GateServedTaskOnly, &Scenario::soak(), &[0, 1, 2], &[ViolationKind::ReadNeverCovered]);
+}
+
+#[test]
+fn sabotage_split_snapshot_is_caught() {
+    must_catch(
+        Sabotage::SplitSnapshot,
+        &Scenario::soak(),
+        &[0, 1, 2],
+        &[ViolationKind::MonotonicReads, ViolationKind::ReadYourWrites, ViolationKind::StaleRead],
+    );
+}
+
+// Each session guarantee's own check must be able to fail, not only some check.
+
+#[test]
+fn monotonic_writes_check_fails_when_causes_are_ignored() {
+    must_catch(Sabotage::IgnoreCauses, &Scenario::soak(), &[1, 2, 3], &[ViolationKind::MonotonicWrites]);
+}
+
+#[test]
+fn writes_follow_reads_check_fails_when_causes_are_ignored() {
+    must_catch(Sabotage::IgnoreCauses, &Scenario::soak(), &[3, 4, 5], &[ViolationKind::WritesFollowReads]);
+}
+
+#[test]
+fn read_your_writes_check_fails_when_coverage_skips_unrecorded_channels() {
+    must_catch(Sabotage::CoverageSkipsUnrecorded, &Scenario::soak(), &[0, 1, 2], &[ViolationKind::ReadYourWrites]);
+}
+
+#[test]
+fn monotonic_reads_check_fails_when_check_and_read_use_different_snapshots() {
+    must_catch(Sabotage::SplitSnapshot, &Scenario::soak(), &[0, 1, 2], &[ViolationKind::MonotonicReads]);
+}
+
+#[test]
+fn stale_read_check_fails_when_check_and_read_use_different_snapshots() {
+    must_catch(Sabotage::SplitSnapshot, &Scenario::soak(), &[0, 1, 2], &[ViolationKind::StaleRead]);
 }
 
 #[test]

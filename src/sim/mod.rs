@@ -53,6 +53,8 @@ pub struct Scenario {
     pub replay_on_restart: bool,
     /// Largest number of records a task fetches in one feed.
     pub max_batch: i64,
+    /// Half the reads go to a read replica that lags the primary.
+    pub replica: bool,
 }
 
 impl Scenario {
@@ -63,7 +65,7 @@ impl Scenario {
             name: "soak",
             work_steps: 900,
             drain_budget: 6000,
-            task_counts: &[2, 3],
+            task_counts: &[1, 2, 3, 4],
             clients: 3,
             edges: 2,
             keys: 8,
@@ -75,6 +77,7 @@ impl Scenario {
             corrupt: false,
             replay_on_restart: true,
             max_batch: 3,
+            replica: true,
         }
     }
 
@@ -95,8 +98,22 @@ impl Scenario {
         Scenario { name: "corrupt", corrupt: true, work_steps: 600, ..Scenario::soak() }
     }
 
+    /// Long runs on wider models: deeper histories, longer hold chains, more sessions.
+    pub fn long() -> Scenario {
+        Scenario {
+            name: "long",
+            work_steps: 4000,
+            drain_budget: 20000,
+            task_counts: &[3, 4],
+            clients: 4,
+            edges: 3,
+            keys: 12,
+            ..Scenario::soak()
+        }
+    }
+
     pub fn all() -> Vec<Scenario> {
-        vec![Scenario::soak(), Scenario::crashes(), Scenario::corrupt()]
+        vec![Scenario::soak(), Scenario::crashes(), Scenario::corrupt(), Scenario::long()]
     }
 }
 
@@ -122,10 +139,13 @@ pub enum Sabotage {
     RefreshFullClock,
     /// Gate: a received channel's pair is checked on the served tasks, not its owner.
     GateServedTaskOnly,
+    /// Host: the gate checks the primary's clock rows but the data comes from a lagging
+    /// replica — check and read not in one snapshot.
+    SplitSnapshot,
 }
 
 impl Sabotage {
-    pub const ALL: [Sabotage; 9] = [
+    pub const ALL: [Sabotage; 10] = [
         Sabotage::IgnoreCauses,
         Sabotage::NoFifoHold,
         Sabotage::NoReplayDrop,
@@ -135,6 +155,7 @@ impl Sabotage {
         Sabotage::CoverageSkipsUnrecorded,
         Sabotage::RefreshFullClock,
         Sabotage::GateServedTaskOnly,
+        Sabotage::SplitSnapshot,
     ];
 
     fn engine(self) -> EngineSabotage {
@@ -185,6 +206,8 @@ pub struct Stats {
     pub aborted_runs_crossed: u64,
     pub replays_dropped: u64,
     pub reads_served: u64,
+    /// Reads served from the replica while it lagged the primary.
+    pub lagging_replica_reads: u64,
     /// Reads the gate did not cover at first, which had to wait.
     pub gated_waits: u64,
     pub waited_reads_served: u64,

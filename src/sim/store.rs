@@ -29,7 +29,7 @@ pub struct TaskRows {
 }
 
 /// The simulated database: one set of rows per task.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct SimDb {
     pub tasks: Vec<TaskRows>,
 }

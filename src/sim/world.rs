@@ -91,6 +91,7 @@ enum Action {
     ClientWrite(usize),
     ClientRead(usize, ReadKind),
     ClientRetry(usize),
+    ReplicaSync,
     ProcFetch(usize, ChannelId),
     ProcSend(usize),
     ProcBegin(usize),
@@ -112,8 +113,15 @@ pub(crate) struct World {
     rng: SimRng,
     kafka: SimKafka,
     db: SimDb,
-    /// Bumped by every commit: a waiting read retries only after something changed.
+    /// Bumped by every commit.
     db_version: u64,
+    /// A read replica that lags the primary (when the scenario has one): a consistent
+    /// but older snapshot, brought up to date by `ReplicaSync`.
+    replica: Option<SimDb>,
+    replica_version: u64,
+    /// Bumped by every commit and replica sync: a waiting read retries only after
+    /// something it could read changed.
+    changes: u64,
     oracle: Oracle,
     names: BTreeMap<TopicId, String>,
     model: ModelShape,
@@ -166,6 +174,9 @@ impl World {
         let model_topics: Vec<TopicId> = MODEL_TOPICS.iter().map(|t| create(&mut kafka, &mut rng, t, n)).collect();
         let model = ModelShape { received_topics: model_topics.iter().copied().collect(), task_count: n };
         let mut oracle = Oracle::new(model_topics.iter().copied());
+        for (id, name) in &names {
+            oracle.name_topic(*id, name);
+        }
         let owner_of_key = (0..scenario.keys).map(|k| partition_for_key(&key_bytes(k), n)).collect();
 
         let tasks = (0..n)
@@ -225,6 +236,9 @@ impl World {
             kafka,
             db: SimDb::new(n),
             db_version: 1,
+            replica: scenario.replica.then(|| SimDb::new(n)),
+            replica_version: 1,
+            changes: 1,
             oracle,
             names,
             model,
@@ -344,7 +358,7 @@ impl World {
         }
         for (i, c) in self.clients.iter().enumerate() {
             match c.pending_read {
-                Some(_) if self.db_version > c.last_attempt => push(Action::ClientRetry(i), 4),
+                Some(_) if self.changes > c.last_attempt => push(Action::ClientRetry(i), 4),
                 Some(_) => {}
                 None if work => {
                     push(Action::ClientWrite(i), 3);
@@ -406,7 +420,11 @@ impl World {
                 }
             }
         }
-        if work && s.retention_weight > 0 && !self.retention_candidates().is_empty() {
+        if self.replica.is_some() && self.replica_version < self.db_version {
+            push(Action::ReplicaSync, if work { 2 } else { 3 });
+        }
+        if work && s.retention_weight > 0 {
+            // Which channels can move is worked out when it is drawn (it may be none).
             push(Action::Retention, s.retention_weight);
         }
         if work && s.recreate_weight > 0 && self.recreations < 2 && self.step > s.work_steps / 3 {
@@ -457,11 +475,19 @@ impl World {
                     ReadKind::Key(_) => ReadKind::Key(self.rng.below(u64::from(self.scenario.keys)) as u16),
                     k => k,
                 };
-                self.client_read(c, kind, false);
+                let from_replica = self.replica.is_some() && self.rng.chance(1, 2);
+                self.client_read(c, kind, false, from_replica);
             }
             Action::ClientRetry(c) => {
                 let kind = self.clients[c].pending_read.expect("a pending read");
-                self.client_read(c, kind, false);
+                let from_replica = self.replica.is_some() && self.rng.chance(1, 2);
+                self.client_read(c, kind, false, from_replica);
+            }
+            Action::ReplicaSync => {
+                self.replica = Some(self.db.clone());
+                self.replica_version = self.db_version;
+                self.changes += 1;
+                self.trace.push(format!("{} replica sync to version {}", self.step, self.db_version));
             }
             Action::ProcFetch(p, c) => self.proc_fetch(p, c),
             Action::ProcSend(p) => self.proc_send(p),
@@ -495,6 +521,9 @@ impl World {
             Action::TaskCrash(t) => self.task_crash(t),
             Action::Retention => {
                 let candidates = self.retention_candidates();
+                if candidates.is_empty() {
+                    return;
+                }
                 let c = *self.rng.pick(&candidates);
                 let from = self.kafka.log_start(&c) + 1;
                 let to = self.rng.range(from, self.retention_bound(&c));
@@ -515,6 +544,7 @@ impl World {
                 self.recreations += 1;
                 self.kafka.create_topic("ext", id, 1);
                 self.names.insert(id, format!("ext#{}", self.recreations));
+                self.oracle.name_topic(id, &format!("ext#{}", self.recreations));
                 self.stats.topic_recreations += 1;
                 self.trace.push(format!("{} ext deleted and recreated as {id}", self.step));
             }
@@ -614,12 +644,17 @@ impl World {
         self.trace.push(format!("{} C{c} write #{id} {}@{position} k{key}", self.step, self.name(&channel)));
     }
 
-    /// A gated read: fetch every clock row in one snapshot, gate, and serve only if covered.
-    /// Returns the verdict.
-    fn client_read(&mut self, c: usize, kind: ReadKind, last: bool) -> Verdict {
+    /// A gated read: fetch every clock row in one snapshot (of the primary or of the
+    /// lagging replica), gate, and serve from the same snapshot only if covered. Returns
+    /// the verdict. `SplitSnapshot` gates on the primary's rows but serves the replica's.
+    fn client_read(&mut self, c: usize, kind: ReadKind, last: bool, from_replica: bool) -> Verdict {
         let taken = std::mem::take(&mut self.clients[c].token);
         let token = self.prune_token(taken);
-        let rows = self.db.clock_rows();
+        let data = match &self.replica {
+            Some(replica) if from_replica => replica,
+            _ => &self.db,
+        };
+        let rows = if self.sabotage == Sabotage::SplitSnapshot { self.db.clock_rows() } else { data.clock_rows() };
         let served: BTreeSet<u32> = match kind {
             ReadKind::Key(k) => [self.owner_of_key[k as usize]].into_iter().collect(),
             ReadKind::Collection => (0..self.model.task_count).collect(),
@@ -628,15 +663,21 @@ impl World {
             gate::GateSabotage::None => gate::gate(&token, &self.model, &rows, &served),
             g => gate::gate_sabotaged(&token, &self.model, &rows, &served, g),
         };
-        let what = match kind {
+        let mut what = match kind {
             ReadKind::Key(k) => format!("read of k{k}"),
             ReadKind::Collection => "collection read".to_string(),
         };
+        if from_replica && self.replica.is_some() {
+            what.push_str(" (replica)");
+        }
         if verdict.is_covered() {
             let observed: Vec<RecordId> = match kind {
-                ReadKind::Key(k) => self.db.doc(self.owner_of_key[k as usize], k).to_vec(),
-                ReadKind::Collection => self.db.tasks.iter().flat_map(|t| t.docs.values().flatten().copied()).collect(),
+                ReadKind::Key(k) => data.doc(self.owner_of_key[k as usize], k).to_vec(),
+                ReadKind::Collection => data.tasks.iter().flat_map(|t| t.docs.values().flatten().copied()).collect(),
             };
+            if from_replica && self.replica_version < self.db_version {
+                self.stats.lagging_replica_reads += 1;
+            }
             let key = match kind {
                 ReadKind::Key(k) => Some(k),
                 ReadKind::Collection => None,
@@ -656,7 +697,7 @@ impl World {
         } else {
             let client = &mut self.clients[c];
             client.token = token;
-            client.last_attempt = self.db_version;
+            client.last_attempt = self.changes;
             if client.pending_read.is_none() && !last {
                 client.pending_read = Some(kind);
                 self.stats.gated_waits += 1;
@@ -946,6 +987,7 @@ impl World {
         run.step_open = false;
         self.db.commit(t as u32, changes, &applied, persist_held);
         self.db_version += 1;
+        self.changes += 1;
         self.oracle.commit(receiver);
         self.stats.deliveries += applied.len() as u64;
         self.stats.commits += 1;
@@ -1019,7 +1061,7 @@ impl World {
             let kinds: Vec<ReadKind> =
                 self.clients[c].pending_read.into_iter().chain(std::iter::once(ReadKind::Collection)).collect();
             for kind in kinds {
-                if let Verdict::NotCovered { gaps } = self.client_read(c, kind, true) {
+                if let Verdict::NotCovered { gaps } = self.client_read(c, kind, true, false) {
                     let blocking: Vec<String> = gaps
                         .iter()
                         .filter(|g| !refused.contains(&g.channel))
