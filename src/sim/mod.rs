@@ -55,6 +55,9 @@ pub struct Scenario {
     pub max_batch: i64,
     /// Half the reads go to a read replica that lags the primary.
     pub replica: bool,
+    /// An upstream-style process also receives a model topic clients write to (see
+    /// [`Scenario::audit`]).
+    pub audit: bool,
 }
 
 impl Scenario {
@@ -78,6 +81,7 @@ impl Scenario {
             replay_on_restart: true,
             max_batch: 3,
             replica: true,
+            audit: false,
         }
     }
 
@@ -110,6 +114,16 @@ impl Scenario {
             keys: 12,
             ..Scenario::soak()
         }
+    }
+
+    /// A known limit, not a default sweep: a process that receives both an upstream
+    /// channel and a topic session clients write to. A client that read an effect of an
+    /// upstream record `u` learns `u`, but the refreshed token carries `u`'s channel only
+    /// when every task records it (the meet), so the client's next write may reach that
+    /// process without expressing `u`: writes-follow-reads is not guaranteed to consumers
+    /// of the gateway's topics that also receive upstream channels.
+    pub fn audit() -> Scenario {
+        Scenario { name: "audit", audit: true, ..Scenario::soak() }
     }
 
     pub fn all() -> Vec<Scenario> {

@@ -199,10 +199,17 @@ impl World {
         let raw0 = ChannelId::new(raw, 0);
         let raw1 = ChannelId::new(raw, 1);
         let mid0 = ChannelId::new(mid, 0);
-        let shapes: [(Vec<ChannelId>, Vec<Dest>); 2] = [
+        let mut shapes: Vec<(Vec<ChannelId>, Vec<Dest>)> = vec![
             (vec![raw0, raw1], vec![Dest::Channel(mid0), Dest::Model(0), Dest::Model(1)]),
             (vec![mid0, raw1], vec![Dest::Model(0), Dest::Model(1)]),
         ];
+        if scenario.audit {
+            // An auditor downstream of the gateway: it receives an upstream channel and
+            // every partition of a topic session clients write to, and sends nothing.
+            let mut received = vec![raw0];
+            received.extend((0..n).map(|p| ChannelId::new(model_topics[1], p)));
+            shapes.push((received, Vec::new()));
+        }
         let processes = shapes
             .into_iter()
             .enumerate()
@@ -372,7 +379,8 @@ impl World {
         for (i, p) in self.processes.iter().enumerate() {
             for &c in &p.received {
                 if self.kafka.fetchable(&c, p.next_fetch[&c]) && p.engine.refusal().is_none() {
-                    push(Action::ProcFetch(i, c), 4);
+                    // The auditor lags: a backlog is what lets a later write overtake.
+                    push(Action::ProcFetch(i, c), if p.outputs.is_empty() { 1 } else { 4 });
                 }
             }
             match &p.txn {
@@ -383,7 +391,7 @@ impl World {
                 None if work => push(Action::ProcBegin(i), s.txn_weight),
                 None => {}
             }
-            if work {
+            if work && !p.outputs.is_empty() {
                 push(Action::ProcSend(i), if p.pending_sends > 0 { 4 } else { 1 });
                 push(Action::ProcPrune(i), 1);
             }
