@@ -114,7 +114,7 @@ fn check_floors(scenario: &str, reports: &[RunReport], floors: &[Floor]) {
 type Metric = (&'static str, fn(&Stats) -> u64);
 
 fn print_totals(scenario: &str, reports: &[RunReport]) {
-    let rows: [Metric; 26] = [
+    let rows: [Metric; 27] = [
         ("steps", |s| s.steps),
         ("records", |s| s.records),
         ("deliveries (committed, tasks)", |s| s.deliveries),
@@ -141,6 +141,7 @@ fn print_totals(scenario: &str, reports: &[RunReport]) {
         ("topic recreations", |s| s.topic_recreations),
         ("damaged records", |s| s.corrupt_records),
         ("refusals", |s| s.refusals),
+        ("refusals recurring after a restart", |s| s.refusals_recurred),
     ];
     let mut out = format!("scenario {scenario}: {} seeds\n", reports.len());
     for (what, metric) in rows {
@@ -199,6 +200,7 @@ fn corrupt_sweep() {
     let floors = [
         floor("damaged records written", |s| s.corrupt_records, 90),
         floor("refusals", |s| s.refusals, 80),
+        floor("refusals recurring after a restart", |s| s.refusals_recurred, 40),
         floor("records held at a task's gate", |s| s.held, 80),
     ];
     check_floors("corrupt", &reports, &floors);

@@ -231,6 +231,8 @@ pub struct Stats {
     pub prunes: u64,
     pub corrupt_records: u64,
     pub refusals: u64,
+    /// Refusals hit again, identically, by a refused task after its restart.
+    pub refusals_recurred: u64,
 }
 
 /// The outcome of one run.

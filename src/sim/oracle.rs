@@ -612,6 +612,19 @@ mod tests {
     }
 
     #[test]
+    fn a_damaged_record_or_a_wrong_payload_is_flagged() {
+        let (mut o, task) = model();
+        let bad = o.sent(ch(1, 0), 0, 1, Actor::Edge(0), false, true);
+        o.delivered(task, ch(1, 0), 0, bad);
+        assert_eq!(kinds(&o), vec![ViolationKind::UndecodableDelivered]);
+        let (mut o, task) = model();
+        let a = o.sent(ch(1, 0), 0, 1, Actor::Edge(0), false, false);
+        o.delivered(task, ch(1, 0), 0, a + 1);
+        o.delivered(task, ch(2, 0), 7, a);
+        assert_eq!(kinds(&o), vec![ViolationKind::PayloadMismatch, ViolationKind::PayloadMismatch]);
+    }
+
+    #[test]
     fn reads_must_reflect_the_sessions_writes_and_what_it_saw() {
         let (mut o, _) = model();
         let w = o.sent(ch(1, 0), 0, 5, Actor::Client(0), false, false);

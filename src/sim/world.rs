@@ -958,7 +958,9 @@ impl World {
             let same = before.reason == refusal.reason
                 && before.channel == refusal.channel
                 && before.position == refusal.position;
-            if !same {
+            if same {
+                self.stats.refusals_recurred += 1;
+            } else {
                 self.oracle.report(
                     ViolationKind::RefusalNotRecurring,
                     format!("task{t} refused {before} before its restart, but {refusal} after"),
