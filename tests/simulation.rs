@@ -114,7 +114,7 @@ fn check_floors(scenario: &str, reports: &[RunReport], floors: &[Floor]) {
 type Metric = (&'static str, fn(&Stats) -> u64);
 
 fn print_totals(scenario: &str, reports: &[RunReport]) {
-    let rows: [Metric; 27] = [
+    let rows: [Metric; 28] = [
         ("steps", |s| s.steps),
         ("records", |s| s.records),
         ("deliveries (committed, tasks)", |s| s.deliveries),
@@ -137,6 +137,7 @@ fn print_totals(scenario: &str, reports: &[RunReport]) {
         ("waiting reads later served", |s| s.waited_reads_served),
         ("reads from a lagging replica", |s| s.lagging_replica_reads),
         ("retention advances", |s| s.retention_advances),
+        ("retention past a task's held record", |s| s.retention_passed_held),
         ("prunes that removed a pair", |s| s.prunes),
         ("topic recreations", |s| s.topic_recreations),
         ("damaged records", |s| s.corrupt_records),
@@ -169,7 +170,7 @@ fn common_floors() -> Vec<Floor> {
 
 #[test]
 fn soak_sweep() {
-    let reports = sweep("soak_sweep", &Scenario::soak(), 2500);
+    let reports = sweep("soak_sweep", &Scenario::soak(), 2000);
     let mut floors = common_floors();
     floors.push(floor("retention advances", |s| s.retention_advances, 60));
     floors.push(floor("prunes that removed a pair", |s| s.prunes, 40));
@@ -179,7 +180,7 @@ fn soak_sweep() {
 
 #[test]
 fn crash_sweep() {
-    let reports = sweep("crash_sweep", &Scenario::crashes(), 2000);
+    let reports = sweep("crash_sweep", &Scenario::crashes(), 1500);
     let mut floors = common_floors();
     floors.push(floor("step aborts", |s| s.step_aborts, 80));
     check_floors("crashes", &reports, &floors);
@@ -192,6 +193,15 @@ fn long_sweep() {
     floors.push(floor("retention advances", |s| s.retention_advances, 80));
     floors.push(floor("topic recreations", |s| s.topic_recreations, 60));
     check_floors("long", &reports, &floors);
+}
+
+#[test]
+fn retention_sweep() {
+    let reports = sweep("retention_sweep", &Scenario::retention(), 500);
+    let mut floors = common_floors();
+    floors.push(floor("retention advances", |s| s.retention_advances, 90));
+    floors.push(floor("retention past a record a task held", |s| s.retention_passed_held, 30));
+    check_floors("retention", &reports, &floors);
 }
 
 #[test]
@@ -370,6 +380,16 @@ fn sabotage_split_snapshot_is_caught() {
         &Scenario::soak(),
         &[0, 1, 2],
         &[ViolationKind::MonotonicReads, ViolationKind::ReadYourWrites, ViolationKind::StaleRead],
+    );
+}
+
+#[test]
+fn sabotage_token_prunes_received_channels_is_caught() {
+    must_catch(
+        Sabotage::TokenPrunesReceivedChannels,
+        &Scenario::retention(),
+        &[0, 2, 11],
+        &[ViolationKind::ReadYourWrites, ViolationKind::MonotonicReads, ViolationKind::StaleRead],
     );
 }
 

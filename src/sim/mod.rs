@@ -58,6 +58,9 @@ pub struct Scenario {
     /// An upstream-style process also receives a model topic clients write to (see
     /// [`Scenario::audit`]).
     pub audit: bool,
+    /// Retention on the model's own topics may pass records their owner still holds
+    /// (never positions it has not read); otherwise it stays within what it delivered.
+    pub retention_passes_held: bool,
 }
 
 impl Scenario {
@@ -82,6 +85,7 @@ impl Scenario {
             max_batch: 3,
             replica: true,
             audit: false,
+            retention_passes_held: false,
         }
     }
 
@@ -116,6 +120,12 @@ impl Scenario {
         }
     }
 
+    /// Aggressive retention everywhere, including past records the model's tasks still
+    /// hold: causes it makes inexpressible are exempt, everything else must still hold.
+    pub fn retention() -> Scenario {
+        Scenario { name: "retention", retention_weight: 4, retention_passes_held: true, ..Scenario::soak() }
+    }
+
     /// A known limit, not a default sweep: a process that receives both an upstream
     /// channel and a topic session clients write to. A client that read an effect of an
     /// upstream record `u` learns `u`, but the refreshed token carries `u`'s channel only
@@ -127,7 +137,7 @@ impl Scenario {
     }
 
     pub fn all() -> Vec<Scenario> {
-        vec![Scenario::soak(), Scenario::crashes(), Scenario::corrupt(), Scenario::long()]
+        vec![Scenario::soak(), Scenario::crashes(), Scenario::corrupt(), Scenario::long(), Scenario::retention()]
     }
 }
 
@@ -156,10 +166,13 @@ pub enum Sabotage {
     /// Host: the gate checks the primary's clock rows but the data comes from a lagging
     /// replica — check and read not in one snapshot.
     SplitSnapshot,
+    /// Gateway: token pairs on the model's own channels are pruned below the log start
+    /// too, though the owner may still hold the record there.
+    TokenPrunesReceivedChannels,
 }
 
 impl Sabotage {
-    pub const ALL: [Sabotage; 10] = [
+    pub const ALL: [Sabotage; 11] = [
         Sabotage::IgnoreCauses,
         Sabotage::NoFifoHold,
         Sabotage::NoReplayDrop,
@@ -170,6 +183,7 @@ impl Sabotage {
         Sabotage::RefreshFullClock,
         Sabotage::GateServedTaskOnly,
         Sabotage::SplitSnapshot,
+        Sabotage::TokenPrunesReceivedChannels,
     ];
 
     fn engine(self) -> EngineSabotage {
@@ -226,6 +240,8 @@ pub struct Stats {
     pub gated_waits: u64,
     pub waited_reads_served: u64,
     pub retention_advances: u64,
+    /// Retention advances on a model channel past a record its owner held.
+    pub retention_passed_held: u64,
     pub topic_recreations: u64,
     /// Prunes that removed at least one pair.
     pub prunes: u64,

@@ -152,6 +152,11 @@ struct ClientFacts {
     own: RecordSet,
     seen: RecordSet,
     via_reads: RecordSet,
+    /// What the session's reads must reflect: its own writes, what its reads returned, and
+    /// the causes those carried while still expressible. (A cause retention had already
+    /// made inexpressible when its effect was sent is part of the true history but is
+    /// not something any token could have carried.)
+    required: RecordSet,
 }
 
 /// The oracle.
@@ -317,7 +322,9 @@ impl Oracle {
             Actor::Edge(_) | Actor::Client(_) => {
                 self.knowledge.entry(author).or_default().insert(id);
                 if let Actor::Client(c) = author {
-                    self.clients.entry(c).or_default().own.insert(id);
+                    let facts = self.clients.entry(c).or_default();
+                    facts.own.insert(id);
+                    facts.required.insert(id);
                 }
             }
             // A process's own sends are not its causes: only deliveries are.
@@ -460,13 +467,13 @@ impl Oracle {
     /// rows reflect; `key` is the single key read, or `None` for a whole collection.
     pub fn read(&mut self, client: u32, key: Option<u16>, observed: &[RecordId], what: &str) {
         self.reads_checked += 1;
-        let knowledge = self.knowledge.get(&Actor::Client(client)).cloned().unwrap_or_default();
+        let required = self.clients.entry(client).or_default().required.clone();
         let scope = match key {
             Some(k) => self.by_key.get(&k).cloned().unwrap_or_default(),
             None => self.model_records.clone(),
         };
         let observed_set: RecordSet = observed.iter().copied().collect();
-        let missing = knowledge.missing(&scope, &observed_set);
+        let missing = required.missing(&scope, &observed_set);
         let facts = self.clients.entry(client).or_default();
         let labelled: Vec<(ViolationKind, RecordId)> = missing
             .into_iter()
@@ -489,16 +496,20 @@ impl Oracle {
         // Knowledge is closed under history, so a record already learned through a read
         // brings nothing new.
         let mut learned = RecordSet::new();
+        let mut now_required = RecordSet::new();
         let known = &self.clients.entry(client).or_default().via_reads;
         for &o in observed {
             if !known.contains(o) {
                 learned.insert(o);
                 learned.union_with(&self.records[o as usize].hist);
+                now_required.insert(o);
+                now_required.union_with(&self.records[o as usize].exp);
             }
         }
         let facts = self.clients.entry(client).or_default();
         facts.seen.union_with(&observed_set);
         facts.via_reads.union_with(&learned);
+        facts.required.union_with(&now_required);
         self.knowledge.entry(Actor::Client(client)).or_default().union_with(&learned);
     }
 

@@ -337,11 +337,13 @@ impl World {
 
     /// The gateway's token pruning: pairs on topics that are gone, and pairs on upstream
     /// channels below the log start. Pairs on the model's own channels are kept, as the
-    /// clock rows that would cover them are.
+    /// clock rows that would cover them are: retention may pass a record its owner still
+    /// holds, and dropping the pair would let a read skip it.
     fn prune_token(&self, token: CausalPast) -> CausalPast {
+        let keep_received = self.sabotage != Sabotage::TokenPrunesReceivedChannels;
         token.retain(|c, p| match self.fact(&c) {
             ChannelFact::TopicGone => false,
-            ChannelFact::Live { log_start } => self.is_model(&c) || p >= log_start,
+            ChannelFact::Live { log_start } => keep_received && self.is_model(&c) || p >= log_start,
             ChannelFact::Unknown => true,
         })
     }
@@ -448,7 +450,11 @@ impl World {
         let part = self.kafka.partition(c);
         let mut bound = part.last_stable();
         if self.is_model(c) {
-            bound = bound.min(self.db.undelivered_from(c.partition, c));
+            let rows = &self.db.tasks[c.partition as usize];
+            let read = rows.fed_up_to.get(c).map_or(0, |f| f + 1);
+            let limit =
+                if self.scenario.retention_passes_held { read } else { self.db.undelivered_from(c.partition, c) };
+            bound = bound.min(limit);
         }
         for p in &self.processes {
             if p.received.contains(c) {
@@ -538,6 +544,9 @@ impl World {
                 self.kafka.advance_log_start(&c, to);
                 self.oracle.log_start_advanced(c, to);
                 self.stats.retention_advances += 1;
+                if self.is_model(&c) && self.db.undelivered_from(c.partition, &c) < to {
+                    self.stats.retention_passed_held += 1;
+                }
                 self.trace.push(format!("{} retention {} log start {to}", self.step, self.name(&c)));
             }
             Action::RecreateExt => {
