@@ -365,28 +365,44 @@ impl<P: Clone> Engine<P> {
         Ok(baseline)
     }
 
-    /// Checks a received channel's log start against what the task has read: if retention
-    /// removed positions the task never fed, refuses `POSITIONS_DISCARDED_UNREAD`. Held
-    /// records are persisted by the host, so retention passing them loses nothing.
+    /// Checks a received channel's log start against what the task has settled: if
+    /// retention removed a position at or above `settled + 1` — a record never read, or one
+    /// the task still holds — refuses `POSITIONS_DISCARDED_UNREAD`. A held record is safe in
+    /// the host's storage, but once its position is below the log start, senders may prune
+    /// pairs naming it (the pruning rule), so later records could overtake it: the task
+    /// stops rather than deliver with that weaker guarantee.
     pub fn observe_log_start(&mut self, channel: ChannelId, log_start: Position) -> Result<(), Refusal> {
         self.check_not_refused()?;
-        let Some(fed) = self.channels.get(&channel).and_then(|c| c.fed_up_to) else {
+        let Some(state) = self.channels.get(&channel) else {
             return Ok(());
         };
-        if log_start > fed + 1 {
+        let Some(settled) = state.settled() else {
+            return Ok(());
+        };
+        if log_start > settled + 1 {
+            let what = match state.held.front() {
+                Some(head) => format!(
+                    "the task still holds {} record(s) from position {}, waiting for their causes",
+                    state.held.len(),
+                    head.position
+                ),
+                None => format!("positions {}..{} were never read", settled + 1, log_start - 1),
+            };
             return Err(self.refuse(Refusal::at(
                 RefusalReason::PositionsDiscardedUnread,
                 channel,
-                Some(fed + 1),
-                format!(
-                    "log start of {channel} is {log_start}, but positions {}..{} were never read: \
-                     retention discarded them",
-                    fed + 1,
-                    log_start - 1
-                ),
+                Some(settled + 1),
+                format!("log start of {channel} is {log_start}, past settled position {settled}: {what}"),
             )));
         }
         Ok(())
+    }
+
+    /// The received channels holding records whose head position is below `log_start(c)`
+    /// would be refused by [`Engine::observe_log_start`]; hosts use this to know which
+    /// channels are worth a log-start check while running (those holding records).
+    pub fn channels_holding(&self) -> impl Iterator<Item = ChannelId> + '_ {
+        self.channels.iter().filter(|(_, s)| !s.held.is_empty()).map(|(c, _)| *c)
     }
 
     /// Receives the record at `(channel, position)`, given the values of every

@@ -225,6 +225,20 @@ fn log_start_past_unread_positions_is_refused() {
     let err = e.observe_log_start(ORDERS, 3).unwrap_err();
     assert_eq!(err.reason, RefusalReason::PositionsDiscardedUnread);
     assert_eq!(err.position, Some(1));
+    assert!(err.diagnosis.contains("never read"), "{}", err.diagnosis);
+}
+
+#[test]
+fn log_start_past_a_held_record_is_refused() {
+    let mut e = task(&[ORDERS, PAYMENTS]);
+    assert!(feed(&mut e, PAYMENTS, 4, &[(ORDERS, 0)], "p4").is_empty());
+    assert_eq!(e.channels_holding().collect::<Vec<_>>(), vec![PAYMENTS]);
+    // Settled on payments is 3 (one below the held head): a log start of 4 loses nothing.
+    e.observe_log_start(PAYMENTS, 4).expect("the held record is still in the log");
+    let err = e.observe_log_start(PAYMENTS, 5).unwrap_err();
+    assert_eq!(err.reason, RefusalReason::PositionsDiscardedUnread);
+    assert_eq!((err.channel, err.position), (Some(PAYMENTS), Some(4)));
+    assert!(err.diagnosis.contains("still holds 1 record(s) from position 4"), "{}", err.diagnosis);
 }
 
 #[test]
