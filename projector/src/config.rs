@@ -116,6 +116,11 @@ pub struct ProjectorSettings {
     /// Longest wait between retries of a failing step, in milliseconds.
     #[serde(default = "default_max_backoff_ms")]
     pub max_backoff_ms: u64,
+    /// How often a running task that holds records compares the log start of the channels
+    /// holding them with what it has settled, in milliseconds; 0 disables the check (it
+    /// still runs at start and when a fetch is out of range).
+    #[serde(default = "default_log_start_check_ms")]
+    pub log_start_check_ms: u64,
 }
 
 impl Default for ProjectorSettings {
@@ -126,6 +131,7 @@ impl Default for ProjectorSettings {
             metadata_budget: default_metadata_budget(),
             initial_backoff_ms: default_initial_backoff_ms(),
             max_backoff_ms: default_max_backoff_ms(),
+            log_start_check_ms: default_log_start_check_ms(),
         }
     }
 }
@@ -136,6 +142,10 @@ impl ProjectorSettings {
     }
     pub fn max_backoff(&self) -> Duration {
         Duration::from_millis(self.max_backoff_ms)
+    }
+    /// The interval of the periodic log-start check; `None` when disabled.
+    pub fn log_start_check(&self) -> Option<Duration> {
+        (self.log_start_check_ms > 0).then(|| Duration::from_millis(self.log_start_check_ms))
     }
 }
 
@@ -244,6 +254,12 @@ fn default_initial_backoff_ms() -> u64 {
 fn default_max_backoff_ms() -> u64 {
     30_000
 }
+fn default_log_start_check_ms() -> u64 {
+    30_000
+}
+/// The shortest enabled log-start check interval: each check is a watermark request per
+/// holding channel, and more often than this would mean nearly every step.
+pub const MIN_LOG_START_CHECK_MS: u64 = 100;
 fn default_max_step_records() -> usize {
     2_000
 }
@@ -307,6 +323,12 @@ impl Config {
         }
         if self.projector.max_backoff_ms < self.projector.initial_backoff_ms {
             bail!("projector.max_backoff_ms must be at least projector.initial_backoff_ms");
+        }
+        if self.projector.log_start_check_ms != 0 && self.projector.log_start_check_ms < MIN_LOG_START_CHECK_MS {
+            bail!(
+                "projector.log_start_check_ms must be 0 (disabled) or at least {MIN_LOG_START_CHECK_MS}, not {}",
+                self.projector.log_start_check_ms
+            );
         }
         if !self.projector.metrics_address.is_empty()
             && self.projector.metrics_address.parse::<std::net::SocketAddr>().is_err()
@@ -454,6 +476,17 @@ listen = "127.0.0.1:8080"
         assert_eq!(m.max_step_records, 2_000);
         assert_eq!(c.projector.metadata_budget, 256 * 1024);
         assert_eq!(c.kafka.bootstrap, "127.0.0.1:9092");
+        assert_eq!(c.projector.log_start_check_ms, 30_000);
+        assert_eq!(c.projector.log_start_check(), Some(Duration::from_secs(30)));
+    }
+
+    #[test]
+    fn the_log_start_check_is_disabled_by_zero_and_bounded_below() {
+        let check = |text: &str| Config::parse(text).map(|c| c.projector.log_start_check());
+        assert_eq!(check("[projector]\nlog_start_check_ms = 0\n").unwrap(), None);
+        assert_eq!(check("[projector]\nlog_start_check_ms = 100\n").unwrap(), Some(Duration::from_millis(100)));
+        let err = format!("{:#}", check("[projector]\nlog_start_check_ms = 99\n").unwrap_err());
+        assert!(err.contains("projector.log_start_check_ms") && err.contains("99"), "{err}");
     }
 
     #[test]
@@ -470,6 +503,8 @@ listen = "127.0.0.1:8080"
             ("[kafka]\nconsumer = { \"isolation.level\" = \"read_uncommitted\" }\n", "kafka.consumer.\"isolation.level\""),
             ("[projector]\nmetrics_address = \"nowhere\"\n", "projector.metrics_address"),
             ("[projector]\nmax_backoff_ms = 1\ninitial_backoff_ms = 5\n", "projector.max_backoff_ms"),
+            ("[projector]\nlog_start_check_ms = 5\n", "projector.log_start_check_ms"),
+            ("[projector]\nlog_start_check_ms = -1\n", "log_start_check_ms"),
             ("[[models]]\nname = \"m\"\ntopics = [{ name = \"t\" }]\n[[models]]\nname = \"m\"\ntopics = [{ name = \"t\" }]\n", "models[1].name"),
             ("surprise = 1\n", "surprise"),
         ];

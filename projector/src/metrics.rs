@@ -33,7 +33,16 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
     ("parsley_projector_failures_total", Kind::Counter, "Failed steps (rolled back, retried with backoff)."),
     ("parsley_projector_task_failing", Kind::Gauge, "1 while the task's last step failed."),
     ("parsley_projector_fenced_total", Kind::Counter, "Steps aborted because another owner took the task."),
-    ("parsley_projector_kafka_errors_total", Kind::Counter, "Errors reported by the Kafka consumer."),
+    (
+        "parsley_projector_kafka_errors_total",
+        Kind::Counter,
+        "Errors reported by the Kafka consumer (and failed periodic log-start checks).",
+    ),
+    (
+        "parsley_projector_log_start_checks_total",
+        Kind::Counter,
+        "Periodic log-start checks of the channels holding records.",
+    ),
 ];
 
 const SECONDS_BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];

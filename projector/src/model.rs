@@ -40,6 +40,9 @@ pub struct ModelPlan {
     pub metadata_budget: usize,
     pub initial_backoff: Duration,
     pub max_backoff: Duration,
+    /// How often a task holding records checks those channels' log starts; `None`: only at
+    /// start and on an out-of-range fetch.
+    pub log_start_check: Option<Duration>,
     pub kafka: KafkaConfig,
 }
 
@@ -152,6 +155,7 @@ impl<P: Projection> ModelProjector<P> {
             metadata_budget: config.projector.metadata_budget,
             initial_backoff: config.projector.initial_backoff(),
             max_backoff: config.projector.max_backoff(),
+            log_start_check: config.projector.log_start_check(),
             kafka: config.kafka.clone(),
         });
         let owned: Vec<u32> = match &model.tasks {

@@ -79,8 +79,12 @@ pub struct TaskRunner<P: Projection> {
     needs_restore: bool,
     /// Offer held heads before feeding (after start or restore).
     needs_drain: bool,
-    /// The consumer reported an out-of-range position: compare log starts with fed_up_to.
+    /// The consumer reported an out-of-range position: compare every log start with what
+    /// the task has settled.
     check_log_start: bool,
+    /// When log starts were last compared (at start, on an out-of-range fetch, or by the
+    /// periodic check of the channels holding records).
+    log_start_checked_at: Instant,
     /// After a failure, steps feed one record at a time until the task is past every
     /// position the failed step had fed, so records before a bad one still commit and
     /// the status names the bad one.
@@ -120,6 +124,7 @@ impl<P: Projection> TaskRunner<P> {
             needs_restore: true,
             needs_drain: true,
             check_log_start: false,
+            log_start_checked_at: Instant::now(),
             careful_until: None,
             head_since: BTreeMap::new(),
         };
@@ -219,6 +224,7 @@ impl<P: Projection> TaskRunner<P> {
         let consumer = Arc::new(kafka::task_consumer(&plan.kafka, &plan.name)?);
         let timeout = plan.kafka_timeout();
         if seed {
+            self.log_start_checked_at = Instant::now();
             for topic in &plan.topics {
                 let channel = ChannelId::new(topic.id, self.task);
                 let (log_start, last_stable) = kafka::watermarks(&consumer, &topic.name, self.task, timeout).await?;
@@ -317,10 +323,21 @@ impl<P: Projection> TaskRunner<P> {
             }
         }
         let batch = self.poll().await;
+        // Both checks run before the batch is fed, against the engine as the database has
+        // it, so a refusal found here is derived identically by the next start.
         let out_of_range = std::mem::take(&mut self.check_log_start);
         if out_of_range {
-            if let Err(e) = self.observe_log_starts().await {
+            if let Err(e) = self.observe_log_starts(&self.plan.channels(self.task)).await {
                 return self.fail(e, &[]).await;
+            }
+        } else if let Some(holding) = self.log_start_check_due() {
+            self.metric_add("parsley_projector_log_start_checks_total", 1.0);
+            if let Err(e) = self.observe_log_starts(&holding).await {
+                // Not a failed step: nothing was fed, and the next check comes an interval
+                // later (a broker that cannot answer would stall every step otherwise).
+                self.metric_add("parsley_projector_kafka_errors_total", 1.0);
+                tracing::warn!(model = %self.plan.name, task = self.task, error = %format!("{e:#}"),
+                    "the periodic log-start check failed; trying again after the interval");
             }
         }
         let outcome = self.step(batch).await;
@@ -371,13 +388,34 @@ impl<P: Projection> TaskRunner<P> {
         batch
     }
 
-    /// Compares every channel's log start with what the task has read.
-    async fn observe_log_starts(&mut self) -> anyhow::Result<()> {
+    /// The channels due for the periodic log-start check: those holding records, once the
+    /// interval has passed since the last check. A running task never fetches below its
+    /// position, so without this, retention passing a held record would be noticed only
+    /// at the next start.
+    fn log_start_check_due(&self) -> Option<Vec<ChannelId>> {
+        let interval = self.plan.log_start_check?;
+        if self.log_start_checked_at.elapsed() < interval {
+            return None;
+        }
+        let holding: Vec<ChannelId> = self.engine.channels_holding().collect();
+        (!holding.is_empty()).then_some(holding)
+    }
+
+    /// Compares the log start of each of `channels` with what the task has settled; a
+    /// refusal is left in the engine (sticky) for the step to persist.
+    async fn observe_log_starts(&mut self, channels: &[ChannelId]) -> anyhow::Result<()> {
+        self.log_start_checked_at = Instant::now();
         let Some(consumer) = self.consumer.clone() else { return Ok(()) };
-        for topic in &self.plan.topics {
+        for channel in channels {
+            let topic = self
+                .plan
+                .topic_name(&channel.topic)
+                .with_context(|| format!("channel {channel} is not received by the model"))?;
             let (log_start, _) =
-                kafka::watermarks(&consumer, &topic.name, self.task, self.plan.kafka_timeout()).await?;
-            let _ = self.engine.observe_log_start(ChannelId::new(topic.id, self.task), log_start);
+                kafka::watermarks(&consumer, topic, channel.partition, self.plan.kafka_timeout()).await?;
+            if self.engine.observe_log_start(*channel, log_start).is_err() {
+                break;
+            }
         }
         Ok(())
     }

@@ -6,6 +6,7 @@
 mod causal;
 mod clock;
 mod fencing;
+mod log_start;
 mod refusals;
 mod restart;
 mod store;

@@ -232,7 +232,17 @@ impl Projection for Recording {
 }
 
 pub async fn start<P: Projection>(config: &Config, pool: &PgPool, projection: Arc<P>) -> ModelProjector<P> {
-    ModelProjector::start(config, &config.models[0], pool.clone(), projection, Metrics::new())
+    start_with_metrics(config, pool, projection, Metrics::new()).await
+}
+
+/// [`start`], recording into `metrics` (for tests that read them).
+pub async fn start_with_metrics<P: Projection>(
+    config: &Config,
+    pool: &PgPool,
+    projection: Arc<P>,
+    metrics: Arc<Metrics>,
+) -> ModelProjector<P> {
+    ModelProjector::start(config, &config.models[0], pool.clone(), projection, metrics)
         .await
         .unwrap_or_else(|e| panic!("starting the projector: {e:#}"))
 }
