@@ -40,8 +40,17 @@ pub struct Inner {
     pub facts: KafkaFacts,
     pub notifier: Arc<ClockNotifier>,
     pub metrics: Arc<Metrics>,
-    /// Names of the topics some configured model receives: the topics writes may go to.
-    pub writable: BTreeSet<String>,
+    /// Names of the topics some configured model receives; ask [`Inner::receives`].
+    pub received_topics: BTreeSet<String>,
+}
+
+impl Inner {
+    /// Whether some configured model receives topic `name`: the topics writes may go to, and
+    /// whose token pairs are never pruned for their log start (see
+    /// [`crate::session::prunable_below_log_start`]).
+    pub fn receives(&self, name: &str) -> bool {
+        self.received_topics.contains(name)
+    }
 }
 
 impl Deref for AppState {
@@ -67,8 +76,17 @@ impl AppState {
             .context("creating the Kafka producer")?;
         let facts = KafkaFacts::new(&config.shared.kafka.bootstrap, config.settings.kafka_timeout())?;
         let notifier = Arc::new(ClockNotifier::new(config.shared.models.iter().map(|m| m.name.as_str())));
-        let writable = config.shared.models.iter().flat_map(|m| m.topics.iter().map(|t| t.name.clone())).collect();
-        Ok(AppState(Arc::new(Inner { config, pool, producer, facts, notifier, metrics: Metrics::new(), writable })))
+        let received_topics =
+            config.shared.models.iter().flat_map(|m| m.topics.iter().map(|t| t.name.clone())).collect();
+        Ok(AppState(Arc::new(Inner {
+            config,
+            pool,
+            producer,
+            facts,
+            notifier,
+            metrics: Metrics::new(),
+            received_topics,
+        })))
     }
 }
 
@@ -199,7 +217,7 @@ impl Gateway {
 async fn refresh_metadata(state: AppState, mut shutdown: watch::Receiver<bool>) {
     let every = state.config.settings.metadata_refresh();
     loop {
-        let mut names: BTreeSet<String> = state.writable.clone();
+        let mut names: BTreeSet<String> = state.received_topics.clone();
         names.extend(state.facts.known_names());
         let names: Vec<String> = names.into_iter().collect();
         if let Err(e) = state.facts.refresh_topics(&names).await {

@@ -20,7 +20,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use parsley::gate::{gate, refresh, ClockRow, GateGap, ModelShape, Verdict};
 use parsley::murmur2::partition_for_key;
-use parsley::{CausalPast, TopicId};
+use parsley::{CausalPast, ChannelId, TopicId};
 use parsley_projector::config::ModelConfig;
 use parsley_projector::store::{self, ModelRow, TaskRow, TaskStatusKind};
 use serde_json::{json, Value};
@@ -111,7 +111,10 @@ async fn gated_read(
         .ok_or_else(|| ApiError::UnknownModel(model_name.to_string()))?;
     let now = session::unix_now();
     let caller = session::open_session(state, headers, now)?;
-    let mut past = session::sanitize(state, &caller.past).await?;
+    // What the client keeps, and what this read must prove: the token less the upstream
+    // pairs found discarded at the first uncovered attempt.
+    let mut token = session::sanitize(state, &caller.past).await?;
+    let mut demand = token.clone();
 
     // Subscribe before the first check: a step committed after the check still wakes us.
     let mut woken = state.notifier.subscribe(&model.name).expect("every configured model has a notifier");
@@ -121,7 +124,7 @@ async fn gated_read(
     loop {
         woken.borrow_and_update();
         state.metrics.add("parsley_gateway_gate_checks_total", &[("model", &model.name)], 1.0);
-        match attempt(state, model, &target, &past).await? {
+        match attempt(state, model, &target, &demand, &token).await? {
             Ok(served) => {
                 let waited = started.elapsed();
                 state.metrics.observe(
@@ -139,14 +142,16 @@ async fn gated_read(
                 return Ok(respond(&target, served.body, token));
             }
             Err(uncovered) => {
-                // Upstream entries below the log start are pruned from clocks; prune them
-                // from the token too, after re-reading the log start, before calling them
-                // gaps. (Received channels are never pruned from clocks: a gap there is
-                // real — the owner is behind or refused.)
+                // Upstream entries below the log start are pruned from clocks: after
+                // re-reading the log start, stop demanding such pairs before calling them
+                // gaps. (This model's received channels are never pruned from clocks: a gap
+                // there is real — the owner is behind or refused.)
                 if !log_starts_checked {
                     log_starts_checked = true;
-                    if let Some(pruned) = prune_discarded(state, &uncovered, &past).await {
-                        past = pruned;
+                    let discarded = discarded(state, &uncovered).await;
+                    if !discarded.is_empty() {
+                        demand = demand.retain(|c, _| !discarded.iter().any(|d| d.channel == c));
+                        token = token.retain(|c, _| !discarded.iter().any(|d| d.channel == c && d.from_token));
                         continue;
                     }
                 }
@@ -193,12 +198,13 @@ fn respond(target: &Target, body: Option<Value>, token: HeaderValue) -> Response
     }
 }
 
-/// One gate transaction.
+/// One gate transaction: is `demand` covered, and if so the documents and `token` refreshed.
 async fn attempt(
     state: &AppState,
     model: &ModelConfig,
     target: &Target,
-    past: &CausalPast,
+    demand: &CausalPast,
+    token: &CausalPast,
 ) -> Result<Result<Served, Uncovered>, ApiError> {
     let db = |e: anyhow::Error| database_unavailable(state, e);
     let mut tx = state.pool.begin().await.map_err(|e| db(e.into()))?;
@@ -213,10 +219,10 @@ async fn attempt(
         Target::One { key } => [partition_for_key(key.as_bytes(), shape.task_count)].into(),
         Target::Page { .. } => (0..shape.task_count).collect(),
     };
-    match gate(past, &shape, &rows, &served) {
+    match gate(demand, &shape, &rows, &served) {
         Verdict::Covered => {
             let body = read_documents(&mut tx, &model.name, target).await.map_err(db)?;
-            let refreshed = refresh(past, &shape, &rows, &served);
+            let refreshed = refresh(token, &shape, &rows, &served);
             tx.commit().await.map_err(|e| db(e.into()))?;
             Ok(Ok(Served { body, refreshed }))
         }
@@ -283,33 +289,44 @@ async fn read_documents(
     }
 }
 
-/// Prunes token pairs on upstream gap channels that are below their (re-read) log start or
-/// whose topic no longer resolves. `None` when nothing was pruned.
-async fn prune_discarded(state: &AppState, uncovered: &Uncovered, past: &CausalPast) -> Option<CausalPast> {
-    let mut drop = Vec::new();
+/// A pair the read stops demanding, and whether the token drops it too.
+struct Discarded {
+    channel: ChannelId,
+    from_token: bool,
+}
+
+/// Upstream gap channels (ones this model does not receive) whose pair the log no longer
+/// holds: the topic no longer resolves, or the pair is below the re-read log start. Clocks
+/// prune such entries, so the read stops demanding them. The token drops them too, except a
+/// pair below the log start on a channel another configured model receives: its owner keeps
+/// that entry, and may still hold the record ([`session::prunable_below_log_start`]).
+async fn discarded(state: &AppState, uncovered: &Uncovered) -> Vec<Discarded> {
+    let mut out = Vec::new();
     for gap in &uncovered.gaps {
         if uncovered.shape.owner_of(&gap.channel).is_some() {
             continue;
         }
-        match state.facts.topic_name(&gap.channel.topic).await {
-            Ok(None) => drop.push((gap.channel, "topic-gone")),
-            Ok(Some(name)) => {
-                if let Ok(offsets) = state.facts.refresh_offsets(gap.channel, &name).await {
-                    if offsets.log_start.is_some_and(|s| gap.required < s) {
-                        drop.push((gap.channel, "below-log-start"));
-                    }
+        let found = match state.facts.topic_name(&gap.channel.topic).await {
+            Ok(None) => Some((true, "topic-gone")),
+            Ok(Some(name)) => match state.facts.refresh_offsets(gap.channel, &name).await {
+                Ok(offsets) if offsets.log_start.is_some_and(|s| gap.required < s) => {
+                    let received = state.receives(&name);
+                    let from_token = session::prunable_below_log_start(received, gap.required, offsets.log_start);
+                    Some((from_token, "below-log-start"))
                 }
+                // Still in the log, or not known: keep demanding it (a 503 names the gap).
+                _ => None,
+            },
+            Err(_) => None,
+        };
+        if let Some((from_token, why)) = found {
+            out.push(Discarded { channel: gap.channel, from_token });
+            if from_token {
+                state.metrics.add("parsley_gateway_token_pairs_pruned_total", &[("reason", why)], 1.0);
             }
-            Err(_) => {}
         }
     }
-    if drop.is_empty() {
-        return None;
-    }
-    for (_, why) in &drop {
-        state.metrics.add("parsley_gateway_token_pairs_pruned_total", &[("reason", why)], 1.0);
-    }
-    Some(past.clone().retain(|c, _| !drop.iter().any(|(d, _)| *d == c)))
+    out
 }
 
 fn database_unavailable(state: &AppState, e: anyhow::Error) -> ApiError {

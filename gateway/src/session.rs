@@ -1,7 +1,8 @@
 //! A request's session: the token opened from the `Parsley-Session` header (none starts an
 //! empty session; a bad one is refused, never read as empty), its hygiene against the log
-//! (refuse positions beyond the log end, prune pairs the engine's rule drops), and the
-//! re-sealed token a response carries.
+//! (refuse positions beyond the log end, prune pairs the engine's rule drops — never, for
+//! their log start, pairs on channels a configured model receives), and the re-sealed token
+//! a response carries.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -70,7 +71,8 @@ pub fn open_session(state: &AppState, headers: &HeaderMap, now: u64) -> Result<C
 ///   pruned;
 /// - a pair at or beyond its channel's log end is refused (`token-ahead-of-log`), after the
 ///   log end was re-read from the broker;
-/// - a pair below its channel's log start (as last seen) is pruned.
+/// - a pair below its channel's log start (as last seen) is pruned, unless some configured
+///   model receives the channel ([`prunable_below_log_start`]).
 ///
 /// Broker failures answer 503: a pair that cannot be checked is neither trusted nor dropped.
 pub async fn sanitize(state: &AppState, past: &CausalPast) -> Result<CausalPast, ApiError> {
@@ -98,7 +100,7 @@ pub async fn sanitize(state: &AppState, past: &CausalPast) -> Result<CausalPast,
                 log_end: offsets.log_end,
             });
         }
-        if offsets.log_start.is_some_and(|start| position < start) {
+        if prunable_below_log_start(state.receives(&name), position, offsets.log_start) {
             pruned.push((channel, "below-log-start"));
         }
     }
@@ -110,6 +112,19 @@ pub async fn sanitize(state: &AppState, past: &CausalPast) -> Result<CausalPast,
         tracing::debug!(%channel, reason = why, "token pair pruned");
     }
     Ok(past.clone().retain(|c, _| !pruned.iter().any(|(p, _)| *p == c)))
+}
+
+/// Whether log-start hygiene drops a pair at `position` on a channel whose log start is
+/// `log_start` (`None`: not known) — before reads, before writes, and in the read's re-check.
+///
+/// A pair on a channel some configured model receives (`received`) is never dropped: the
+/// owning task's clock keeps its own channels, so the pair is eventually covered or the owner
+/// refuses (`POSITIONS_DISCARDED_UNREAD`); but retention can pass a record the owner still
+/// holds, and without the pair a read would be served, and a write stamped, as if the
+/// session had not written it. Any other pair is dropped once it is below the log start:
+/// clocks prune such entries, so it could never be covered.
+pub fn prunable_below_log_start(received: bool, position: Position, log_start: Option<Position>) -> bool {
+    !received && log_start.is_some_and(|start| position < start)
 }
 
 /// A partition beyond the topic's partition count (re-read before refusing) cannot hold the
@@ -167,4 +182,39 @@ pub fn reseal(state: &AppState, caller: &Caller, past: CausalPast, now: u64) -> 
     }
     HeaderValue::from_str(&sealed)
         .map_err(|e| ApiError::Internal(anyhow::anyhow!("sealed token is not a header value: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `(received, position, log_start, pruned)`.
+    fn check(cases: &[(bool, Position, Option<Position>, bool)]) {
+        for &(received, position, log_start, pruned) in cases {
+            assert_eq!(
+                prunable_below_log_start(received, position, log_start),
+                pruned,
+                "received {received}, position {position}, log start {log_start:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn received_channels_are_never_pruned_for_their_log_start() {
+        check(&[
+            // A received channel: kept below, at and above the log start, and when unknown.
+            (true, 3, Some(10), false),
+            (true, 0, Some(1), false),
+            (true, 10, Some(10), false),
+            (true, 11, Some(10), false),
+            (true, 3, None, false),
+            // Any other channel: pruned strictly below a known log start only.
+            (false, 3, Some(10), true),
+            (false, 0, Some(1), true),
+            (false, 9, Some(10), true),
+            (false, 10, Some(10), false),
+            (false, 11, Some(10), false),
+            (false, 3, None, false),
+        ]);
+    }
 }

@@ -72,7 +72,7 @@ pub async fn post_record(
         ApiError::BodyTooLarge { .. } => ApiError::BodyTooLarge { limit: state.config.settings.max_body_bytes },
         other => other,
     })?;
-    if !state.writable.contains(&topic) {
+    if !state.receives(&topic) {
         return Err(ApiError::UnknownTopic(topic, "is not received by any configured model".into()));
     }
     let fact = match state.facts.topic(&topic).await.map_err(|e| kafka_unavailable(&state, e))? {

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use axum::Router;
-use parsley_gateway::token::{KeyRing, SecretKey};
+use parsley::{CausalPast, ChannelId, TopicId};
+use parsley_gateway::session::unix_now;
+use parsley_gateway::token::{self, KeyRing, SecretKey, Session, TokenLimits};
 use parsley_gateway::{app, AppState, Gateway, GatewayConfig, SESSION_HEADER};
 use parsley_infra::env;
 use parsley_projector::config::{Apply, Config, InitialPosition, ModelConfig, TopicConfig};
@@ -17,6 +19,11 @@ use parsley_projector::metrics::Metrics;
 use parsley_projector::{migrations, DocumentProjection, ModelProjector};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{Offset, TopicPartitionList};
 use serde_json::Value;
 use sqlx::PgPool;
 use tokio::sync::watch;
@@ -51,9 +58,13 @@ fn admin() -> AdminClient<DefaultClientContext> {
     parsley_infra::kafka::admin_config(&bootstrap()).create().expect("admin client")
 }
 
+fn admin_options() -> AdminOptions {
+    AdminOptions::new().operation_timeout(Some(TIMEOUT)).request_timeout(Some(TIMEOUT))
+}
+
 pub async fn create_topics(names: &[&str], partitions: i32) {
     let admin = admin();
-    let options = AdminOptions::new().operation_timeout(Some(TIMEOUT)).request_timeout(Some(TIMEOUT));
+    let options = admin_options();
     for name in names {
         let deadline = Instant::now() + TIMEOUT;
         loop {
@@ -74,9 +85,77 @@ pub async fn create_topics(names: &[&str], partitions: i32) {
     tokio::time::sleep(Duration::from_millis(300)).await;
 }
 
+/// Moves the log start of `topic`/`partition` to `before`, as retention would.
+pub async fn delete_records(topic: &str, partition: i32, before: i64) {
+    let mut cut = TopicPartitionList::new();
+    cut.add_partition_offset(topic, partition, Offset::Offset(before)).unwrap();
+    admin().delete_records(&cut, &admin_options()).await.expect("delete_records");
+}
+
+/// A plain (idempotent) producer, for records written around the gateway.
+pub fn producer() -> FutureProducer {
+    parsley_infra::kafka::producer_config(&bootstrap()).create().expect("producer")
+}
+
+/// A transactional producer, initialised.
+pub fn transactional_producer() -> FutureProducer {
+    let p: FutureProducer = parsley_infra::kafka::transactional_producer_config(&bootstrap(), &unique("tx"))
+        .create()
+        .expect("transactional producer");
+    p.init_transactions(TIMEOUT).expect("init_transactions");
+    p
+}
+
+/// Produces one record to `topic`/`partition` around the gateway, with `causes` as its
+/// `parsley.causes` header, and returns its offset.
+pub async fn produce(
+    producer: &FutureProducer,
+    topic: &str,
+    partition: i32,
+    key: &str,
+    value: &[u8],
+    causes: Option<&CausalPast>,
+) -> i64 {
+    let causes = causes.map(CausalPast::encode);
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let mut record: FutureRecord<'_, str, [u8]> =
+            FutureRecord::to(topic).partition(partition).key(key).payload(value);
+        if let Some(c) = &causes {
+            record = record.headers(OwnedHeaders::new().insert(Header { key: "parsley.causes", value: Some(c) }));
+        }
+        match producer.send(record, TIMEOUT).await {
+            Ok(d) => return d.offset,
+            // A new topic's partitions reach the producer's metadata a moment after creation.
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::UnknownPartition), _))
+                if Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err((e, _)) => panic!("producing to {topic}/{partition}: {e}"),
+        }
+    }
+}
+
 /// The key ring every test gateway seals with.
 pub fn ring() -> KeyRing {
     KeyRing::new(vec![("it".to_string(), SecretKey::from_bytes([0x42; 32]))]).unwrap()
+}
+
+/// A token naming `past`, sealed as the test gateways seal, expiring at `expires_at`.
+pub fn seal(past: CausalPast, expires_at: u64) -> String {
+    token::seal(&ring(), &Session { issued_at: unix_now() - 10, expires_at, subject: None, past })
+}
+
+/// Opens a token a test gateway handed out.
+pub fn open(t: &str) -> Session {
+    token::open(&ring(), t, unix_now(), None, &TokenLimits::default()).expect("the gateway's token opens")
+}
+
+/// Channel `partition` of topic `name`, by its ID as the gateway resolves it.
+pub async fn channel(state: &AppState, name: &str, partition: u32) -> ChannelId {
+    let id: TopicId = state.facts.topic(name).await.unwrap().unwrap_or_else(|| panic!("topic {name} exists")).id;
+    ChannelId::new(id, partition)
 }
 
 /// A model receiving `orders` (replace) and `payments` (merge), with `partitions` tasks.

@@ -4,18 +4,9 @@
 use axum::http::StatusCode;
 use parsley::{CausalPast, ChannelId, TopicId};
 use parsley_gateway::session::unix_now;
-use parsley_gateway::token::{self, Session, TokenLimits};
 use serde_json::json;
 
 use crate::support::*;
-
-fn seal(past: CausalPast, expires_at: u64) -> String {
-    token::seal(&ring(), &Session { issued_at: unix_now() - 10, expires_at, subject: None, past })
-}
-
-fn open(t: &str) -> Session {
-    token::open(&ring(), t, unix_now(), None, &TokenLimits::default()).expect("the gateway's token opens")
-}
 
 async fn orders_id(s: &Stack) -> TopicId {
     s.state.facts.topic(&s.names.orders).await.unwrap().expect("the topic exists").id
