@@ -24,7 +24,7 @@ use tower_http::trace::TraceLayer;
 
 use crate::config::GatewayConfig;
 use crate::facts::KafkaFacts;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, METRICS};
 use crate::notify::{self, ClockNotifier};
 use crate::problem::{ApiError, Problem};
 use crate::{ops, read, write};
@@ -84,7 +84,7 @@ impl AppState {
             producer,
             facts,
             notifier,
-            metrics: Metrics::new(),
+            metrics: Metrics::new(METRICS),
             received_topics,
         })))
     }

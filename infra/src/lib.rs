@@ -7,10 +7,19 @@
 //! - [`topic_id`]: topic IDs and partition counts through librdkafka's DescribeTopics — the
 //!   one module allowed to use `unsafe`.
 //! - [`pg`]: a Postgres connection pool.
+//! - [`metrics`]: the Prometheus registry both services export (each with its own metric
+//!   list), rendered in the text exposition format.
+//! - [`process`]: the binaries' start-up scaffolding (logging, runtime, shutdown signal).
+//! - `testing` (feature `test-support`, tests only): the integration tests' helpers for the
+//!   real services — environment, unique names, topics, producers.
 
 pub mod env;
 pub mod kafka;
+pub mod metrics;
 pub mod pg;
+pub mod process;
+#[cfg(feature = "test-support")]
+pub mod testing;
 pub mod topic_id;
 
 pub use kafka::PartitionOffsets;

@@ -4,73 +4,17 @@
 //! services, when either is unset. Every run uses fresh topic, transactional-id and channel
 //! names, so runs and parallel tests do not see each other's data.
 
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use parsley::murmur2::partition_for_key;
-use parsley_infra::kafka::{
-    admin_config, consumer_config, partition_offsets, producer_config, transactional_producer_config,
-};
-use parsley_infra::{describe_topics, env, pg, PartitionOffsets};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
+use parsley_infra::kafka::{consumer_config, partition_offsets, producer_config, transactional_producer_config};
+use parsley_infra::testing::{bootstrap, create_topics, database_url, delete_topic, unique, TIMEOUT};
+use parsley_infra::{describe_topics, pg, PartitionOffsets};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use sqlx::postgres::PgListener;
-
-const TIMEOUT: Duration = Duration::from_secs(30);
-
-fn bootstrap() -> String {
-    env::kafka_bootstrap().unwrap_or_else(|e| panic!("{e:#}"))
-}
-
-fn database_url() -> String {
-    env::database_url().unwrap_or_else(|e| panic!("{e:#}"))
-}
-
-/// A name no other run or test uses: prefix, process id, time, counter.
-fn unique(prefix: &str) -> String {
-    static COUNTER: AtomicU32 = AtomicU32::new(0);
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
-    format!("{prefix}-{}-{nanos}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed))
-}
-
-fn admin() -> AdminClient<DefaultClientContext> {
-    admin_config(&bootstrap()).create().expect("admin client")
-}
-
-fn admin_options() -> AdminOptions {
-    AdminOptions::new().operation_timeout(Some(TIMEOUT)).request_timeout(Some(TIMEOUT))
-}
-
-/// Creates a topic, retrying while a deletion of the same name is still in progress.
-async fn create_topic(name: &str, partitions: i32) {
-    let admin = admin();
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        let results = admin
-            .create_topics(&[NewTopic::new(name, partitions, TopicReplication::Fixed(1))], &admin_options())
-            .await
-            .expect("create_topics request");
-        match &results[0] {
-            Ok(_) => return,
-            Err((_, code)) if Instant::now() < deadline => {
-                eprintln!("create {name}: {code}, retrying");
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
-            Err((_, code)) => panic!("creating topic {name}: {code}"),
-        }
-    }
-}
-
-async fn delete_topic(name: &str) {
-    let results = admin().delete_topics(&[name], &admin_options()).await.expect("delete_topics request");
-    if let Err((_, code)) = &results[0] {
-        panic!("deleting topic {name}: {code}");
-    }
-}
 
 /// Describes one topic, retrying until `accept` holds (the broker's metadata may trail the
 /// controller by a moment right after a create or delete).
@@ -153,13 +97,13 @@ async fn send(p: &FutureProducer, topic: &str, key: &str, value: &str) -> (i32, 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn topic_ids_are_nonzero_and_change_when_a_topic_is_recreated() {
     let name = unique("smoke-topic-id");
-    create_topic(&name, 3).await;
+    create_topics(&[&name], 3).await;
     let first = describe_until(&name, |d| d.partitions == 3).await;
     assert_eq!(first.name, name);
     assert_ne!(first.id, [0u8; 16], "topic ID must not be zero");
 
     let other = unique("smoke-topic-id-b");
-    create_topic(&other, 1).await;
+    create_topics(&[&other], 1).await;
     describe_until(&other, |d| d.partitions == 1).await;
     // Several topics in one call come back in the order asked.
     let both = describe_topics(&bootstrap(), &[other.clone(), name.clone()], TIMEOUT).await.unwrap();
@@ -168,7 +112,7 @@ async fn topic_ids_are_nonzero_and_change_when_a_topic_is_recreated() {
     assert_ne!(both[0].id, first.id);
 
     delete_topic(&name).await;
-    create_topic(&name, 2).await;
+    create_topics(&[&name], 2).await;
     // The recreated topic is recognisable by its new width; its identity must be new too.
     let second = describe_until(&name, |d| d.partitions == 2).await;
     assert_ne!(second.id, [0u8; 16]);
@@ -191,7 +135,7 @@ async fn describing_an_unknown_topic_is_a_clear_error() {
 async fn keyed_records_land_on_the_java_default_partition() {
     const PARTITIONS: u32 = 7;
     let topic = unique("smoke-murmur2");
-    create_topic(&topic, PARTITIONS as i32).await;
+    create_topics(&[&topic], PARTITIONS as i32).await;
     describe_until(&topic, |d| d.partitions == PARTITIONS).await;
 
     let producer: FutureProducer = producer_config(&bootstrap()).create().expect("producer");
@@ -220,7 +164,7 @@ async fn keyed_records_land_on_the_java_default_partition() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_committed_sees_committed_transactions_only() {
     let topic = unique("smoke-tx-visibility");
-    create_topic(&topic, 1).await;
+    create_topics(&[&topic], 1).await;
     describe_until(&topic, |d| d.partitions == 1).await;
     let producer = transactional_producer();
     let consumer = consumer_at(&topic, 0, 0);
@@ -258,7 +202,7 @@ async fn read_committed_sees_committed_transactions_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn last_stable_offset_stops_at_an_open_transaction() {
     let topic = unique("smoke-lso");
-    create_topic(&topic, 1).await;
+    create_topics(&[&topic], 1).await;
     describe_until(&topic, |d| d.partitions == 1).await;
     let producer = transactional_producer();
 
@@ -293,7 +237,7 @@ async fn last_stable_offset_stops_at_an_open_transaction() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn record_headers_read_back_byte_for_byte() {
     let topic = unique("smoke-headers");
-    create_topic(&topic, 1).await;
+    create_topics(&[&topic], 1).await;
     describe_until(&topic, |d| d.partitions == 1).await;
     let binary: Vec<u8> = vec![0x00, 0xff, 0x00, 0x7f, 0x80, 0xff, 0x00];
     let sent: Vec<(&str, Option<Vec<u8>>)> = vec![

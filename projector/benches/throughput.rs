@@ -21,7 +21,7 @@ use anyhow::Context as _;
 use parsley::channel::{ChannelId, TopicId};
 use parsley::CausalPast;
 use parsley_projector::config::{Apply, Config, InitialPosition, ModelConfig, TopicConfig};
-use parsley_projector::metrics::Metrics;
+use parsley_projector::metrics::{Metrics, METRICS};
 use parsley_projector::projection::{Delivered, Projection, StepContext};
 use parsley_projector::record::Consumed;
 use parsley_projector::{kafka, migrations, DocumentProjection, ModelProjector};
@@ -166,7 +166,8 @@ async fn parsley_run(
     config.models = vec![model_config(model, topic, step)];
     let projection = Arc::new(DocumentProjection::from_model(&config.models[0]));
     let started = Instant::now();
-    let projector = ModelProjector::start(&config, &config.models[0], pool.clone(), projection, Metrics::new()).await?;
+    let projector =
+        ModelProjector::start(&config, &config.models[0], pool.clone(), projection, Metrics::new(METRICS)).await?;
     let (stop, shutdown) = watch::channel(false);
     let running = tokio::spawn(projector.run(shutdown));
     wait_for(

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context as _};
 use parsley_gateway::{Gateway, GatewayConfig};
-use tokio::sync::watch;
+use parsley_infra::process;
 
 const USAGE: &str = "\
 usage: parsley-gateway [--config PATH]
@@ -35,27 +35,8 @@ fn parse_args() -> anyhow::Result<PathBuf> {
 }
 
 fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: starting the async runtime: {e}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run()) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    process::init_tracing("info");
+    process::block_on_main(run())
 }
 
 async fn run() -> anyhow::Result<()> {
@@ -64,12 +45,7 @@ async fn run() -> anyhow::Result<()> {
     if config.shared.models.is_empty() {
         bail!("the configuration declares no [[models]]: the gateway has nothing to write to or serve");
     }
-    let (stop, shutdown) = watch::channel(false);
-    tokio::spawn(async move {
-        wait_for_signal().await;
-        tracing::info!("shutting down: finishing the requests in flight");
-        let _ = stop.send(true);
-    });
+    let shutdown = process::shutdown_on_signal(|| tracing::info!("shutting down: finishing the requests in flight"));
     let gateway = Gateway::new(config)?;
     let listener = gateway.bind().await?;
     let models: Vec<String> = gateway.state().config.shared.models.iter().map(|m| m.name.clone()).collect();
@@ -77,26 +53,4 @@ async fn run() -> anyhow::Result<()> {
     gateway.serve(listener, shutdown).await?;
     tracing::info!("stopped");
     Ok(())
-}
-
-async fn wait_for_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(t) => t,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
-    }
 }

@@ -2,9 +2,7 @@
 //! missing), unique names, topics, a stack of the real projector (its library API, driven
 //! until stopped) plus the gateway's router driven with `oneshot`, and request helpers.
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
@@ -13,39 +11,20 @@ use parsley::{CausalPast, ChannelId, TopicId};
 use parsley_gateway::session::unix_now;
 use parsley_gateway::token::{self, KeyRing, SecretKey, Session, TokenLimits};
 use parsley_gateway::{app, AppState, Gateway, GatewayConfig, SESSION_HEADER};
-use parsley_infra::env;
+use parsley_infra::testing::{self, admin, admin_options};
+pub use parsley_infra::testing::{
+    bootstrap, create_topics, database_url, producer, transactional_producer, unique, TIMEOUT,
+};
 use parsley_projector::config::{Apply, Config, InitialPosition, ModelConfig, TopicConfig};
-use parsley_projector::metrics::Metrics;
+use parsley_projector::metrics::{Metrics, METRICS};
 use parsley_projector::{migrations, DocumentProjection, ModelProjector};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::error::KafkaError;
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
-use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::producer::FutureProducer;
 use rdkafka::{Offset, TopicPartitionList};
 use serde_json::Value;
 use sqlx::PgPool;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tower::ServiceExt as _;
-
-pub const TIMEOUT: Duration = Duration::from_secs(30);
-
-pub fn bootstrap() -> String {
-    env::kafka_bootstrap().unwrap_or_else(|e| panic!("these tests need the real broker: {e:#}"))
-}
-
-pub fn database_url() -> String {
-    env::database_url().unwrap_or_else(|e| panic!("these tests need the real database: {e:#}"))
-}
-
-/// A name no other run or test uses.
-pub fn unique(prefix: &str) -> String {
-    static COUNTER: AtomicU32 = AtomicU32::new(0);
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
-    format!("{prefix}-{}-{}-{}", std::process::id(), nanos % 1_000_000_000_000, COUNTER.fetch_add(1, Ordering::Relaxed))
-}
 
 /// A pool on the test database with the schema migrated.
 pub async fn pool() -> PgPool {
@@ -54,56 +33,11 @@ pub async fn pool() -> PgPool {
     pool
 }
 
-fn admin() -> AdminClient<DefaultClientContext> {
-    parsley_infra::kafka::admin_config(&bootstrap()).create().expect("admin client")
-}
-
-fn admin_options() -> AdminOptions {
-    AdminOptions::new().operation_timeout(Some(TIMEOUT)).request_timeout(Some(TIMEOUT))
-}
-
-pub async fn create_topics(names: &[&str], partitions: i32) {
-    let admin = admin();
-    let options = admin_options();
-    for name in names {
-        let deadline = Instant::now() + TIMEOUT;
-        loop {
-            let results = admin
-                .create_topics(&[NewTopic::new(name, partitions, TopicReplication::Fixed(1))], &options)
-                .await
-                .expect("create_topics request");
-            match &results[0] {
-                Ok(_) => break,
-                Err((_, code)) if Instant::now() < deadline => {
-                    eprintln!("create {name}: {code}, retrying");
-                    tokio::time::sleep(Duration::from_millis(300)).await;
-                }
-                Err((_, code)) => panic!("creating topic {name}: {code}"),
-            }
-        }
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-}
-
 /// Moves the log start of `topic`/`partition` to `before`, as retention would.
 pub async fn delete_records(topic: &str, partition: i32, before: i64) {
     let mut cut = TopicPartitionList::new();
     cut.add_partition_offset(topic, partition, Offset::Offset(before)).unwrap();
     admin().delete_records(&cut, &admin_options()).await.expect("delete_records");
-}
-
-/// A plain (idempotent) producer, for records written around the gateway.
-pub fn producer() -> FutureProducer {
-    parsley_infra::kafka::producer_config(&bootstrap()).create().expect("producer")
-}
-
-/// A transactional producer, initialised.
-pub fn transactional_producer() -> FutureProducer {
-    let p: FutureProducer = parsley_infra::kafka::transactional_producer_config(&bootstrap(), &unique("tx"))
-        .create()
-        .expect("transactional producer");
-    p.init_transactions(TIMEOUT).expect("init_transactions");
-    p
 }
 
 /// Produces one record to `topic`/`partition` around the gateway, with `causes` as its
@@ -117,24 +51,7 @@ pub async fn produce(
     causes: Option<&CausalPast>,
 ) -> i64 {
     let causes = causes.map(CausalPast::encode);
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        let mut record: FutureRecord<'_, str, [u8]> =
-            FutureRecord::to(topic).partition(partition).key(key).payload(value);
-        if let Some(c) = &causes {
-            record = record.headers(OwnedHeaders::new().insert(Header { key: "parsley.causes", value: Some(c) }));
-        }
-        match producer.send(record, TIMEOUT).await {
-            Ok(d) => return d.offset,
-            // A new topic's partitions reach the producer's metadata a moment after creation.
-            Err((KafkaError::MessageProduction(RDKafkaErrorCode::UnknownPartition), _))
-                if Instant::now() < deadline =>
-            {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err((e, _)) => panic!("producing to {topic}/{partition}: {e}"),
-        }
-    }
+    testing::produce(producer, topic, partition, key, Some(value), causes.as_deref()).await
 }
 
 /// The key ring every test gateway seals with.
@@ -287,7 +204,7 @@ impl Stack {
             model,
             self.pool.clone(),
             Arc::new(DocumentProjection::from_model(model)),
-            Metrics::new(),
+            Metrics::new(METRICS),
         )
         .await
         .unwrap_or_else(|e| panic!("starting the projector: {e:#}"));

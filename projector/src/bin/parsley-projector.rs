@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
+use parsley_infra::process;
 use parsley_projector::config::Config;
-use parsley_projector::metrics::{self, Metrics};
+use parsley_projector::metrics::{self, Metrics, METRICS};
 use parsley_projector::{migrations, status, DocumentProjection, ModelProjector};
 use sqlx::PgPool;
-use tokio::sync::watch;
 
 const USAGE: &str = "\
 usage: parsley-projector <command> [--config PATH] [options]
@@ -51,27 +51,8 @@ fn parse_args() -> anyhow::Result<Args> {
 }
 
 fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx::postgres::notice=warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: starting the async runtime: {e}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(main_async()) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    process::init_tracing("info,sqlx::postgres::notice=warn");
+    process::block_on_main(main_async())
 }
 
 async fn main_async() -> anyhow::Result<()> {
@@ -140,14 +121,9 @@ async fn run(config: Config, only: &[String]) -> anyhow::Result<()> {
     if models.is_empty() {
         bail!("the configuration declares no [[models]]");
     }
-    let (stop, shutdown) = watch::channel(false);
-    tokio::spawn(async move {
-        wait_for_signal().await;
-        tracing::info!("shutting down: finishing the steps in progress");
-        let _ = stop.send(true);
-    });
+    let shutdown = process::shutdown_on_signal(|| tracing::info!("shutting down: finishing the steps in progress"));
 
-    let metrics = Metrics::new();
+    let metrics = Metrics::new(METRICS);
     let mut servers = Vec::new();
     if !config.projector.metrics_address.is_empty() {
         let (listener, addr) = metrics::bind(&config.projector.metrics_address).await?;
@@ -203,26 +179,4 @@ async fn run(config: Config, only: &[String]) -> anyhow::Result<()> {
     }
     tracing::info!("stopped");
     Ok(())
-}
-
-async fn wait_for_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(t) => t,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
-    }
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use parsley::refusal::RefusalReason;
 use parsley_projector::config::Config;
-use parsley_projector::metrics::Metrics;
+use parsley_projector::metrics::{Metrics, METRICS};
 use parsley_projector::status::render;
 use parsley_projector::store::TaskStatusKind;
 use parsley_projector::task::{StepOutcome, TaskState};
@@ -68,7 +68,7 @@ async fn retention_past_a_held_record_refuses_while_running_and_again_after_a_re
     .await;
 
     let config = with_check_ms(&n, 200);
-    let metrics = Metrics::new();
+    let metrics = Metrics::new(METRICS);
     let mut projector = start_with_metrics(&config, &pool, Recording::new(&config), Arc::clone(&metrics)).await;
     drive_until(&mut projector, "the payment to be held", || async {
         report(&pool, &n.model).await.task(0).unwrap().held_total == 1
@@ -139,7 +139,7 @@ async fn retention_up_to_what_is_settled_refuses_nothing_and_holding_nothing_che
     let first_payment = produce(&plain, &n.payments, 0, "o0", Some(br#"{"paid":true}"#), None).await;
 
     let config = with_check_ms(&n, 100);
-    let metrics = Metrics::new();
+    let metrics = Metrics::new(METRICS);
     let mut projector = start_with_metrics(&config, &pool, Recording::new(&config), Arc::clone(&metrics)).await;
     drive_until(&mut projector, "both records to apply", || async { applied(&pool, &n.model).await.len() == 2 }).await;
 
@@ -199,7 +199,7 @@ async fn a_disabled_check_makes_no_check_while_records_are_held() {
         produce(&producer(), &n.payments, 0, "o1", Some(b"{}"), Some(&causes(&[(orders_id, 0, order_at)]))).await;
 
     let config = with_check_ms(&n, 0);
-    let metrics = Metrics::new();
+    let metrics = Metrics::new(METRICS);
     let mut projector = start_with_metrics(&config, &pool, Recording::new(&config), Arc::clone(&metrics)).await;
     drive_until(&mut projector, "the payment to be held", || async {
         report(&pool, &n.model).await.task(0).unwrap().held_total == 1

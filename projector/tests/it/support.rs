@@ -3,42 +3,22 @@
 //! that logs every committed delivery in the step's transaction, and a step driver.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use parsley::channel::{ChannelId, TopicId};
 use parsley::CausalPast;
-use parsley_infra::env;
+pub use parsley_infra::testing::{
+    admin, admin_options, bootstrap, create_topics, database_url, delete_topic, produce, producer,
+    transactional_producer, unique, TIMEOUT,
+};
 use parsley_projector::config::{Apply, Config, InitialPosition, ModelConfig, TopicConfig};
-use parsley_projector::metrics::Metrics;
+use parsley_projector::metrics::{Metrics, METRICS};
 use parsley_projector::projection::{Delivered, Projection, StepContext};
 use parsley_projector::status::{model_report, ModelReport};
 use parsley_projector::{migrations, DocumentProjection, ModelProjector};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::error::KafkaError;
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
-use rdkafka::types::RDKafkaErrorCode;
 use sqlx::{PgConnection, PgPool, Row as _};
-
-pub const TIMEOUT: Duration = Duration::from_secs(30);
-
-pub fn bootstrap() -> String {
-    env::kafka_bootstrap().unwrap_or_else(|e| panic!("these tests need the real broker: {e:#}"))
-}
-
-pub fn database_url() -> String {
-    env::database_url().unwrap_or_else(|e| panic!("these tests need the real database: {e:#}"))
-}
-
-/// A name no other run or test uses.
-pub fn unique(prefix: &str) -> String {
-    static COUNTER: AtomicU32 = AtomicU32::new(0);
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
-    format!("{prefix}-{}-{}-{}", std::process::id(), nanos % 1_000_000_000_000, COUNTER.fetch_add(1, Ordering::Relaxed))
-}
 
 /// A pool on the test database, with the schema migrated and the test log table present.
 pub async fn pool() -> PgPool {
@@ -58,93 +38,10 @@ pub async fn pool() -> PgPool {
     pool
 }
 
-pub fn admin() -> AdminClient<DefaultClientContext> {
-    parsley_infra::kafka::admin_config(&bootstrap()).create().expect("admin client")
-}
-
-pub fn admin_options() -> AdminOptions {
-    AdminOptions::new().operation_timeout(Some(TIMEOUT)).request_timeout(Some(TIMEOUT))
-}
-
-/// Creates topics, retrying while a deletion of the same name is still in progress.
-pub async fn create_topics(names: &[&str], partitions: i32) {
-    let admin = admin();
-    for name in names {
-        let deadline = Instant::now() + TIMEOUT;
-        loop {
-            let results = admin
-                .create_topics(&[NewTopic::new(name, partitions, TopicReplication::Fixed(1))], &admin_options())
-                .await
-                .expect("create_topics request");
-            match &results[0] {
-                Ok(_) => break,
-                Err((_, code)) if Instant::now() < deadline => {
-                    eprintln!("create {name}: {code}, retrying");
-                    tokio::time::sleep(Duration::from_millis(300)).await;
-                }
-                Err((_, code)) => panic!("creating topic {name}: {code}"),
-            }
-        }
-    }
-    // Let metadata settle so the first describe sees every partition.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-}
-
-pub async fn delete_topic(name: &str) {
-    let results = admin().delete_topics(&[name], &admin_options()).await.expect("delete_topics request");
-    if let Err((_, code)) = &results[0] {
-        panic!("deleting topic {name}: {code}");
-    }
-}
-
 /// The topic ID of `name` as the broker reports it now.
 pub async fn topic_id(name: &str) -> TopicId {
     let d = parsley_infra::describe_topics(&bootstrap(), &[name.to_string()], TIMEOUT).await.unwrap();
     TopicId::from_bytes(d[0].id)
-}
-
-pub fn producer() -> FutureProducer {
-    parsley_infra::kafka::producer_config(&bootstrap()).create().expect("producer")
-}
-
-/// A transactional producer, initialised.
-pub fn transactional_producer() -> FutureProducer {
-    let p: FutureProducer = parsley_infra::kafka::transactional_producer_config(&bootstrap(), &unique("tx"))
-        .create()
-        .expect("transactional producer");
-    p.init_transactions(TIMEOUT).expect("init_transactions");
-    p
-}
-
-/// Produces one record to `topic`/`partition` and returns its offset.
-pub async fn produce(
-    producer: &FutureProducer,
-    topic: &str,
-    partition: i32,
-    key: &str,
-    value: Option<&[u8]>,
-    causes: Option<&[u8]>,
-) -> i64 {
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        let mut record: FutureRecord<'_, str, [u8]> = FutureRecord::to(topic).partition(partition).key(key);
-        if let Some(v) = value {
-            record = record.payload(v);
-        }
-        if let Some(c) = causes {
-            record = record.headers(OwnedHeaders::new().insert(Header { key: "parsley.causes", value: Some(c) }));
-        }
-        match producer.send(record, TIMEOUT).await {
-            Ok(d) => return d.offset,
-            // A new topic's partitions reach the producer's metadata a moment after creation.
-            Err((KafkaError::MessageProduction(RDKafkaErrorCode::UnknownPartition), _))
-                if Instant::now() < deadline =>
-            {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err((e, _)) => panic!("producing to {topic}/{partition}: {e}"),
-        }
-    }
 }
 
 pub fn causes(pairs: &[(TopicId, u32, i64)]) -> Vec<u8> {
@@ -232,7 +129,7 @@ impl Projection for Recording {
 }
 
 pub async fn start<P: Projection>(config: &Config, pool: &PgPool, projection: Arc<P>) -> ModelProjector<P> {
-    start_with_metrics(config, pool, projection, Metrics::new()).await
+    start_with_metrics(config, pool, projection, Metrics::new(METRICS)).await
 }
 
 /// [`start`], recording into `metrics` (for tests that read them).

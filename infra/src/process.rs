@@ -1,0 +1,74 @@
+//! Start-up scaffolding shared by the service binaries: logs on stderr, the async runtime
+//! around `main`, and the shutdown signal. Each binary keeps its own arguments and messages.
+
+use std::future::Future;
+use std::process::ExitCode;
+
+use tokio::sync::watch;
+
+/// Logs to stderr, filtered by `RUST_LOG`, else by `default_filter`.
+pub fn init_tracing(default_filter: &str) {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// Runs `main` on a multi-threaded runtime. A failure (or a runtime that will not start) is
+/// printed once, with its whole context chain, and becomes the exit status.
+pub fn block_on_main(main: impl Future<Output = anyhow::Result<()>>) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(main) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A shutdown flag for the service's loops: it turns true at the first SIGINT or SIGTERM,
+/// after `on_signal` ran (the binary logs what it will finish, under its own target). Call
+/// from within the runtime.
+pub fn shutdown_on_signal(on_signal: impl FnOnce() + Send + 'static) -> watch::Receiver<bool> {
+    let (stop, shutdown) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        on_signal();
+        let _ = stop.send(true);
+    });
+    shutdown
+}
+
+/// Resolves at the first SIGINT (Ctrl-C) or, on Unix, SIGTERM (what container runtimes
+/// send); if SIGTERM cannot be watched, SIGINT alone.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(t) => t,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

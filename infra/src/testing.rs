@@ -1,0 +1,118 @@
+//! Helpers for integration tests against the real local services (feature `test-support`,
+//! enabled only by the workspace's dev-dependencies): the services from the environment,
+//! unique names, an admin client, topics and producers. They panic with a clear message,
+//! as a test should, instead of returning errors.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
+use rdkafka::types::RDKafkaErrorCode;
+
+use crate::{env, kafka};
+
+/// How long any one broker or database operation of a test may take.
+pub const TIMEOUT: Duration = Duration::from_secs(30);
+
+pub fn bootstrap() -> String {
+    env::kafka_bootstrap().unwrap_or_else(|e| panic!("these tests need the real broker: {e:#}"))
+}
+
+pub fn database_url() -> String {
+    env::database_url().unwrap_or_else(|e| panic!("these tests need the real database: {e:#}"))
+}
+
+/// A name no other run or test uses: prefix, process id, time, counter.
+pub fn unique(prefix: &str) -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
+    format!("{prefix}-{}-{}-{}", std::process::id(), nanos % 1_000_000_000_000, COUNTER.fetch_add(1, Ordering::Relaxed))
+}
+
+pub fn admin() -> AdminClient<DefaultClientContext> {
+    kafka::admin_config(&bootstrap()).create().expect("admin client")
+}
+
+pub fn admin_options() -> AdminOptions {
+    AdminOptions::new().operation_timeout(Some(TIMEOUT)).request_timeout(Some(TIMEOUT))
+}
+
+/// Creates topics, retrying while a deletion of the same name is still in progress.
+pub async fn create_topics(names: &[&str], partitions: i32) {
+    let admin = admin();
+    for name in names {
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            let results = admin
+                .create_topics(&[NewTopic::new(name, partitions, TopicReplication::Fixed(1))], &admin_options())
+                .await
+                .expect("create_topics request");
+            match &results[0] {
+                Ok(_) => break,
+                Err((_, code)) if Instant::now() < deadline => {
+                    eprintln!("create {name}: {code}, retrying");
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+                Err((_, code)) => panic!("creating topic {name}: {code}"),
+            }
+        }
+    }
+    // Let metadata settle so the first describe sees every partition.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+}
+
+pub async fn delete_topic(name: &str) {
+    let results = admin().delete_topics(&[name], &admin_options()).await.expect("delete_topics request");
+    if let Err((_, code)) = &results[0] {
+        panic!("deleting topic {name}: {code}");
+    }
+}
+
+/// A plain (idempotent) producer.
+pub fn producer() -> FutureProducer {
+    kafka::producer_config(&bootstrap()).create().expect("producer")
+}
+
+/// A transactional producer, initialised.
+pub fn transactional_producer() -> FutureProducer {
+    let p: FutureProducer =
+        kafka::transactional_producer_config(&bootstrap(), &unique("tx")).create().expect("transactional producer");
+    p.init_transactions(TIMEOUT).expect("init_transactions");
+    p
+}
+
+/// Produces one record to `topic`/`partition`, with `causes` (encoded) as its
+/// `parsley.causes` header, and returns its offset.
+pub async fn produce(
+    producer: &FutureProducer,
+    topic: &str,
+    partition: i32,
+    key: &str,
+    value: Option<&[u8]>,
+    causes: Option<&[u8]>,
+) -> i64 {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let mut record: FutureRecord<'_, str, [u8]> = FutureRecord::to(topic).partition(partition).key(key);
+        if let Some(v) = value {
+            record = record.payload(v);
+        }
+        if let Some(c) = causes {
+            record = record.headers(OwnedHeaders::new().insert(Header { key: "parsley.causes", value: Some(c) }));
+        }
+        match producer.send(record, TIMEOUT).await {
+            Ok(d) => return d.offset,
+            // A new topic's partitions reach the producer's metadata a moment after creation.
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::UnknownPartition), _))
+                if Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err((e, _)) => panic!("producing to {topic}/{partition}: {e}"),
+        }
+    }
+}
