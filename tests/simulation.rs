@@ -114,7 +114,7 @@ fn check_floors(scenario: &str, reports: &[RunReport], floors: &[Floor]) {
 type Metric = (&'static str, fn(&Stats) -> u64);
 
 fn print_totals(scenario: &str, reports: &[RunReport]) {
-    let rows: [Metric; 28] = [
+    let rows: [Metric; 34] = [
         ("steps", |s| s.steps),
         ("records", |s| s.records),
         ("deliveries (committed, tasks)", |s| s.deliveries),
@@ -136,6 +136,7 @@ fn print_totals(scenario: &str, reports: &[RunReport]) {
         ("gated reads that waited", |s| s.gated_waits),
         ("waiting reads later served", |s| s.waited_reads_served),
         ("reads from a lagging replica", |s| s.lagging_replica_reads),
+        ("reads gated on a passed pair", |s| s.reads_on_passed_pairs),
         ("retention advances", |s| s.retention_advances),
         ("retention past a task's held record", |s| s.retention_passed_held),
         ("prunes that removed a pair", |s| s.prunes),
@@ -143,6 +144,11 @@ fn print_totals(scenario: &str, reports: &[RunReport]) {
         ("damaged records", |s| s.corrupt_records),
         ("refusals", |s| s.refusals),
         ("refusals recurring after a restart", |s| s.refusals_recurred),
+        ("periodic log-start checks", |s| s.log_start_checks),
+        ("discard refusals (first hit)", |s| s.discard_refusals),
+        ("  found by the periodic check", |s| s.discard_refusals_by_check),
+        ("discard refusals recurring", |s| s.discard_refusals_recurred),
+        ("deliveries below the log start", |s| s.deliveries_below_log_start),
     ];
     let mut out = format!("scenario {scenario}: {} seeds\n", reports.len());
     for (what, metric) in rows {
@@ -201,6 +207,15 @@ fn retention_sweep() {
     let mut floors = common_floors();
     floors.push(floor("retention advances", |s| s.retention_advances, 90));
     floors.push(floor("retention past a record a task held", |s| s.retention_passed_held, 30));
+    floors.push(floor(
+        "retention past a held record, refused for it, and refused again after a restart",
+        |s| u64::from(s.retention_passed_held > 0 && s.discard_refusals > 0 && s.discard_refusals_recurred > 0),
+        50,
+    ));
+    floors.push(floor("a discard refusal found by the periodic check", |s| s.discard_refusals_by_check, 10));
+    // The token-pruning sabotage needs reads, and reads gated on a pair retention passed.
+    floors.push(floor("reads served", |s| s.reads_served, 90));
+    floors.push(floor("reads gated on a pair below the log start", |s| s.reads_on_passed_pairs, 50));
     check_floors("retention", &reports, &floors);
 }
 
@@ -388,9 +403,19 @@ fn sabotage_token_prunes_received_channels_is_caught() {
     must_catch(
         Sabotage::TokenPrunesReceivedChannels,
         &Scenario::retention(),
-        &[0, 2, 11],
+        &[2, 11, 13],
         &[ViolationKind::ReadYourWrites, ViolationKind::MonotonicReads, ViolationKind::StaleRead],
     );
+}
+
+#[test]
+fn sabotage_stale_log_start_is_caught() {
+    must_catch(Sabotage::StaleLogStart, &Scenario::retention(), &[4, 19, 25], &[ViolationKind::MissedRefusal]);
+}
+
+#[test]
+fn sabotage_log_start_ahead_is_caught() {
+    must_catch(Sabotage::LogStartAhead, &Scenario::soak(), &[0, 1, 2], &[ViolationKind::UnexpectedRefusal]);
 }
 
 // Each session guarantee's own check must be able to fail, not only some check.

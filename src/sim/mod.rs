@@ -5,10 +5,11 @@
 //! and a world ([`world`]) of upstream processes, edge producers, session clients and
 //! projector tasks whose enabled actions a seeded scheduler draws from, one per step. The
 //! hosts drive the real core: [`crate::Engine`] (receive, drain, `take_changes`,
-//! `restore`, `seed`, `prune`, `stamp`), [`crate::CausalPast`] tokens,
-//! [`crate::gate::gate`] and [`crate::gate::refresh`] on clock rows read in one snapshot,
-//! [`crate::murmur2::partition_for_key`]. The [`oracle`] never reads an engine's state:
-//! it tracks real happened-before and judges every delivery and every served read.
+//! `restore`, `seed`, `observe_log_start`, `channels_holding`, `prune`, `stamp`),
+//! [`crate::CausalPast`] tokens, [`crate::gate::gate`] and [`crate::gate::refresh`] on
+//! clock rows read in one snapshot, [`crate::murmur2::partition_for_key`]. The [`oracle`]
+//! never reads an engine's state: it tracks real happened-before and judges every
+//! delivery, every served read, every refusal and every log-start check that passes.
 //!
 //! The simulator is pure like the rest of the crate — no clock, no threads, no I/O; its
 //! only source of choice is [`rng::SimRng`] seeded by the run's seed — so a seed names a
@@ -59,7 +60,8 @@ pub struct Scenario {
     /// [`Scenario::audit`]).
     pub audit: bool,
     /// Retention on the model's own topics may pass records their owner still holds
-    /// (never positions it has not read); otherwise it stays within what it delivered.
+    /// (never positions it has not read), which the owner must refuse once it notices;
+    /// otherwise it stays within what it delivered.
     pub retention_passes_held: bool,
 }
 
@@ -121,7 +123,9 @@ impl Scenario {
     }
 
     /// Aggressive retention everywhere, including past records the model's tasks still
-    /// hold: causes it makes inexpressible are exempt, everything else must still hold.
+    /// hold: causes it makes inexpressible are exempt, a task holding a passed record must
+    /// refuse `POSITIONS_DISCARDED_UNREAD` (and again after each restart), everything else
+    /// must still hold.
     pub fn retention() -> Scenario {
         Scenario { name: "retention", retention_weight: 4, retention_passes_held: true, ..Scenario::soak() }
     }
@@ -169,10 +173,16 @@ pub enum Sabotage {
     /// Gateway: token pairs on the model's own channels are pruned below the log start
     /// too, though the owner may still hold the record there.
     TokenPrunesReceivedChannels,
+    /// Host: a running task's log-start checks use the log start it read at its start, so
+    /// retention passing a held record goes unnoticed until the next restart.
+    StaleLogStart,
+    /// Host: log-start checks report the log start two positions further on than it is,
+    /// so the task refuses though retention discarded nothing it had not delivered.
+    LogStartAhead,
 }
 
 impl Sabotage {
-    pub const ALL: [Sabotage; 11] = [
+    pub const ALL: [Sabotage; 13] = [
         Sabotage::IgnoreCauses,
         Sabotage::NoFifoHold,
         Sabotage::NoReplayDrop,
@@ -184,6 +194,8 @@ impl Sabotage {
         Sabotage::GateServedTaskOnly,
         Sabotage::SplitSnapshot,
         Sabotage::TokenPrunesReceivedChannels,
+        Sabotage::StaleLogStart,
+        Sabotage::LogStartAhead,
     ];
 
     fn engine(self) -> EngineSabotage {
@@ -239,6 +251,9 @@ pub struct Stats {
     /// Reads the gate did not cover at first, which had to wait.
     pub gated_waits: u64,
     pub waited_reads_served: u64,
+    /// Read attempts gated on a token pair on a model channel below its log start that the
+    /// owner had not yet recorded: what `TokenPrunesReceivedChannels` would wave through.
+    pub reads_on_passed_pairs: u64,
     pub retention_advances: u64,
     /// Retention advances on a model channel past a record its owner held.
     pub retention_passed_held: u64,
@@ -249,6 +264,17 @@ pub struct Stats {
     pub refusals: u64,
     /// Refusals hit again, identically, by a refused task after its restart.
     pub refusals_recurred: u64,
+    /// Periodic log-start checks of the channels a running task holds records on.
+    pub log_start_checks: u64,
+    /// `POSITIONS_DISCARDED_UNREAD` refusals hit for the first time (not a recurrence).
+    pub discard_refusals: u64,
+    /// Of those, the ones the periodic check of a running task found.
+    pub discard_refusals_by_check: u64,
+    /// Deliveries by tasks (committed or not) of records retention had already passed,
+    /// before any check refused.
+    pub deliveries_below_log_start: u64,
+    /// `POSITIONS_DISCARDED_UNREAD` refusals hit again, identically, at a restart.
+    pub discard_refusals_recurred: u64,
 }
 
 /// The outcome of one run.

@@ -10,6 +10,11 @@
 //! returned and their histories. A cause counts against a delivery only if it was still
 //! *expressible* when the record was sent (its topic existed and it sat at or above its
 //! channel's log start); below that the protocol is not asked to order it.
+//!
+//! Retention that passes a record a task has not delivered takes that record out of the
+//! protocol's reach in the same way, so the task must stop there: the oracle says, from
+//! what retention discarded and what the task delivered, when a task's
+//! `POSITIONS_DISCARDED_UNREAD` is due and when a log-start check must not pass.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -89,6 +94,9 @@ pub enum ViolationKind {
     UnexpectedRefusal,
     /// A refused task, restarted, did not refuse again identically.
     RefusalNotRecurring,
+    /// A task's log-start check passed although retention had discarded a record the task
+    /// had not delivered.
+    MissedRefusal,
 }
 
 impl ViolationKind {
@@ -109,6 +117,7 @@ impl ViolationKind {
             ViolationKind::Wedged => "wedged",
             ViolationKind::UnexpectedRefusal => "unexpected-refusal",
             ViolationKind::RefusalNotRecurring => "refusal-not-recurring",
+            ViolationKind::MissedRefusal => "missed-refusal",
         }
     }
 }
@@ -166,6 +175,8 @@ pub struct Oracle {
     by_channel: BTreeMap<ChannelId, Vec<RecordId>>,
     /// Records no longer expressible: below their channel's log start, or of a deleted topic.
     gone: RecordSet,
+    /// Per channel, how far retention has moved its log start.
+    log_start: BTreeMap<ChannelId, Position>,
     committed: RecordSet,
     model_topics: BTreeSet<TopicId>,
     model_records: RecordSet,
@@ -179,6 +190,9 @@ pub struct Oracle {
     names: BTreeMap<TopicId, String>,
     /// Deliveries judged (including ones in steps that never committed).
     pub deliveries_checked: u64,
+    /// Deliveries by a projector task of a record retention had already passed: the
+    /// window a periodic log-start check leaves open (judged like any other delivery).
+    pub deliveries_below_log_start: u64,
     pub reads_checked: u64,
 }
 
@@ -188,6 +202,7 @@ impl Oracle {
             records: Vec::new(),
             by_channel: BTreeMap::new(),
             gone: RecordSet::new(),
+            log_start: BTreeMap::new(),
             committed: RecordSet::new(),
             model_topics: model_topics.into_iter().collect(),
             model_records: RecordSet::new(),
@@ -199,6 +214,7 @@ impl Oracle {
             step: 0,
             names: BTreeMap::new(),
             deliveries_checked: 0,
+            deliveries_below_log_start: 0,
             reads_checked: 0,
         }
     }
@@ -343,6 +359,8 @@ impl Oracle {
     }
 
     pub fn log_start_advanced(&mut self, channel: ChannelId, log_start: Position) {
+        let start = self.log_start.entry(channel).or_insert(log_start);
+        *start = (*start).max(log_start);
         for &id in self.by_channel.get(&channel).map(Vec::as_slice).unwrap_or(&[]) {
             if self.records[id as usize].position < log_start {
                 self.gone.insert(id);
@@ -374,6 +392,10 @@ impl Oracle {
             return;
         };
         let id = ids[index];
+        let below = self.log_start.get(&channel).is_some_and(|&start| position < start);
+        if below && self.receivers[receiver].actor.is_none() {
+            self.deliveries_below_log_start += 1;
+        }
         if id != payload_id {
             self.violate(
                 ViolationKind::PayloadMismatch,
@@ -513,6 +535,75 @@ impl Oracle {
         self.knowledge.entry(Actor::Client(client)).or_default().union_with(&learned);
     }
 
+    /// The first record on `channel` that retention has passed and `receiver` has not
+    /// delivered — counting the step in progress, which commits with whatever a check
+    /// concludes. Once such a record is below the log start, senders may drop pairs naming
+    /// it, so nothing orders later records after it: the receiver must stop.
+    pub fn passed_undelivered(&self, receiver: usize, channel: &ChannelId) -> Option<RecordId> {
+        let log_start = self.log_start.get(channel).copied()?;
+        let rc = &self.receivers[receiver];
+        let ids = self.by_channel.get(channel)?;
+        ids.iter()
+            .copied()
+            .take_while(|&id| self.records[id as usize].position < log_start)
+            .filter(|&id| rc.relevant.contains(id) && self.records[id as usize].status == RecordStatus::Committed)
+            .find(|&id| !rc.committed.contains(id) && !rc.staged.contains(&id))
+    }
+
+    /// Why a `POSITIONS_DISCARDED_UNREAD` refusal by `receiver` on `channel` from
+    /// `position` is not due, or `None` when it is: retention passed a record the receiver
+    /// had not delivered, and `position` lies after the last record it delivered there and
+    /// at or before the first it did not (between them lie only offsets that hold no
+    /// deliverable record: markers and aborted records).
+    pub fn discard_refusal_unjustified(
+        &self,
+        receiver: usize,
+        channel: &ChannelId,
+        position: Option<Position>,
+    ) -> Option<String> {
+        let name = &self.receivers[receiver].name;
+        let Some(first) = self.passed_undelivered(receiver, channel) else {
+            let log_start = self.log_start.get(channel).copied().unwrap_or(0);
+            return Some(format!(
+                "retention (log start {log_start}) passed no record of {} that {name} had not delivered",
+                self.channel_name(channel)
+            ));
+        };
+        let rc = &self.receivers[receiver];
+        let last_delivered = self.by_channel[channel]
+            .iter()
+            .copied()
+            .filter(|&id| rc.committed.contains(id) || rc.staged.contains(&id))
+            .map(|id| self.records[id as usize].position)
+            .max();
+        let first_position = self.records[first as usize].position;
+        match position {
+            Some(p) if last_delivered.is_none_or(|d| d < p) && p <= first_position => None,
+            _ => Some(format!(
+                "{name} refused {} from {position:?}, but retention passed {} (first undelivered) after it delivered \
+                 up to {last_delivered:?}",
+                self.channel_name(channel),
+                self.describe(first)
+            )),
+        }
+    }
+
+    /// The receiver's host checked `channel`'s log start and the receiver went on: nothing
+    /// it had not delivered may be below the log start.
+    pub fn log_start_accepted(&mut self, receiver: usize, channel: &ChannelId) {
+        if let Some(first) = self.passed_undelivered(receiver, channel) {
+            let log_start = self.log_start.get(channel).copied().unwrap_or(0);
+            let detail = format!(
+                "{} went on past log start {log_start} of {}, though retention discarded {}, which it had not \
+                 delivered",
+                self.receivers[receiver].name,
+                self.channel_name(channel),
+                self.describe(first)
+            );
+            self.violate(ViolationKind::MissedRefusal, detail);
+        }
+    }
+
     /// At quiescence: every committed record on the receiver's channels was delivered.
     pub fn check_complete(&mut self, receiver: usize) {
         let rc = &self.receivers[receiver];
@@ -633,6 +724,49 @@ mod tests {
         o.delivered(task, ch(1, 0), 0, a + 1);
         o.delivered(task, ch(2, 0), 7, a);
         assert_eq!(kinds(&o), vec![ViolationKind::PayloadMismatch, ViolationKind::PayloadMismatch]);
+    }
+
+    #[test]
+    fn a_discard_refusal_is_due_exactly_when_retention_passed_an_undelivered_record() {
+        let (mut o, task) = model();
+        let a = o.sent(ch(1, 0), 0, 1, Actor::Edge(0), false, false);
+        // Offset 1 holds no record (a transaction marker); b sits at 2, c at 3 (aborted).
+        let b = o.sent(ch(1, 0), 2, 1, Actor::Edge(0), false, false);
+        let c = o.sent(ch(1, 0), 3, 1, Actor::Process(0), true, false);
+        o.txn_ended(&[c], false);
+        o.delivered(task, ch(1, 0), 0, a);
+        o.commit(task);
+        // Retention passed only a delivered record: a check must pass, a refusal is not due.
+        o.log_start_advanced(ch(1, 0), 2);
+        o.log_start_accepted(task, &ch(1, 0));
+        assert!(o.violations().is_empty(), "{:?}", o.violations());
+        assert!(o.discard_refusal_unjustified(task, &ch(1, 0), Some(1)).is_some());
+        // Retention passes b, which the task has not delivered: the refusal is due, from a
+        // position after a and at or before b; going on past it is a missed refusal.
+        o.log_start_advanced(ch(1, 0), 3);
+        assert_eq!(o.passed_undelivered(task, &ch(1, 0)), Some(b));
+        assert_eq!(o.discard_refusal_unjustified(task, &ch(1, 0), Some(1)), None);
+        assert_eq!(o.discard_refusal_unjustified(task, &ch(1, 0), Some(2)), None);
+        for wrong in [Some(0), Some(3), None] {
+            assert!(o.discard_refusal_unjustified(task, &ch(1, 0), wrong).is_some(), "{wrong:?}");
+        }
+        assert!(o.discard_refusal_unjustified(task, &ch(2, 0), Some(0)).is_some(), "the other channel lost nothing");
+        o.log_start_accepted(task, &ch(1, 0));
+        assert_eq!(kinds(&o), vec![ViolationKind::MissedRefusal]);
+        // A delivery in the step in progress counts (the step commits with the check's
+        // outcome); a rolled-back one does not; an aborted record is never owed.
+        let (mut o, task) = model();
+        let a = o.sent(ch(1, 0), 0, 1, Actor::Edge(0), false, false);
+        let c = o.sent(ch(1, 0), 1, 1, Actor::Process(0), true, false);
+        o.txn_ended(&[c], false);
+        o.log_start_advanced(ch(1, 0), 2);
+        o.delivered(task, ch(1, 0), 0, a);
+        o.log_start_accepted(task, &ch(1, 0));
+        assert!(o.violations().is_empty(), "{:?}", o.violations());
+        o.discard(task);
+        assert_eq!(o.passed_undelivered(task, &ch(1, 0)), Some(a));
+        o.log_start_accepted(task, &ch(1, 0));
+        assert_eq!(kinds(&o), vec![ViolationKind::MissedRefusal]);
     }
 
     #[test]

@@ -20,6 +20,10 @@ use crate::sim::{RunReport, Sabotage, Scenario, Stats};
 
 const MODEL_TOPICS: [&str; 2] = ["orders", "payments"];
 
+/// The weight of an idle task's periodic log-start check once it is due (a task that
+/// commits checks right after, before its next step).
+const LOG_START_CHECK_WEIGHT: u32 = 2;
+
 /// Where an upstream process sends.
 #[derive(Clone, Copy, Debug)]
 enum Dest {
@@ -61,6 +65,12 @@ struct Running {
     step_open: bool,
     /// Projection writes of the step in progress.
     applied: Vec<Payload>,
+    /// Per channel, the log start the host last checked with the engine: the periodic
+    /// check is due once retention moved a holding channel's log start past it.
+    log_start_checked: BTreeMap<ChannelId, Position>,
+    /// Per channel, the log start read at this start (what `StaleLogStart` keeps telling
+    /// the engine).
+    log_start_at_start: BTreeMap<ChannelId, Position>,
 }
 
 enum TaskState {
@@ -101,6 +111,7 @@ enum Action {
     TaskFeed(usize, ChannelId),
     TaskPrune(usize),
     TaskCommit(usize),
+    TaskCheckLogStart(usize),
     TaskAbort(usize),
     TaskCrash(usize),
     Retention,
@@ -300,6 +311,7 @@ impl World {
         self.stats.steps = self.step;
         self.stats.records = self.oracle.record_count() as u64;
         self.stats.deliveries_checked = self.oracle.deliveries_checked;
+        self.stats.deliveries_below_log_start = self.oracle.deliveries_below_log_start;
         RunReport {
             seed,
             scenario: self.scenario.name,
@@ -419,6 +431,11 @@ impl World {
                         if work {
                             push(Action::TaskPrune(i), 1);
                         }
+                        // The projector's periodic check runs between steps, on the channels
+                        // holding records; it is worth drawing once a log start moved.
+                        if !run.step_open && self.log_start_check_due(run) {
+                            push(Action::TaskCheckLogStart(i), LOG_START_CHECK_WEIGHT);
+                        }
                     }
                     if work {
                         // A task holding records is crashed at double weight: that is the
@@ -441,6 +458,14 @@ impl World {
             push(Action::RecreateExt, s.recreate_weight);
         }
         out
+    }
+
+    /// Whether retention moved the log start of a channel the task holds records on since
+    /// the host last checked it.
+    fn log_start_check_due(&self, run: &Running) -> bool {
+        run.engine
+            .channels_holding()
+            .any(|c| run.log_start_checked.get(&c).is_none_or(|&seen| self.kafka.log_start(&c) > seen))
     }
 
     /// How far retention may move each channel's log start: never past what its
@@ -525,7 +550,18 @@ impl World {
             Action::TaskStart(t) => self.task_start(t),
             Action::TaskFeed(t, c) => self.task_feed(t, c),
             Action::TaskPrune(t) => self.task_prune(t),
-            Action::TaskCommit(t) => self.task_commit(t),
+            Action::TaskCommit(t) => {
+                self.task_commit(t);
+                // The projector checks before it feeds its next step, once the interval has
+                // passed; here, whenever a log start moved under held records since the last
+                // check. A record released within the step that retention passed it in is
+                // not caught: that window is real (`deliveries_below_log_start`).
+                let due = matches!(&self.tasks[t].state, TaskState::Up(run) if self.log_start_check_due(run));
+                if due {
+                    self.task_check_log_start(t);
+                }
+            }
+            Action::TaskCheckLogStart(t) => self.task_check_log_start(t),
             Action::TaskAbort(t) => {
                 self.stats.step_aborts += 1;
                 self.trace.push(format!("{} task{t} abort step", self.step));
@@ -672,6 +708,16 @@ impl World {
             _ => &self.db,
         };
         let rows = if self.sabotage == Sabotage::SplitSnapshot { self.db.clock_rows() } else { data.clock_rows() };
+        // The state `TokenPrunesReceivedChannels` needs: a kept pair below the log start
+        // that the owner's clock row does not cover yet.
+        let waits_on_passed = token.iter().any(|(ch, p)| {
+            self.is_model(&ch)
+                && p < self.kafka.log_start(&ch)
+                && !rows.iter().any(|r| r.task == ch.partition && r.channel == ch && r.position >= p)
+        });
+        if waits_on_passed && !last {
+            self.stats.reads_on_passed_pairs += 1;
+        }
         let served: BTreeSet<u32> = match kind {
             ReadKind::Key(k) => [self.owner_of_key[k as usize]].into_iter().collect(),
             ReadKind::Collection => (0..self.model.task_count).collect(),
@@ -832,7 +878,9 @@ impl World {
     }
 
     /// The full restore path: restore from the stored rows, seed channels that have no
-    /// baseline, resume each channel's fetch, drain. The drain's deliveries open a step.
+    /// baseline, check every received channel's log start (as the projector does right
+    /// after seeding, so a refusal found while running is found again identically), resume
+    /// each channel's fetch, drain. The drain's deliveries open a step.
     fn task_start(&mut self, t: usize) {
         let persisted = self.db.persisted(t as u32);
         let restored_held = persisted.held.len();
@@ -868,27 +916,77 @@ impl World {
             self.oracle.start(receiver, &baselines);
             self.tasks[t].started_once = true;
         }
-        let deliveries = engine.drain();
-        let mut applied = Vec::new();
-        for d in &deliveries {
-            self.oracle.delivered(receiver, d.channel, d.position, d.payload.id);
-            applied.push(d.payload);
-        }
         self.stats.starts += 1;
         if restored_held > 0 {
             self.stats.restores_with_held += 1;
         }
         self.tasks[t].expect_refusal = self.db.tasks[t].refusal.clone();
         self.tasks[t].refused = false;
-        let next_fetch_debug = next_fetch.clone();
-        self.tasks[t].state = TaskState::Up(Box::new(Running { engine, next_fetch, step_open: true, applied }));
-        let resume: Vec<String> = next_fetch_debug.iter().map(|(c, p)| format!("{}@{p}", self.name(c))).collect();
+        let resume: Vec<String> = next_fetch.iter().map(|(c, p)| format!("{}@{p}", self.name(c))).collect();
         self.trace.push(format!(
-            "{} task{t} start (restored {restored_held} held, drained {}) resume {}",
+            "{} task{t} start (restored {restored_held} held) resume {}",
             self.step,
-            deliveries.len(),
             resume.join(" ")
         ));
+        let run = Running {
+            engine,
+            next_fetch,
+            step_open: true,
+            applied: Vec::new(),
+            log_start_checked: BTreeMap::new(),
+            log_start_at_start: BTreeMap::new(),
+        };
+        self.tasks[t].state = TaskState::Up(Box::new(run));
+        if self.task_observe_log_starts(t, &received) {
+            return;
+        }
+        let run = self.running(t);
+        let deliveries = run.engine.drain();
+        run.applied.extend(deliveries.iter().map(|d| d.payload));
+        for d in &deliveries {
+            self.oracle.delivered(receiver, d.channel, d.position, d.payload.id);
+        }
+        self.trace.push(format!("{} task{t} drained {}", self.step, deliveries.len()));
+    }
+
+    /// The projector's periodic check: the log start of every channel holding records.
+    fn task_check_log_start(&mut self, t: usize) {
+        let holding: Vec<ChannelId> = self.running(t).engine.channels_holding().collect();
+        self.stats.log_start_checks += 1;
+        let names: Vec<String> = holding.iter().map(|c| self.name(c)).collect();
+        self.trace.push(format!("{} task{t} checks log start of {}", self.step, names.join(" ")));
+        if self.task_observe_log_starts(t, &holding) {
+            self.stats.discard_refusals_by_check += 1;
+        }
+    }
+
+    /// Checks the log start of each of `channels` with the engine — as the projector does
+    /// at start, on an out-of-range fetch, and periodically for channels holding records —
+    /// and has the oracle judge each answer. Returns whether the task refused.
+    /// `StaleLogStart` tells the engine the log start read at the task's start instead;
+    /// `LogStartAhead` tells it a log start two positions further on.
+    fn task_observe_log_starts(&mut self, t: usize, channels: &[ChannelId]) -> bool {
+        let receiver = self.tasks[t].receiver;
+        let sabotage = self.sabotage;
+        for &c in channels {
+            let log_start = self.kafka.log_start(&c);
+            let run = self.running(t);
+            run.log_start_checked.insert(c, log_start);
+            let at_start = *run.log_start_at_start.entry(c).or_insert(log_start);
+            let told = match sabotage {
+                Sabotage::StaleLogStart => at_start,
+                Sabotage::LogStartAhead => log_start + 2,
+                _ => log_start,
+            };
+            match run.engine.observe_log_start(c, told) {
+                Ok(()) => self.oracle.log_start_accepted(receiver, &c),
+                Err(refusal) => {
+                    self.task_refused(t, refusal, None);
+                    return true;
+                }
+            }
+        }
+        false
     }
 
     fn task_feed(&mut self, t: usize, c: ChannelId) {
@@ -898,18 +996,16 @@ impl World {
         let records = match self.kafka.fetch(&c, from, max) {
             Ok(r) => r,
             Err(FetchError::OutOfRange { log_start }) => {
-                // Retention passed the fetch position. If it passed only positions already
-                // fed (a replay resume below them), skip to the log start; if it passed
-                // positions never fed, the engine refuses.
-                let run = self.running(t);
-                match run.engine.observe_log_start(c, log_start) {
-                    Ok(()) => {
-                        run.next_fetch.insert(c, log_start);
-                        let line =
-                            format!("{} task{t} fetch {} skips to log start {log_start}", self.step, self.name(&c));
-                        self.trace.push(line);
-                    }
-                    Err(refusal) => self.task_refused(t, refusal, None),
+                // Retention passed the fetch position. The host checks every received
+                // channel's log start, as the projector does: if retention passed only
+                // positions already settled (a replay resume below them), skip to the log
+                // start; if it passed positions never read or records still held, the
+                // engine refuses.
+                let received = self.tasks[t].received.clone();
+                if !self.task_observe_log_starts(t, &received) {
+                    self.running(t).next_fetch.insert(c, log_start);
+                    let line = format!("{} task{t} fetch {} skips to log start {log_start}", self.step, self.name(&c));
+                    self.trace.push(line);
                 }
                 return;
             }
@@ -955,26 +1051,41 @@ impl World {
     }
 
     /// A refusal: the step commits what it delivered before, with the refusal as status.
+    /// It is expected only on a damaged record (`UNDECODABLE_METADATA`), or where the
+    /// oracle says retention passed a record the task had not delivered
+    /// (`POSITIONS_DISCARDED_UNREAD`).
     fn task_refused(&mut self, t: usize, refusal: Refusal, record: Option<RecordId>) {
         self.stats.refusals += 1;
         self.trace.push(format!("{} task{t} refused {}: {}", self.step, refusal.reason, refusal.diagnosis));
-        let expected = refusal.reason == RefusalReason::UndecodableMetadata
-            && record.is_some_and(|id| self.oracle.record(id).corrupt);
-        if !expected {
-            self.oracle.report(ViolationKind::UnexpectedRefusal, format!("task{t} refused: {refusal}"));
+        let receiver = self.tasks[t].receiver;
+        let unjustified = match (refusal.reason, refusal.channel) {
+            (RefusalReason::UndecodableMetadata, _) if record.is_some_and(|id| self.oracle.record(id).corrupt) => None,
+            (RefusalReason::PositionsDiscardedUnread, Some(c)) if self.tasks[t].received.contains(&c) => {
+                self.oracle.discard_refusal_unjustified(receiver, &c, refusal.position)
+            }
+            _ => Some("no damaged record or discarded delivery calls for it".to_string()),
+        };
+        if let Some(why) = unjustified {
+            self.oracle.report(ViolationKind::UnexpectedRefusal, format!("task{t} refused: {refusal} ({why})"));
         }
+        let discarded = refusal.reason == RefusalReason::PositionsDiscardedUnread;
         if let Some(before) = self.tasks[t].expect_refusal.take() {
             let same = before.reason == refusal.reason
                 && before.channel == refusal.channel
                 && before.position == refusal.position;
             if same {
                 self.stats.refusals_recurred += 1;
+                if discarded {
+                    self.stats.discard_refusals_recurred += 1;
+                }
             } else {
                 self.oracle.report(
                     ViolationKind::RefusalNotRecurring,
                     format!("task{t} refused {before} before its restart, but {refusal} after"),
                 );
             }
+        } else if discarded {
+            self.stats.discard_refusals += 1;
         }
         self.task_commit(t);
         self.tasks[t].refused = true;
