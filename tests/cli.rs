@@ -68,7 +68,8 @@ fn undecodable_values_say_so_on_one_line() {
         ("0102", "truncated"),
         ("0200", "unknown version"),
         ("010", "odd number"),
-        ("01zz", "not a hex byte"),
+        ("01zz", "not a hex digit"),
+        ("01é0", "not a hex digit"),
         ("010000", "trailing"),
     ] {
         let out = run(&["causes", "decode", hex], "");
@@ -90,7 +91,7 @@ fn invalid_encode_input_exits_2_with_a_reason() {
         (format!(r#"[{{"topic_id":"{A}","partition":2147483648,"position":1}}]"#), "partition"),
         (format!(r#"[{{"topic_id":"{A}","partition":-1,"position":1}}]"#), "partition"),
         ("not json".to_string(), "JSON"),
-        (format!(r#"[{{"topic_id":"nope","partition":0,"position":1}}]"#), "UUID"),
+        (r#"[{"topic_id":"nope","partition":0,"position":1}]"#.to_string(), "UUID"),
     ] {
         let out = run(&["causes", "encode"], &input);
         assert_eq!(out.status.code(), Some(2), "{input}");

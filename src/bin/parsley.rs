@@ -104,14 +104,18 @@ fn decode_hex(hex: &str) -> Result<(), String> {
 }
 
 fn parse_hex(hex: &str) -> Result<Vec<u8>, String> {
-    if hex.len() % 2 != 0 {
+    if let Some((i, c)) = hex.char_indices().find(|(_, c)| !c.is_ascii_hexdigit()) {
+        return Err(format!("{c:?} at character {i} is not a hex digit"));
+    }
+    if !hex.len().is_multiple_of(2) {
         return Err(format!("the hex string has an odd number of digits ({})", hex.len()));
     }
-    (0..hex.len())
-        .step_by(2)
-        .map(|i| {
-            u8::from_str_radix(&hex[i..i + 2], 16)
-                .map_err(|_| format!("{:?} at character {i} is not a hex byte", &hex[i..i + 2]))
+    Ok(hex
+        .as_bytes()
+        .chunks_exact(2)
+        .map(|pair| {
+            let digit = |b: u8| (b as char).to_digit(16).expect("checked above") as u8;
+            (digit(pair[0]) << 4) | digit(pair[1])
         })
-        .collect()
+        .collect())
 }
