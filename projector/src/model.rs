@@ -48,8 +48,13 @@ pub struct ModelPlan {
 
 impl ModelPlan {
     /// The received channels of `task`: partition `task` of every received topic.
+    /// The task's received channels in channel order — the engine's order, so every
+    /// log-start check (at start, on an out-of-range fetch, periodically) visits channels
+    /// alike and a refusal recurs on the same channel after a restart.
     pub fn channels(&self, task: u32) -> Vec<ChannelId> {
-        self.topics.iter().map(|t| ChannelId::new(t.id, task)).collect()
+        let mut channels: Vec<ChannelId> = self.topics.iter().map(|t| ChannelId::new(t.id, task)).collect();
+        channels.sort();
+        channels
     }
 
     pub fn channel_of(&self, topic: &str, partition: i32) -> Option<ChannelId> {

@@ -225,6 +225,7 @@ impl<P: Projection> TaskRunner<P> {
         let timeout = plan.kafka_timeout();
         if seed {
             self.log_start_checked_at = Instant::now();
+            let mut log_starts = Vec::with_capacity(plan.topics.len());
             for topic in &plan.topics {
                 let channel = ChannelId::new(topic.id, self.task);
                 let (log_start, last_stable) = kafka::watermarks(&consumer, &topic.name, self.task, timeout).await?;
@@ -235,8 +236,15 @@ impl<P: Projection> TaskRunner<P> {
                     };
                     let _ = self.engine.seed(channel, baseline);
                 }
-                // A refusal here is sticky in the engine and persisted just below.
-                let _ = self.engine.observe_log_start(channel, log_start);
+                log_starts.push((channel, log_start));
+            }
+            // In channel order, as every other check: a refusal (sticky in the engine and
+            // persisted just below) then names the same channel on every start.
+            log_starts.sort();
+            for (channel, log_start) in log_starts {
+                if self.engine.observe_log_start(channel, log_start).is_err() {
+                    break;
+                }
             }
             let changes = self.engine.take_changes();
             let mut tx = self.pool.begin().await.context("beginning the start transaction")?;
