@@ -150,6 +150,7 @@ fn model_config(name: &str, topic: &str, step: usize) -> ModelConfig {
         initial_position: InitialPosition::Earliest,
         max_step_records: step,
         max_step_ms: 100,
+        step_linger_ms: 5,
         tasks: None,
     }
 }

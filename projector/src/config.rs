@@ -198,6 +198,12 @@ pub struct ModelConfig {
     /// Longest a step waits for records before it commits what it has, in milliseconds.
     #[serde(default = "default_max_step_ms")]
     pub max_step_ms: u64,
+    /// Once a step has records, it commits as soon as the consumer has had nothing new for
+    /// this long, in milliseconds (0: no wait beyond what is already fetched). Under load
+    /// records keep arriving and steps fill to `max_step_records`; a lone write is applied
+    /// without waiting out `max_step_ms`.
+    #[serde(default = "default_step_linger_ms")]
+    pub step_linger_ms: u64,
     /// The tasks this instance runs; all of them when absent.
     #[serde(default)]
     pub tasks: Option<Vec<u32>>,
@@ -206,6 +212,10 @@ pub struct ModelConfig {
 impl ModelConfig {
     pub fn max_step_time(&self) -> Duration {
         Duration::from_millis(self.max_step_ms)
+    }
+
+    pub fn step_linger(&self) -> Duration {
+        Duration::from_millis(self.step_linger_ms)
     }
 
     pub fn topic(&self, name: &str) -> Option<&TopicConfig> {
@@ -263,6 +273,10 @@ pub const MIN_LOG_START_CHECK_MS: u64 = 100;
 fn default_max_step_records() -> usize {
     2_000
 }
+fn default_step_linger_ms() -> u64 {
+    5
+}
+
 fn default_max_step_ms() -> u64 {
     100
 }
@@ -364,6 +378,9 @@ impl Config {
             }
             if m.max_step_ms == 0 {
                 bail!("{at}.max_step_ms must be at least 1");
+            }
+            if m.step_linger_ms > m.max_step_ms {
+                bail!("{at}.step_linger_ms ({}) must not exceed max_step_ms ({})", m.step_linger_ms, m.max_step_ms);
             }
             if let Some(tasks) = &m.tasks {
                 if tasks.is_empty() {

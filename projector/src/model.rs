@@ -37,6 +37,8 @@ pub struct ModelPlan {
     pub topics: Vec<PlannedTopic>,
     pub max_step_records: usize,
     pub max_step_time: Duration,
+    /// A step with records ends once nothing new arrived for this long.
+    pub step_linger: Duration,
     pub metadata_budget: usize,
     pub initial_backoff: Duration,
     pub max_backoff: Duration,
@@ -157,6 +159,7 @@ impl<P: Projection> ModelProjector<P> {
                 .collect(),
             max_step_records: model.max_step_records,
             max_step_time: model.max_step_time(),
+            step_linger: model.step_linger(),
             metadata_budget: config.projector.metadata_budget,
             initial_backoff: config.projector.initial_backoff(),
             max_backoff: config.projector.max_backoff(),

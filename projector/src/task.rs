@@ -372,7 +372,14 @@ impl<P: Projection> TaskRunner<P> {
         let deadline = tokio::time::Instant::now() + self.plan.max_step_time;
         let mut batch = Vec::new();
         while batch.len() < max {
-            match tokio::time::timeout_at(deadline, consumer.recv()).await {
+            // Wait up to the step's deadline for the first record; after that, only while
+            // records keep coming (`step_linger`), so a lone write is not held for the window.
+            let until = if batch.is_empty() {
+                deadline
+            } else {
+                deadline.min(tokio::time::Instant::now() + self.plan.step_linger)
+            };
+            match tokio::time::timeout_at(until, consumer.recv()).await {
                 Err(_) => break,
                 Ok(Ok(message)) => batch.push(Consumed::from_message(&message)),
                 Ok(Err(e)) => {

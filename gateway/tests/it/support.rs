@@ -108,6 +108,7 @@ pub fn config(n: &Names, gateway: &str) -> Config {
         initial_position: InitialPosition::Earliest,
         max_step_records: 500,
         max_step_ms: 50,
+        step_linger_ms: 5,
         tasks: None,
     });
     c.validate().unwrap();

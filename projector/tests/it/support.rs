@@ -68,6 +68,7 @@ pub fn config(model: &str, topics: &[(&str, Apply)]) -> Config {
         initial_position: InitialPosition::Earliest,
         max_step_records: 500,
         max_step_ms: 150,
+        step_linger_ms: 5,
         tasks: None,
     });
     c.validate().unwrap();
