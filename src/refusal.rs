@@ -13,7 +13,8 @@ pub enum RefusalReason {
     UndecodableMetadata,
     /// A `parsley.causes` value (received or to be sent) exceeded the metadata budget.
     MetadataBudgetExceeded,
-    /// Retention removed positions on a received channel before the task read them.
+    /// Retention passed a position on a received channel that the task has not settled:
+    /// one never read, or a record still held.
     PositionsDiscardedUnread,
     /// The host fed a channel at or below a position it had already fed in this execution.
     OutOfOrderFeed,
