@@ -121,6 +121,11 @@ pub struct ProjectorSettings {
     /// still runs at start and when a fetch is out of range).
     #[serde(default = "default_log_start_check_ms")]
     pub log_start_check_ms: u64,
+    /// How often a task whose clock or frontier names channels of topics the model does
+    /// not receive (upstream channels) learns their facts (topic still there, log start)
+    /// and prunes the pairs they make dead, in milliseconds; 0 disables pruning.
+    #[serde(default = "default_prune_interval_ms")]
+    pub prune_interval_ms: u64,
 }
 
 impl Default for ProjectorSettings {
@@ -132,6 +137,7 @@ impl Default for ProjectorSettings {
             initial_backoff_ms: default_initial_backoff_ms(),
             max_backoff_ms: default_max_backoff_ms(),
             log_start_check_ms: default_log_start_check_ms(),
+            prune_interval_ms: default_prune_interval_ms(),
         }
     }
 }
@@ -146,6 +152,10 @@ impl ProjectorSettings {
     /// The interval of the periodic log-start check; `None` when disabled.
     pub fn log_start_check(&self) -> Option<Duration> {
         (self.log_start_check_ms > 0).then(|| Duration::from_millis(self.log_start_check_ms))
+    }
+    /// The interval of upstream pruning; `None` when disabled.
+    pub fn prune_interval(&self) -> Option<Duration> {
+        (self.prune_interval_ms > 0).then(|| Duration::from_millis(self.prune_interval_ms))
     }
 }
 
@@ -270,6 +280,12 @@ fn default_log_start_check_ms() -> u64 {
 /// The shortest enabled log-start check interval: each check is a watermark request per
 /// holding channel, and more often than this would mean nearly every step.
 pub const MIN_LOG_START_CHECK_MS: u64 = 100;
+fn default_prune_interval_ms() -> u64 {
+    300_000
+}
+/// The shortest enabled prune interval: each prune lists and describes the cluster's topics
+/// and queries the log start of every upstream channel.
+pub const MIN_PRUNE_INTERVAL_MS: u64 = 100;
 fn default_max_step_records() -> usize {
     2_000
 }
@@ -342,6 +358,12 @@ impl Config {
             bail!(
                 "projector.log_start_check_ms must be 0 (disabled) or at least {MIN_LOG_START_CHECK_MS}, not {}",
                 self.projector.log_start_check_ms
+            );
+        }
+        if self.projector.prune_interval_ms != 0 && self.projector.prune_interval_ms < MIN_PRUNE_INTERVAL_MS {
+            bail!(
+                "projector.prune_interval_ms must be 0 (disabled) or at least {MIN_PRUNE_INTERVAL_MS}, not {}",
+                self.projector.prune_interval_ms
             );
         }
         if !self.projector.metrics_address.is_empty()
@@ -495,6 +517,16 @@ listen = "127.0.0.1:8080"
         assert_eq!(c.kafka.bootstrap, "127.0.0.1:9092");
         assert_eq!(c.projector.log_start_check_ms, 30_000);
         assert_eq!(c.projector.log_start_check(), Some(Duration::from_secs(30)));
+        assert_eq!(c.projector.prune_interval(), Some(Duration::from_secs(300)));
+    }
+
+    #[test]
+    fn pruning_is_disabled_by_zero_and_bounded_below() {
+        let interval = |text: &str| Config::parse(text).map(|c| c.projector.prune_interval());
+        assert_eq!(interval("[projector]\nprune_interval_ms = 0\n").unwrap(), None);
+        assert_eq!(interval("[projector]\nprune_interval_ms = 100\n").unwrap(), Some(Duration::from_millis(100)));
+        let err = format!("{:#}", interval("[projector]\nprune_interval_ms = 99\n").unwrap_err());
+        assert!(err.contains("projector.prune_interval_ms") && err.contains("99"), "{err}");
     }
 
     #[test]
@@ -522,6 +554,7 @@ listen = "127.0.0.1:8080"
             ("[projector]\nmax_backoff_ms = 1\ninitial_backoff_ms = 5\n", "projector.max_backoff_ms"),
             ("[projector]\nlog_start_check_ms = 5\n", "projector.log_start_check_ms"),
             ("[projector]\nlog_start_check_ms = -1\n", "log_start_check_ms"),
+            ("[projector]\nprune_interval_ms = 5\n", "projector.prune_interval_ms"),
             ("[[models]]\nname = \"m\"\ntopics = [{ name = \"t\" }]\n[[models]]\nname = \"m\"\ntopics = [{ name = \"t\" }]\n", "models[1].name"),
             ("surprise = 1\n", "surprise"),
         ];

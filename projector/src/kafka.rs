@@ -1,16 +1,19 @@
 //! Kafka for the projector: resolving the declared topics to topic IDs and partition counts,
-//! the task consumer's configuration, and partition watermarks.
+//! the task consumer's configuration, partition watermarks, and the facts upstream pruning
+//! runs on.
 //!
 //! Topic existence and partition counts come from a metadata request (so a deleted topic is
 //! recognised as such, not confused with an unreachable broker); topic IDs come from
 //! DescribeTopics through `parsley-infra`.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use parsley::engine::ChannelFact;
 use parsley::startup::ResolvedTopic;
-use parsley::TopicId;
+use parsley::{ChannelId, TopicId};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer as _, StreamConsumer};
 use rdkafka::types::RDKafkaRespErr;
@@ -110,4 +113,88 @@ pub async fn watermarks(
     })
     .await
     .context("the watermark task panicked")?
+}
+
+/// What one round of fact-finding learned about upstream channels.
+#[derive(Debug, Default)]
+pub struct UpstreamFacts {
+    /// A fact per channel asked for (`Unknown` where nothing could be learned).
+    pub facts: BTreeMap<ChannelId, ChannelFact>,
+    /// What could not be learned, one message per failed request.
+    pub errors: Vec<String>,
+}
+
+/// Learns the facts of `channels` (channels of topics the model does not receive): lists
+/// the cluster's topics (metadata) and describes them to map topic IDs to names; a topic ID
+/// no longer among them is `TopicGone`, as is a partition beyond its topic's count; every
+/// other channel is `Live` with its log start (the low watermark). A fact that could not be
+/// learned is `Unknown` and its error is returned alongside. `Err` only when the listing
+/// itself failed (then nothing is known).
+pub async fn upstream_facts(
+    consumer: &Arc<StreamConsumer>,
+    channels: Vec<ChannelId>,
+    timeout: Duration,
+) -> anyhow::Result<UpstreamFacts> {
+    let consumer = Arc::clone(consumer);
+    tokio::task::spawn_blocking(move || upstream_facts_blocking(&consumer, &channels, timeout))
+        .await
+        .context("the upstream facts task panicked")?
+}
+
+fn upstream_facts_blocking(
+    consumer: &StreamConsumer,
+    channels: &[ChannelId],
+    timeout: Duration,
+) -> anyhow::Result<UpstreamFacts> {
+    let metadata = consumer.fetch_metadata(None, timeout).context("listing the cluster's topics")?;
+    let mut names = Vec::new();
+    let mut errors = Vec::new();
+    for topic in metadata.topics() {
+        match topic.error() {
+            None => names.push(topic.name().to_string()),
+            // Listed but not answering (e.g. no leader yet): its ID is not known, so the
+            // listing is incomplete.
+            Some(e) => errors.push(format!("metadata of topic {:?}: error {e:?}", topic.name())),
+        }
+    }
+    let described = match parsley_infra::describe_topics_blocking(consumer.client(), &names, timeout) {
+        Ok(d) => d,
+        // One topic deleted (or not describable) between the listing and the describe fails
+        // the whole call: describe one by one and keep what answers.
+        Err(whole) => {
+            let mut each = Vec::with_capacity(names.len());
+            for name in &names {
+                match parsley_infra::describe_topics_blocking(consumer.client(), std::slice::from_ref(name), timeout) {
+                    Ok(d) => each.extend(d),
+                    Err(e) => errors.push(format!("{e:#}")),
+                }
+            }
+            if each.is_empty() && !names.is_empty() {
+                return Err(whole.context("describing the cluster's topics"));
+            }
+            each
+        }
+    };
+    // An ID missing from an incomplete listing may belong to a topic that did not answer:
+    // only a complete one says a topic is gone.
+    let complete = errors.is_empty();
+    let by_id: BTreeMap<TopicId, (String, u32)> =
+        described.into_iter().map(|d| (TopicId::from_bytes(d.id), (d.name, d.partitions))).collect();
+    let mut facts = BTreeMap::new();
+    for channel in channels {
+        let fact = match by_id.get(&channel.topic) {
+            None if complete => ChannelFact::TopicGone,
+            None => ChannelFact::Unknown,
+            Some((_, partitions)) if channel.partition >= *partitions => ChannelFact::TopicGone,
+            Some((name, _)) => match consumer.fetch_watermarks(name, channel.partition as i32, timeout) {
+                Ok((log_start, _)) => ChannelFact::Live { log_start },
+                Err(e) => {
+                    errors.push(format!("querying the log start of {name}/{}: {e}", channel.partition));
+                    ChannelFact::Unknown
+                }
+            },
+        };
+        facts.insert(*channel, fact);
+    }
+    Ok(UpstreamFacts { facts, errors })
 }

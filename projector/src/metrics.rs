@@ -34,13 +34,19 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
     (
         "parsley_projector_kafka_errors_total",
         Kind::Counter,
-        "Errors reported by the Kafka consumer (and failed periodic log-start checks).",
+        "Errors reported by the Kafka consumer (and failed periodic log-start checks and prunes).",
     ),
     (
         "parsley_projector_log_start_checks_total",
         Kind::Counter,
         "Periodic log-start checks of the channels holding records.",
     ),
+    (
+        "parsley_projector_prune_checks_total",
+        Kind::Counter,
+        "Periodic prunes that learned the facts of the task's upstream channels.",
+    ),
+    ("parsley_projector_pairs_pruned_total", Kind::Counter, "Frontier and clock pairs pruned."),
 ];
 
 /// The projector's metrics: the shared registry, created with [`METRICS`]

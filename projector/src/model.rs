@@ -45,6 +45,9 @@ pub struct ModelPlan {
     /// How often a task holding records checks those channels' log starts; `None`: only at
     /// start and on an out-of-range fetch.
     pub log_start_check: Option<Duration>,
+    /// How often a task with upstream channels in its clock or frontier prunes them;
+    /// `None`: never.
+    pub prune_interval: Option<Duration>,
     pub kafka: KafkaConfig,
 }
 
@@ -164,6 +167,7 @@ impl<P: Projection> ModelProjector<P> {
             initial_backoff: config.projector.initial_backoff(),
             max_backoff: config.projector.max_backoff(),
             log_start_check: config.projector.log_start_check(),
+            prune_interval: config.projector.prune_interval(),
             kafka: config.kafka.clone(),
         });
         let owned: Vec<u32> = match &model.tasks {

@@ -7,13 +7,13 @@
 //! the task reads again from `fed_up_to + 1` with a new consumer (no record fetched before
 //! the failure can reach the new engine).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use parsley::channel::{ChannelId, Position};
-use parsley::engine::{Delivery, EngineConfig, Receipt};
+use parsley::engine::{ChannelFact, Delivery, EngineConfig, Receipt};
 use parsley::refusal::{Refusal, RefusalReason};
 use parsley::Engine;
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
@@ -85,6 +85,8 @@ pub struct TaskRunner<P: Projection> {
     /// When log starts were last compared (at start, on an out-of-range fetch, or by the
     /// periodic check of the channels holding records).
     log_start_checked_at: Instant,
+    /// When upstream channels were last pruned (or found absent).
+    pruned_at: Instant,
     /// After a failure, steps feed one record at a time until the task is past every
     /// position the failed step had fed, so records before a bad one still commit and
     /// the status names the bad one.
@@ -125,6 +127,7 @@ impl<P: Projection> TaskRunner<P> {
             needs_drain: true,
             check_log_start: false,
             log_start_checked_at: Instant::now(),
+            pruned_at: Instant::now(),
             careful_until: None,
             head_since: BTreeMap::new(),
         };
@@ -348,7 +351,8 @@ impl<P: Projection> TaskRunner<P> {
                     "the periodic log-start check failed; trying again after the interval");
             }
         }
-        let outcome = self.step(batch).await;
+        let pruned = self.prune_upstream_if_due().await;
+        let outcome = self.step(batch, pruned).await;
         if out_of_range && self.state == TaskState::Running {
             // Not refused: the log start is still within reach. Read on from fed_up_to + 1
             // with a fresh consumer rather than trust the one that reported the error.
@@ -435,13 +439,67 @@ impl<P: Projection> TaskRunner<P> {
         Ok(())
     }
 
-    async fn step(&mut self, batch: Vec<Consumed>) -> StepOutcome {
+    /// The channels of the task's clock and frontier whose topics the model does not
+    /// receive (learned from records' causes), once the prune interval has passed; `None`
+    /// when not due or when there are none.
+    fn prune_due(&mut self) -> Option<Vec<ChannelId>> {
+        let interval = self.plan.prune_interval?;
+        if self.pruned_at.elapsed() < interval || self.engine.refusal().is_some() || self.consumer.is_none() {
+            return None;
+        }
+        self.pruned_at = Instant::now();
+        let received: BTreeSet<_> = self.plan.topics.iter().map(|t| t.id).collect();
+        let upstream: BTreeSet<ChannelId> = (self.engine.delivered_past().iter())
+            .chain(self.engine.frontier().iter())
+            .map(|(c, _)| c)
+            .filter(|c| !received.contains(&c.topic))
+            .collect();
+        (!upstream.is_empty()).then(|| upstream.into_iter().collect())
+    }
+
+    /// When due, learns the facts of the upstream channels and prunes the engine's frontier
+    /// and clock by them (the engine's rule: below log start, or topic gone). Channels of
+    /// received topics, and anything not learned, are `Unknown`: kept. Returns whether a
+    /// pair was pruned, so that the step commits even with nothing else to write. A broker
+    /// that cannot answer is logged and counted, never a failed step: the next interval
+    /// tries again.
+    async fn prune_upstream_if_due(&mut self) -> bool {
+        let Some(upstream) = self.prune_due() else { return false };
+        let Some(consumer) = self.consumer.clone() else { return false };
+        let learned = match kafka::upstream_facts(&consumer, upstream, self.plan.kafka_timeout()).await {
+            Ok(learned) => learned,
+            Err(e) => {
+                self.metric_add("parsley_projector_kafka_errors_total", 1.0);
+                tracing::warn!(model = %self.plan.name, task = self.task, error = %format!("{e:#}"),
+                    "learning the facts of upstream channels failed; pruning again after the interval");
+                return false;
+            }
+        };
+        if !learned.errors.is_empty() {
+            self.metric_add("parsley_projector_kafka_errors_total", learned.errors.len() as f64);
+            tracing::warn!(model = %self.plan.name, task = self.task, errors = ?learned.errors,
+                "some upstream facts are unknown; their pairs are kept until a later prune");
+        }
+        self.metric_add("parsley_projector_prune_checks_total", 1.0);
+        let before = self.engine.frontier().len() + self.engine.delivered_past().len();
+        self.engine.prune(|c| learned.facts.get(c).copied().unwrap_or(ChannelFact::Unknown));
+        let pruned = before - (self.engine.frontier().len() + self.engine.delivered_past().len());
+        if pruned > 0 {
+            self.metric_add("parsley_projector_pairs_pruned_total", pruned as f64);
+            tracing::info!(model = %self.plan.name, task = self.task, pruned, "pruned upstream pairs");
+        }
+        pruned > 0
+    }
+
+    /// One step; `pruned`: the engine pruned pairs since the last commit, which must commit
+    /// even when nothing else happened.
+    async fn step(&mut self, batch: Vec<Consumed>, pruned: bool) -> StepOutcome {
         let plan = Arc::clone(&self.plan);
         let mut deliveries: Vec<Delivery<RecordData>> = Vec::new();
         if self.needs_drain {
             deliveries.extend(self.engine.drain());
         }
-        let idle = batch.is_empty() && deliveries.is_empty() && !self.needs_drain;
+        let idle = batch.is_empty() && deliveries.is_empty() && !self.needs_drain && !pruned;
         if idle && self.engine.refusal().is_none() && self.stored_status != TaskStatusKind::Failing {
             self.refresh_gauges();
             return StepOutcome::Idle;

@@ -7,6 +7,7 @@ mod causal;
 mod clock;
 mod fencing;
 mod log_start;
+mod prune;
 mod refusals;
 mod restart;
 mod store;

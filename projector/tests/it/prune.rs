@@ -1,0 +1,175 @@
+//! Upstream pruning (`projector.prune_interval_ms`): clock and frontier pairs on channels of
+//! topics the model does not receive are kept while the broker says they are live, and
+//! dropped — with a NOTIFY — once their topic is deleted or retention passed them; the
+//! model's own channel is never pruned, and a restart restores the pruned state. With
+//! pruning disabled nothing is pruned.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parsley::channel::{ChannelId, Position, TopicId};
+use parsley_projector::config::{Apply, Config};
+use parsley_projector::metrics::{Metrics, METRICS};
+use parsley_projector::store::CLOCK_NOTIFY_CHANNEL;
+use parsley_projector::ModelProjector;
+use rdkafka::{Offset, TopicPartitionList};
+use sqlx::postgres::PgListener;
+use sqlx::{PgPool, Row as _};
+
+use crate::support::*;
+
+/// Task 0's rows of `table` (`clock` or `frontier`), read from the database.
+async fn rows(pool: &PgPool, table: &str, model: &str) -> BTreeMap<ChannelId, Position> {
+    let sql = format!("SELECT topic_id, partition, position FROM parsley.{table} WHERE model = $1 AND task = 0");
+    sqlx::query(&sql)
+        .bind(model)
+        .fetch_all(pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| {
+            let id: uuid::Uuid = r.get(0);
+            let partition: i32 = r.get(1);
+            (ChannelId::new(TopicId::from_bytes(*id.as_bytes()), partition as u32), r.get(2))
+        })
+        .collect()
+}
+
+/// The prunes task 0 of `model` has made.
+fn prunes(metrics: &Metrics, model: &str) -> f64 {
+    metrics.value("parsley_projector_prune_checks_total", &[("model", model), ("task", "0")]).unwrap_or(0.0)
+}
+
+/// Advances the log start of `topic`/0 to `offset`, as retention would.
+async fn retain_from(topic: &str, offset: i64) {
+    let mut cut = TopicPartitionList::new();
+    cut.add_partition_offset(topic, 0, Offset::Offset(offset)).unwrap();
+    admin().delete_records(&cut, &admin_options()).await.expect("delete_records");
+}
+
+async fn drive_for(projector: &mut ModelProjector<Recording>, span: Duration) {
+    let until = Instant::now() + span;
+    while Instant::now() < until {
+        projector.run_once().await;
+    }
+}
+
+/// A model receiving `{base}.m` only, next to upstream topics `{base}.u1` and `{base}.u2`.
+struct Upstream {
+    model: String,
+    m: String,
+    u1: String,
+    u2: String,
+}
+
+impl Upstream {
+    fn new(prefix: &str) -> Upstream {
+        let base = unique(prefix);
+        Upstream { model: base.clone(), m: format!("{base}.m"), u1: format!("{base}.u1"), u2: format!("{base}.u2") }
+    }
+
+    fn config(&self, prune_interval_ms: u64) -> Config {
+        let mut c = config(&self.model, &[(&self.m, Apply::Replace)]);
+        c.projector.prune_interval_ms = prune_interval_ms;
+        c.validate().unwrap();
+        c
+    }
+
+    /// Two records on U1, three on U2, then two on M, the first caused by U1/0@1 and
+    /// U2/0@1. Returns the channels (M, U1, U2) and M's last offset.
+    async fn produce(&self) -> (ChannelId, ChannelId, ChannelId, Position) {
+        create_topics(&[&self.m, &self.u1, &self.u2], 1).await;
+        let (m, u1, u2) = (topic_id(&self.m).await, topic_id(&self.u1).await, topic_id(&self.u2).await);
+        let p = producer();
+        for i in 0..2 {
+            produce(&p, &self.u1, 0, &format!("u1-{i}"), Some(b"{}"), None).await;
+        }
+        for i in 0..3 {
+            produce(&p, &self.u2, 0, &format!("u2-{i}"), Some(b"{}"), None).await;
+        }
+        let header = causes(&[(u1, 0, 1), (u2, 0, 1)]);
+        produce(&p, &self.m, 0, "a", Some(br#"{"n":1}"#), Some(&header)).await;
+        let last = produce(&p, &self.m, 0, "b", Some(br#"{"n":2}"#), None).await;
+        (ChannelId::new(m, 0), ChannelId::new(u1, 0), ChannelId::new(u2, 0), last)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_pairs_are_pruned_once_their_topic_is_gone_or_retention_passed_them() {
+    let t = Upstream::new("prune");
+    let (own, u1, u2, last) = t.produce().await;
+    let pool = pool().await;
+    let config = t.config(200);
+    let metrics = Metrics::new(METRICS);
+    let mut projector = start_with_metrics(&config, &pool, Recording::new(&config), Arc::clone(&metrics)).await;
+    drive_until(&mut projector, "both records of M to apply", || async { applied(&pool, &t.model).await.len() == 2 })
+        .await;
+    let live = BTreeMap::from([(own, last), (u1, 1), (u2, 1)]);
+    assert_eq!(rows(&pool, "clock", &t.model).await, live);
+    assert_eq!(rows(&pool, "frontier", &t.model).await, live);
+
+    // Live: both topics exist, and U2's log start sits exactly at the named position (a
+    // pair below the log start is dead, one at it is not). Prunes run and drop nothing.
+    retain_from(&t.u2, 1).await;
+    let before = prunes(&metrics, &t.model);
+    drive_until(&mut projector, "two prunes while the pairs are live", || async {
+        prunes(&metrics, &t.model) >= before + 2.0
+    })
+    .await;
+    assert_eq!(rows(&pool, "clock", &t.model).await, live);
+    assert_eq!(rows(&pool, "frontier", &t.model).await, live);
+    assert_eq!(metrics.value("parsley_projector_pairs_pruned_total", &[("model", &t.model), ("task", "0")]), None);
+
+    // U1 deleted, U2's retention past the named position: both pairs go, M's stays.
+    let mut listener = PgListener::connect(&database_url()).await.unwrap();
+    listener.listen(CLOCK_NOTIFY_CHANNEL).await.unwrap();
+    delete_topic(&t.u1).await;
+    retain_from(&t.u2, 2).await;
+    let own_only = BTreeMap::from([(own, last)]);
+    drive_until(&mut projector, "the upstream clock rows to be pruned", || async {
+        rows(&pool, "clock", &t.model).await == own_only
+    })
+    .await;
+    assert_eq!(rows(&pool, "frontier", &t.model).await, own_only);
+    let pruned = metrics.value("parsley_projector_pairs_pruned_total", &[("model", &t.model), ("task", "0")]);
+    assert_eq!(pruned, Some(4.0), "two clock and two frontier pairs");
+    // The pruning step notified the gateway that task 0's clock changed.
+    let note = tokio::time::timeout(TIMEOUT, listener.recv()).await.expect("a notification").unwrap();
+    assert_eq!(note.payload(), format!("{}:0", t.model));
+    let engine = projector.tasks()[0].engine();
+    assert_eq!(engine.delivered_past().iter().collect::<Vec<_>>(), vec![(own, last)]);
+    assert_eq!(engine.frontier().iter().collect::<Vec<_>>(), vec![(own, last)]);
+    drop(projector);
+
+    // A restart restores the pruned state and keeps it.
+    let metrics = Metrics::new(METRICS);
+    let mut again = start_with_metrics(&config, &pool, Recording::new(&config), Arc::clone(&metrics)).await;
+    drive_for(&mut again, Duration::from_millis(600)).await;
+    let engine = again.tasks()[0].engine();
+    assert_eq!(engine.delivered_past().iter().collect::<Vec<_>>(), vec![(own, last)]);
+    assert_eq!(engine.frontier().iter().collect::<Vec<_>>(), vec![(own, last)]);
+    assert_eq!(rows(&pool, "clock", &t.model).await, own_only);
+    assert_eq!(rows(&pool, "frontier", &t.model).await, own_only);
+    assert_eq!(prunes(&metrics, &t.model), 0.0, "no upstream channel left: no prune is due");
+    assert_eq!(applied(&pool, &t.model).await.len(), 2, "nothing is delivered twice");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_pruning_disabled_a_deleted_upstream_topic_keeps_its_pairs() {
+    let t = Upstream::new("prune-off");
+    let (own, u1, u2, last) = t.produce().await;
+    let pool = pool().await;
+    let config = t.config(0);
+    let metrics = Metrics::new(METRICS);
+    let mut projector = start_with_metrics(&config, &pool, Recording::new(&config), Arc::clone(&metrics)).await;
+    drive_until(&mut projector, "both records of M to apply", || async { applied(&pool, &t.model).await.len() == 2 })
+        .await;
+    delete_topic(&t.u1).await;
+    retain_from(&t.u2, 2).await;
+    drive_for(&mut projector, Duration::from_millis(600)).await;
+    let kept = BTreeMap::from([(own, last), (u1, 1), (u2, 1)]);
+    assert_eq!(rows(&pool, "clock", &t.model).await, kept);
+    assert_eq!(rows(&pool, "frontier", &t.model).await, kept);
+    assert_eq!(prunes(&metrics, &t.model), 0.0, "prune_interval_ms = 0 disables pruning");
+}
