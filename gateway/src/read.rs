@@ -56,6 +56,10 @@ struct Uncovered {
     tasks: Vec<TaskRow>,
 }
 
+/// Opens the gate's transaction: the clock check and the data read share one snapshot
+/// (`REPEATABLE READ`), and nothing in it writes (`READ ONLY`).
+pub const GATE_BEGIN: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY";
+
 pub async fn get_document(
     State(state): State<AppState>,
     path: Result<Path<(String, String)>, PathRejection>,
@@ -207,11 +211,9 @@ async fn attempt(
     token: &CausalPast,
 ) -> Result<Result<Served, Uncovered>, ApiError> {
     let db = |e: anyhow::Error| database_unavailable(state, e);
-    let mut tx = state.pool.begin().await.map_err(|e| db(e.into()))?;
-    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| db(e.into()))?;
+    // One snapshot for the check and the data read, opened in one round trip.
+    let mut tx =
+        state.pool.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY").await.map_err(|e| db(e.into()))?;
     let recorded = store::load_model(&mut tx, &model.name).await.map_err(db)?;
     let shape = model_shape(state, model, recorded.as_ref());
     let rows: Vec<ClockRow> = store::clock_rows(&mut tx, &model.name).await.map_err(db)?;

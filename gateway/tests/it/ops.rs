@@ -64,3 +64,16 @@ async fn the_server_answers_over_tcp_and_stops_on_its_signal() {
     stop.send(true).unwrap();
     tokio::time::timeout(TIMEOUT, server).await.expect("the server stops").unwrap().unwrap();
 }
+
+/// The gate's check and data read must share one read-only snapshot: the statement that
+/// opens its transaction really gives repeatable read, read only.
+#[tokio::test]
+async fn the_gate_transaction_is_one_read_only_snapshot() {
+    let pool = pool().await;
+    let mut tx = pool.begin_with(parsley_gateway::read::GATE_BEGIN).await.unwrap();
+    let isolation: String = sqlx::query_scalar("SHOW transaction_isolation").fetch_one(&mut *tx).await.unwrap();
+    let read_only: String = sqlx::query_scalar("SHOW transaction_read_only").fetch_one(&mut *tx).await.unwrap();
+    assert_eq!((isolation.as_str(), read_only.as_str()), ("repeatable read", "on"));
+    let write = sqlx::query("CREATE TEMP TABLE gate_must_not_write (x int)").execute(&mut *tx).await;
+    assert!(write.is_err(), "a read-only transaction refuses writes");
+}
