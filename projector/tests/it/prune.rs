@@ -134,9 +134,19 @@ async fn upstream_pairs_are_pruned_once_their_topic_is_gone_or_retention_passed_
     assert_eq!(rows(&pool, "frontier", &t.model).await, own_only);
     let pruned = metrics.value("parsley_projector_pairs_pruned_total", &[("model", &t.model), ("task", "0")]);
     assert_eq!(pruned, Some(4.0), "two clock and two frontier pairs");
-    // The pruning step notified the gateway that task 0's clock changed.
-    let note = tokio::time::timeout(TIMEOUT, listener.recv()).await.expect("a notification").unwrap();
-    assert_eq!(note.payload(), format!("{}:0", t.model));
+    // The pruning step notified the gateway that task 0's clock changed. Other tests' models
+    // notify on the same channel concurrently: wait for this model's notification.
+    let wanted = format!("{}:0", t.model);
+    let found = tokio::time::timeout(TIMEOUT, async {
+        loop {
+            let note = listener.recv().await.unwrap();
+            if note.payload() == wanted {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(found.is_ok(), "no notification {wanted:?} on {CLOCK_NOTIFY_CHANNEL}");
     let engine = projector.tasks()[0].engine();
     assert_eq!(engine.delivered_past().iter().collect::<Vec<_>>(), vec![(own, last)]);
     assert_eq!(engine.frontier().iter().collect::<Vec<_>>(), vec![(own, last)]);
