@@ -12,6 +12,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
 use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{Offset, TopicPartitionList};
 
 use crate::{env, kafka};
 
@@ -70,6 +71,13 @@ pub async fn delete_topic(name: &str) {
     if let Err((_, code)) = &results[0] {
         panic!("deleting topic {name}: {code}");
     }
+}
+
+/// Moves the log start of `topic`/`partition` to `before`, as retention would.
+pub async fn delete_records(topic: &str, partition: i32, before: i64) {
+    let mut cut = TopicPartitionList::new();
+    cut.add_partition_offset(topic, partition, Offset::Offset(before)).unwrap();
+    admin().delete_records(&cut, &admin_options()).await.expect("delete_records");
 }
 
 /// A plain (idempotent) producer.

@@ -11,15 +11,14 @@ use parsley::{CausalPast, ChannelId, TopicId};
 use parsley_gateway::session::unix_now;
 use parsley_gateway::token::{self, KeyRing, SecretKey, Session, TokenLimits};
 use parsley_gateway::{app, AppState, Gateway, GatewayConfig, SESSION_HEADER};
-use parsley_infra::testing::{self, admin, admin_options};
+use parsley_infra::testing;
 pub use parsley_infra::testing::{
-    bootstrap, create_topics, database_url, producer, transactional_producer, unique, TIMEOUT,
+    bootstrap, create_topics, database_url, delete_records, producer, transactional_producer, unique, TIMEOUT,
 };
 use parsley_projector::config::{Apply, Config, InitialPosition, ModelConfig, TopicConfig};
 use parsley_projector::metrics::{Metrics, METRICS};
 use parsley_projector::{migrations, DocumentProjection, ModelProjector};
 use rdkafka::producer::FutureProducer;
-use rdkafka::{Offset, TopicPartitionList};
 use serde_json::Value;
 use sqlx::PgPool;
 use tokio::sync::watch;
@@ -31,13 +30,6 @@ pub async fn pool() -> PgPool {
     let pool = parsley_infra::pg::connect(&database_url(), 4, TIMEOUT).await.unwrap_or_else(|e| panic!("{e:#}"));
     migrations::run(&pool).await.unwrap_or_else(|e| panic!("{e:#}"));
     pool
-}
-
-/// Moves the log start of `topic`/`partition` to `before`, as retention would.
-pub async fn delete_records(topic: &str, partition: i32, before: i64) {
-    let mut cut = TopicPartitionList::new();
-    cut.add_partition_offset(topic, partition, Offset::Offset(before)).unwrap();
-    admin().delete_records(&cut, &admin_options()).await.expect("delete_records");
 }
 
 /// Produces one record to `topic`/`partition` around the gateway, with `causes` as its

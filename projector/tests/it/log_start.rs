@@ -5,7 +5,7 @@
 //! the refusal waits for the next start).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parsley::refusal::RefusalReason;
 use parsley_projector::config::Config;
@@ -13,30 +13,13 @@ use parsley_projector::metrics::{Metrics, METRICS};
 use parsley_projector::status::render;
 use parsley_projector::store::TaskStatusKind;
 use parsley_projector::task::{StepOutcome, TaskState};
-use parsley_projector::ModelProjector;
 use rdkafka::producer::Producer as _;
-use rdkafka::{Offset, TopicPartitionList};
 
 use crate::support::*;
 
 /// The periodic checks task 0 of `model` has made.
 fn checks(metrics: &Metrics, model: &str) -> f64 {
     metrics.value("parsley_projector_log_start_checks_total", &[("model", model), ("task", "0")]).unwrap_or(0.0)
-}
-
-/// Advances the log start of `topic`/0 to `offset`, as retention would.
-async fn retain_from(topic: &str, offset: i64) {
-    let mut cut = TopicPartitionList::new();
-    cut.add_partition_offset(topic, 0, Offset::Offset(offset)).unwrap();
-    admin().delete_records(&cut, &admin_options()).await.expect("delete_records");
-}
-
-/// Steps every task for at least `span`.
-async fn drive_for(projector: &mut ModelProjector<Recording>, span: Duration) {
-    let until = Instant::now() + span;
-    while Instant::now() < until {
-        projector.run_once().await;
-    }
 }
 
 fn with_check_ms(names: &Names, ms: u64) -> Config {
@@ -49,23 +32,10 @@ fn with_check_ms(names: &Names, ms: u64) -> Config {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retention_past_a_held_record_refuses_while_running_and_again_after_a_restart() {
     let n = Names::new("held-retention");
-    create_topics(&[&n.orders, &n.payments], 1).await;
-    let orders_id = topic_id(&n.orders).await;
     let pool = pool().await;
 
     // The payment's cause, the order, sits in a Kafka transaction that stays open.
-    let txp = transactional_producer();
-    txp.begin_transaction().unwrap();
-    let order_at = produce(&txp, &n.orders, 0, "o1", Some(br#"{"status":"placed"}"#), None).await;
-    let pay_at = produce(
-        &producer(),
-        &n.payments,
-        0,
-        "o1",
-        Some(br#"{"paid":true}"#),
-        Some(&causes(&[(orders_id, 0, order_at)])),
-    )
-    .await;
+    let (txp, _, pay_at) = held_payment(&n).await;
 
     let config = with_check_ms(&n, 200);
     let metrics = Metrics::new(METRICS);
@@ -84,7 +54,7 @@ async fn retention_past_a_held_record_refuses_while_running_and_again_after_a_re
 
     // Retention removes the held payment's position; the projector keeps running. Its
     // consumer reads on above the payment, so only the periodic check can notice.
-    retain_from(&n.payments, pay_at + 1).await;
+    delete_records(&n.payments, 0, pay_at + 1).await;
     let before = checks(&metrics, &n.model);
     drive_until(&mut projector, "the running task to refuse", || async {
         report(&pool, &n.model).await.task(0).unwrap().status == TaskStatusKind::Refused
@@ -145,8 +115,8 @@ async fn retention_up_to_what_is_settled_refuses_nothing_and_holding_nothing_che
 
     // Holding nothing: retention exactly at fed_up_to + 1 on both channels, and no check
     // at all however long the task runs.
-    retain_from(&n.orders, first_order + 1).await;
-    retain_from(&n.payments, first_payment + 1).await;
+    delete_records(&n.orders, 0, first_order + 1).await;
+    delete_records(&n.payments, 0, first_payment + 1).await;
     drive_for(&mut projector, Duration::from_millis(800)).await;
     assert_eq!(checks(&metrics, &n.model), 0.0, "a task holding nothing makes no periodic check");
     assert_eq!(report(&pool, &n.model).await.task(0).unwrap().status, TaskStatusKind::Running);
@@ -163,7 +133,7 @@ async fn retention_up_to_what_is_settled_refuses_nothing_and_holding_nothing_che
         report(&pool, &n.model).await.task(0).unwrap().held_total == 1
     })
     .await;
-    retain_from(&n.payments, pay_at).await;
+    delete_records(&n.payments, 0, pay_at).await;
     let before = checks(&metrics, &n.model);
     drive_until(&mut projector, "three periodic checks after the retention", || async {
         checks(&metrics, &n.model) >= before + 3.0
@@ -189,14 +159,8 @@ async fn retention_up_to_what_is_settled_refuses_nothing_and_holding_nothing_che
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_disabled_check_makes_no_check_while_records_are_held() {
     let n = Names::new("check-off");
-    create_topics(&[&n.orders, &n.payments], 1).await;
-    let orders_id = topic_id(&n.orders).await;
     let pool = pool().await;
-    let txp = transactional_producer();
-    txp.begin_transaction().unwrap();
-    let order_at = produce(&txp, &n.orders, 0, "o1", Some(b"{}"), None).await;
-    let pay_at =
-        produce(&producer(), &n.payments, 0, "o1", Some(b"{}"), Some(&causes(&[(orders_id, 0, order_at)]))).await;
+    let (txp, _, pay_at) = held_payment(&n).await;
 
     let config = with_check_ms(&n, 0);
     let metrics = Metrics::new(METRICS);
@@ -207,7 +171,7 @@ async fn a_disabled_check_makes_no_check_while_records_are_held() {
     .await;
     // Without the check, retention passing the held payment goes unnoticed while running
     // (the consumer never fetches below its position) ...
-    retain_from(&n.payments, pay_at + 1).await;
+    delete_records(&n.payments, 0, pay_at + 1).await;
     drive_for(&mut projector, Duration::from_millis(600)).await;
     assert_eq!(checks(&metrics, &n.model), 0.0, "log_start_check_ms = 0 disables the check");
     assert_eq!(report(&pool, &n.model).await.task(0).unwrap().status, TaskStatusKind::Running);

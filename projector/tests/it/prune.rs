@@ -6,14 +6,12 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parsley::channel::{ChannelId, Position, TopicId};
 use parsley_projector::config::{Apply, Config};
 use parsley_projector::metrics::{Metrics, METRICS};
 use parsley_projector::store::CLOCK_NOTIFY_CHANNEL;
-use parsley_projector::ModelProjector;
-use rdkafka::{Offset, TopicPartitionList};
 use sqlx::postgres::PgListener;
 use sqlx::{PgPool, Row as _};
 
@@ -39,20 +37,6 @@ async fn rows(pool: &PgPool, table: &str, model: &str) -> BTreeMap<ChannelId, Po
 /// The prunes task 0 of `model` has made.
 fn prunes(metrics: &Metrics, model: &str) -> f64 {
     metrics.value("parsley_projector_prune_checks_total", &[("model", model), ("task", "0")]).unwrap_or(0.0)
-}
-
-/// Advances the log start of `topic`/0 to `offset`, as retention would.
-async fn retain_from(topic: &str, offset: i64) {
-    let mut cut = TopicPartitionList::new();
-    cut.add_partition_offset(topic, 0, Offset::Offset(offset)).unwrap();
-    admin().delete_records(&cut, &admin_options()).await.expect("delete_records");
-}
-
-async fn drive_for(projector: &mut ModelProjector<Recording>, span: Duration) {
-    let until = Instant::now() + span;
-    while Instant::now() < until {
-        projector.run_once().await;
-    }
 }
 
 /// A model receiving `{base}.m` only, next to upstream topics `{base}.u1` and `{base}.u2`.
@@ -111,7 +95,7 @@ async fn upstream_pairs_are_pruned_once_their_topic_is_gone_or_retention_passed_
 
     // Live: both topics exist, and U2's log start sits exactly at the named position (a
     // pair below the log start is dead, one at it is not). Prunes run and drop nothing.
-    retain_from(&t.u2, 1).await;
+    delete_records(&t.u2, 0, 1).await;
     let before = prunes(&metrics, &t.model);
     drive_until(&mut projector, "two prunes while the pairs are live", || async {
         prunes(&metrics, &t.model) >= before + 2.0
@@ -125,7 +109,7 @@ async fn upstream_pairs_are_pruned_once_their_topic_is_gone_or_retention_passed_
     let mut listener = PgListener::connect(&database_url()).await.unwrap();
     listener.listen(CLOCK_NOTIFY_CHANNEL).await.unwrap();
     delete_topic(&t.u1).await;
-    retain_from(&t.u2, 2).await;
+    delete_records(&t.u2, 0, 2).await;
     let own_only = BTreeMap::from([(own, last)]);
     drive_until(&mut projector, "the upstream clock rows to be pruned", || async {
         rows(&pool, "clock", &t.model).await == own_only
@@ -176,7 +160,7 @@ async fn with_pruning_disabled_a_deleted_upstream_topic_keeps_its_pairs() {
     drive_until(&mut projector, "both records of M to apply", || async { applied(&pool, &t.model).await.len() == 2 })
         .await;
     delete_topic(&t.u1).await;
-    retain_from(&t.u2, 2).await;
+    delete_records(&t.u2, 0, 2).await;
     drive_for(&mut projector, Duration::from_millis(600)).await;
     let kept = BTreeMap::from([(own, last), (u1, 1), (u2, 1)]);
     assert_eq!(rows(&pool, "clock", &t.model).await, kept);

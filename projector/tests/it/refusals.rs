@@ -10,7 +10,6 @@ use parsley_projector::store::TaskStatusKind;
 use parsley_projector::task::StepOutcome;
 use parsley_projector::ModelProjector;
 use rdkafka::admin::NewPartitions;
-use rdkafka::{Offset, TopicPartitionList};
 
 use crate::support::*;
 
@@ -102,9 +101,7 @@ async fn retention_past_unread_positions_refuses() {
     for i in 2..5 {
         unread.push(produce(&p, &n.orders, 0, &format!("o{i}"), Some(b"{}"), None).await);
     }
-    let mut cut = TopicPartitionList::new();
-    cut.add_partition_offset(&n.orders, 0, Offset::Offset(unread[2])).unwrap();
-    admin().delete_records(&cut, &admin_options()).await.expect("delete_records");
+    delete_records(&n.orders, 0, unread[2]).await;
 
     let mut projector = start(&config, &pool, Recording::new(&config)).await;
     assert!(matches!(projector.run_once().await[0], StepOutcome::Refused(_)));

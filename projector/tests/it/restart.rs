@@ -12,25 +12,6 @@ use sqlx::Row as _;
 
 use crate::support::*;
 
-/// A held payment whose order sits in an open transaction; returns (producer, order, payment).
-async fn held_payment(n: &Names) -> (rdkafka::producer::FutureProducer, i64, i64) {
-    create_topics(&[&n.orders, &n.payments], 1).await;
-    let orders_id = topic_id(&n.orders).await;
-    let txp = transactional_producer();
-    txp.begin_transaction().unwrap();
-    let order_at = produce(&txp, &n.orders, 0, "o1", Some(br#"{"status":"placed"}"#), None).await;
-    let pay_at = produce(
-        &producer(),
-        &n.payments,
-        0,
-        "o1",
-        Some(br#"{"paid":true}"#),
-        Some(&causes(&[(orders_id, 0, order_at)])),
-    )
-    .await;
-    (txp, order_at, pay_at)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_records_survive_a_graceful_restart_and_deliver_once() {
     let n = Names::new("restart");

@@ -10,7 +10,7 @@ use std::time::Instant;
 use parsley::channel::{ChannelId, TopicId};
 use parsley::CausalPast;
 pub use parsley_infra::testing::{
-    admin, admin_options, bootstrap, create_topics, database_url, delete_topic, produce, producer,
+    admin, admin_options, bootstrap, create_topics, database_url, delete_records, delete_topic, produce, producer,
     transactional_producer, unique, TIMEOUT,
 };
 use parsley_projector::config::{Apply, Config, InitialPosition, ModelConfig, TopicConfig};
@@ -214,4 +214,33 @@ impl Names {
     pub fn config(&self) -> Config {
         config(&self.model, &[(&self.orders, Apply::Replace), (&self.payments, Apply::Merge)])
     }
+}
+
+/// Steps every task for at least `span`.
+pub async fn drive_for(projector: &mut ModelProjector<Recording>, span: std::time::Duration) {
+    let until = Instant::now() + span;
+    while Instant::now() < until {
+        projector.run_once().await;
+    }
+}
+
+/// A payment held behind its order, which sits in a Kafka transaction left open (one
+/// partition each): returns the transactional producer (to commit or abort) and the order's
+/// and the payment's positions.
+pub async fn held_payment(n: &Names) -> (rdkafka::producer::FutureProducer, i64, i64) {
+    create_topics(&[&n.orders, &n.payments], 1).await;
+    let orders_id = topic_id(&n.orders).await;
+    let txp = transactional_producer();
+    rdkafka::producer::Producer::begin_transaction(&txp).unwrap();
+    let order_at = produce(&txp, &n.orders, 0, "o1", Some(br#"{"status":"placed"}"#), None).await;
+    let pay_at = produce(
+        &producer(),
+        &n.payments,
+        0,
+        "o1",
+        Some(br#"{"paid":true}"#),
+        Some(&causes(&[(orders_id, 0, order_at)])),
+    )
+    .await;
+    (txp, order_at, pay_at)
 }
