@@ -53,6 +53,10 @@ pub enum Malformation {
     PartitionsNotAscending { offset: usize, topic: TopicId, partition: u32 },
     #[error("position {position} for {topic}/{partition} at byte {offset} is negative")]
     NegativePosition { offset: usize, topic: TopicId, partition: u32, position: i64 },
+    /// `i64::MAX` names no record a log can hold (the position after it is not
+    /// representable): only a forged or damaged value carries it.
+    #[error("position {position} for {topic}/{partition} at byte {offset} is beyond any log (the largest is 2^63-2)")]
+    PositionOutOfRange { offset: usize, topic: TopicId, partition: u32, position: i64 },
 }
 
 impl Malformation {
@@ -72,6 +76,7 @@ impl Malformation {
             Malformation::EmptyGroup { .. } => "empty_group",
             Malformation::PartitionsNotAscending { .. } => "partitions_not_ascending",
             Malformation::NegativePosition { .. } => "negative_position",
+            Malformation::PositionOutOfRange { .. } => "position_out_of_range",
         }
     }
 }
@@ -152,6 +157,11 @@ pub fn decode(bytes: &[u8], budget: usize) -> Result<CausalPast, DecodeError> {
             if position < 0 {
                 return Err(
                     Malformation::NegativePosition { offset: position_offset, topic, partition, position }.into()
+                );
+            }
+            if position == i64::MAX {
+                return Err(
+                    Malformation::PositionOutOfRange { offset: position_offset, topic, partition, position }.into()
                 );
             }
             pairs.push((ChannelId::new(topic, partition), position));
@@ -438,6 +448,17 @@ mod tests {
         neg.extend_from_slice(&[0x01, 0x00]);
         neg.extend_from_slice(&(-1i64).to_be_bytes());
         assert_eq!(undecodable(&neg), "negative_position");
+
+        // A position no log can hold: refused, not held forever.
+        let mut max = vec![0x01, 0x01];
+        max.extend_from_slice(topic(1).as_bytes());
+        max.extend_from_slice(&[0x01, 0x00]);
+        max.extend_from_slice(&i64::MAX.to_be_bytes());
+        assert_eq!(undecodable(&max), "position_out_of_range");
+        assert!(
+            decode(&one_pair(topic(1), 0, i64::MAX - 1), DEFAULT_METADATA_BUDGET).is_ok(),
+            "the largest real position decodes"
+        );
     }
 
     #[test]

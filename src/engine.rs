@@ -21,11 +21,17 @@ pub const ORDERING_STATE_FORMAT: u32 = 1;
 pub struct EngineConfig {
     /// The largest `parsley.causes` value accepted or sent, in bytes.
     pub metadata_budget: usize,
+    /// Most records the task may hold (`None`: unbounded). Holding more refuses
+    /// `HELD_LIMIT_EXCEEDED`.
+    pub max_held_records: Option<usize>,
+    /// Most bytes the held records may weigh (`None`: unbounded): each counts its payload's
+    /// weight ([`Engine::with_weigher`]) plus its encoded causes.
+    pub max_held_bytes: Option<usize>,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { metadata_budget: codec::DEFAULT_METADATA_BUDGET }
+        EngineConfig { metadata_budget: codec::DEFAULT_METADATA_BUDGET, max_held_records: None, max_held_bytes: None }
     }
 }
 
@@ -203,8 +209,16 @@ pub struct Engine<P> {
     delivered: CausalPast,
     refusal: Option<Refusal>,
     pending: Pending,
+    /// How many bytes a held payload counts for (see [`EngineConfig::max_held_bytes`]).
+    weigh: fn(&P) -> usize,
+    /// The weight of every held record.
+    held_bytes: usize,
     #[cfg(feature = "sim")]
     sabotage: EngineSabotage,
+}
+
+fn weightless<P>(_: &P) -> usize {
+    0
 }
 
 impl<P: Clone> Engine<P> {
@@ -222,9 +236,59 @@ impl<P: Clone> Engine<P> {
             delivered: CausalPast::new(),
             refusal: None,
             pending: Pending::default(),
+            weigh: weightless::<P>,
+            held_bytes: 0,
             #[cfg(feature = "sim")]
             sabotage: EngineSabotage::None,
         }
+    }
+
+    /// Sets how many bytes a held payload counts for toward
+    /// [`EngineConfig::max_held_bytes`] (default: nothing, only the causes count), and
+    /// re-weighs what is held.
+    pub fn with_weigher(mut self, weigh: fn(&P) -> usize) -> Self {
+        self.weigh = weigh;
+        self.held_bytes = self.channels.values().flat_map(|c| c.held.iter()).map(|r| self.weight_of(r)).sum();
+        self
+    }
+
+    fn weight_of(&self, record: &HeldRecord<P>) -> usize {
+        (self.weigh)(&record.payload) + codec::encoded_len(&record.causes)
+    }
+
+    /// The bytes the held records weigh (payload weights plus encoded causes).
+    pub fn held_bytes(&self) -> usize {
+        self.held_bytes
+    }
+
+    /// Refuses `HELD_LIMIT_EXCEEDED` when the held records pass a configured bound; `at`
+    /// names the record whose receipt passed it (none at restore).
+    fn check_held_limits(&mut self, at: Option<(ChannelId, Position)>) -> Result<(), Refusal> {
+        let count = self.held_count();
+        let over = match (self.config.max_held_records, self.config.max_held_bytes) {
+            (Some(max), _) if count > max => Some(format!("{count} held records, more than max_held_records = {max}")),
+            (_, Some(max)) if self.held_bytes > max => {
+                Some(format!("{} held bytes, more than max_held_bytes = {max}", self.held_bytes))
+            }
+            _ => None,
+        };
+        let Some(over) = over else { return Ok(()) };
+        let waiting = self
+            .channels
+            .iter()
+            .filter_map(|(c, s)| s.held.front().map(|h| format!("{c} from {} ({} held)", h.position, s.held.len())))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let diagnosis = format!(
+            "the task holds {over}; records wait for their causes on: {waiting}. Deliver the causes \
+             (commit or abort the open transactions upstream) or raise the bound and restart"
+        );
+        Err(self.refuse(match at {
+            Some((channel, position)) => {
+                Refusal::at(RefusalReason::HeldLimitExceeded, channel, Some(position), diagnosis)
+            }
+            None => Refusal::new(RefusalReason::HeldLimitExceeded, diagnosis),
+        }))
     }
 
     /// Switches on a deliberately broken behaviour (simulator meta-tests only).
@@ -295,6 +359,9 @@ impl<P: Clone> Engine<P> {
         }
         engine.frontier = state.frontier;
         engine.delivered = state.delivered;
+        engine.held_bytes = engine.channels.values().flat_map(|c| c.held.iter()).map(|r| engine.weight_of(r)).sum();
+        // A bound lowered since (or passed by the last receipt before a stop) refuses again.
+        let _ = engine.check_held_limits(None);
         Ok(engine)
     }
 
@@ -505,11 +572,42 @@ impl<P: Clone> Engine<P> {
                 self.pending.frontier.insert(c);
             }
         }
-        ch.held.push_back(HeldRecord { channel, position, causes, payload });
+        let record = HeldRecord { channel, position, causes, payload };
+        self.held_bytes += (self.weigh)(&record.payload) + codec::encoded_len(&record.causes);
+        ch.held.push_back(record);
         self.pending.held_inserted.insert((channel, position));
         // Appending behind a head changes no settled position: nothing new can deliver.
         let deliveries = if was_empty { self.drain_inner() } else { Vec::new() };
+        // The record is fed (and held, or delivered); a bound it passed makes the refusal
+        // sticky, so the next receipt fails and the host commits this step with the refusal.
+        // The deliveries above still belong to this step: they are returned, not lost.
+        let _ = self.check_held_limits(Some((channel, position)));
         Ok(Receipt::Accepted { deliveries })
+    }
+
+    /// Tells the engine its host's consumer has read `channel` up to `next - 1`: every
+    /// position below `next` was fed, or will never yield a record (a transaction marker,
+    /// an aborted run). Raises `fed_up_to` to `next - 1`, so log-start checks compare with
+    /// how far the channel was read, not with the last record — retention that removes only
+    /// control records is then not `POSITIONS_DISCARDED_UNREAD`. The host calls it only once
+    /// every record its consumer returned below `next` has been fed. A position at or below
+    /// `fed_up_to` changes nothing; feeding a position below `next` afterwards is an
+    /// `OUT_OF_ORDER_FEED`.
+    pub fn observe_read_position(&mut self, channel: ChannelId, next: Position) -> Result<(), Refusal> {
+        self.check_not_refused()?;
+        let Some(ch) = self.channels.get_mut(&channel) else {
+            return Ok(());
+        };
+        let Some(fed_up_to) = ch.fed_up_to else {
+            return Ok(());
+        };
+        let read_up_to = next.saturating_sub(1);
+        if read_up_to > fed_up_to {
+            ch.fed_up_to = Some(read_up_to);
+            ch.fed_this_execution = Some(ch.fed_this_execution.map_or(read_up_to, |f| f.max(read_up_to)));
+            self.pending.fed_up_to.insert(channel);
+        }
+        Ok(())
     }
 
     /// Delivers every deliverable head, scanning channels in their fixed order and
@@ -568,6 +666,7 @@ impl<P: Clone> Engine<P> {
     }
 
     fn deliver(&mut self, record: &HeldRecord<P>) {
+        self.held_bytes = self.held_bytes.saturating_sub(self.weight_of(record));
         let key = (record.channel, record.position);
         if !self.pending.held_inserted.remove(&key) {
             self.pending.held_removed.insert(key);

@@ -35,10 +35,17 @@ pub enum RefusalReason {
     /// A record names its own channel at or above its own position: a cause that cannot
     /// exist, which would otherwise hold the channel forever.
     ImpossibleSelfCause,
+    /// The projection rejected a delivered record for a reason a retry cannot change (a
+    /// value it cannot parse, a constraint, a string the database cannot represent). Only
+    /// an operator's `skip` of that record, or a fixed projection, gets past it.
+    ProjectionRejected,
+    /// Holding one more record would pass the task's configured bound on held records or
+    /// held bytes.
+    HeldLimitExceeded,
 }
 
 impl RefusalReason {
-    pub const ALL: [RefusalReason; 12] = [
+    pub const ALL: [RefusalReason; 14] = [
         RefusalReason::UndecodableMetadata,
         RefusalReason::MetadataBudgetExceeded,
         RefusalReason::PositionsDiscardedUnread,
@@ -51,6 +58,8 @@ impl RefusalReason {
         RefusalReason::ReservedHeaderUsed,
         RefusalReason::SubstrateMisconfigured,
         RefusalReason::ImpossibleSelfCause,
+        RefusalReason::ProjectionRejected,
+        RefusalReason::HeldLimitExceeded,
     ];
 
     pub fn as_str(&self) -> &'static str {
@@ -67,6 +76,8 @@ impl RefusalReason {
             RefusalReason::ReservedHeaderUsed => "RESERVED_HEADER_USED",
             RefusalReason::SubstrateMisconfigured => "SUBSTRATE_MISCONFIGURED",
             RefusalReason::ImpossibleSelfCause => "IMPOSSIBLE_SELF_CAUSE",
+            RefusalReason::ProjectionRejected => "PROJECTION_REJECTED",
+            RefusalReason::HeldLimitExceeded => "HELD_LIMIT_EXCEEDED",
         }
     }
 
@@ -107,17 +118,23 @@ impl Refusal {
     }
 }
 
-/// Refuses an application-supplied header in the reserved `parsley.` namespace.
+/// Refuses an application-supplied header in the reserved `parsley.` namespace. Compares
+/// bytes, so a name of any characters (or none) is checked without slicing inside one.
 pub fn check_application_header(name: &str) -> Result<(), Refusal> {
-    if name.len() >= crate::codec::RESERVED_PREFIX.len()
-        && name[..crate::codec::RESERVED_PREFIX.len()].eq_ignore_ascii_case(crate::codec::RESERVED_PREFIX)
-    {
+    if is_reserved_header(name.as_bytes()) {
         return Err(Refusal::new(
             RefusalReason::ReservedHeaderUsed,
             format!("header {name:?} is in the reserved namespace \"parsley.\""),
         ));
     }
     Ok(())
+}
+
+/// Whether a header name (as bytes: Kafka header names need not be UTF-8) is in the
+/// reserved `parsley.` namespace, compared ASCII-case-insensitively.
+pub fn is_reserved_header(name: &[u8]) -> bool {
+    let prefix = crate::codec::RESERVED_PREFIX.as_bytes();
+    name.len() >= prefix.len() && name[..prefix.len()].eq_ignore_ascii_case(prefix)
 }
 
 #[cfg(test)]
@@ -140,5 +157,17 @@ mod tests {
             let err = check_application_header(name).unwrap_err();
             assert_eq!(err.reason, RefusalReason::ReservedHeaderUsed);
         }
+    }
+
+    #[test]
+    fn header_names_of_any_characters_are_checked_without_panicking() {
+        // A multibyte character straddling the prefix length used to panic a byte slice.
+        for name in ["abcdefgé", "é", "", "ééééé", "parsleé.", "pârsley.x", "\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}"]
+        {
+            assert!(check_application_header(name).is_ok(), "{name:?}");
+        }
+        assert!(check_application_header("parsley.é").is_err());
+        assert!(is_reserved_header(b"PARSLEY.\xff\xfe"));
+        assert!(!is_reserved_header(b"\xffarsley.x"));
     }
 }

@@ -171,7 +171,7 @@ fn undecodable_and_over_budget_headers_are_refused_never_treated_as_absent() {
         assert_eq!((err.channel, err.position), (Some(ORDERS), Some(0)));
         assert!(e.delivered_past().is_empty(), "nothing delivered");
     }
-    let mut e: Task = Engine::new(EngineConfig { metadata_budget: 10 }, [ORDERS]);
+    let mut e: Task = Engine::new(EngineConfig { metadata_budget: 10, ..EngineConfig::default() }, [ORDERS]);
     e.seed(ORDERS, -1).unwrap();
     let h = header(&[(UPSTREAM, 1)]);
     let err = e.receive(ORDERS, 0, &[Some(&h)], "big").unwrap_err();
@@ -336,8 +336,132 @@ fn stamp_sends_the_frontier_or_nothing() {
     feed(&mut e, PAYMENTS, 0, &[(ORDERS, 3), (UPSTREAM, 1)], "held");
     assert_eq!(e.frontier().get(&UPSTREAM), Some(1));
     assert_eq!(e.delivered_past().get(&UPSTREAM), None);
-    let mut tiny: Task = Engine::new(EngineConfig { metadata_budget: 20 }, [ORDERS]);
+    let mut tiny: Task = Engine::new(EngineConfig { metadata_budget: 20, ..EngineConfig::default() }, [ORDERS]);
     tiny.seed(ORDERS, -1).unwrap();
     tiny.receive(ORDERS, 0, &[], "o0").unwrap();
     assert_eq!(tiny.stamp().unwrap_err().reason, RefusalReason::MetadataBudgetExceeded);
+}
+
+#[test]
+fn a_read_position_past_control_records_keeps_retention_of_markers_from_refusing() {
+    // Records 0..=4 of one committed transaction, its marker at 5: the consumer's position
+    // is 6 once it has read past the marker.
+    let mut e = task(&[ORDERS]);
+    for (o, label) in [(0, "r0"), (1, "r1"), (2, "r2"), (3, "r3"), (4, "r4")] {
+        feed(&mut e, ORDERS, o, &[], label);
+    }
+    e.observe_read_position(ORDERS, 6).unwrap();
+    let changes = e.take_changes();
+    assert_eq!(changes.fed_up_to, vec![(ORDERS, 5)], "the marker's position is persisted as read");
+    // Retention removes the segment up to and including the marker: nothing deliverable
+    // was lost, and the check survives a restart from what was persisted.
+    let mut restored: Task = Engine::restore(EngineConfig::default(), [ORDERS], e.snapshot()).unwrap();
+    restored.observe_log_start(ORDERS, 6).unwrap();
+    assert!(restored.refusal().is_none());
+    // Without the read position the same retention is (wrongly for a marker) a refusal:
+    // the check is exactly as strict as what the task was told.
+    let mut told_less = task(&[ORDERS]);
+    for o in 0..5 {
+        feed(&mut told_less, ORDERS, o, &[], "r");
+    }
+    assert_eq!(told_less.observe_log_start(ORDERS, 6).unwrap_err().reason, RefusalReason::PositionsDiscardedUnread);
+}
+
+#[test]
+fn a_read_position_never_lowers_and_a_later_feed_below_it_is_out_of_order() {
+    let mut e = task(&[ORDERS]);
+    feed(&mut e, ORDERS, 0, &[], "r0");
+    e.observe_read_position(ORDERS, 3).unwrap();
+    e.observe_read_position(ORDERS, 1).unwrap();
+    assert_eq!(e.fed_up_to(&ORDERS), Some(2));
+    let _ = e.take_changes();
+    e.observe_read_position(ORDERS, 3).unwrap();
+    assert!(e.take_changes().fed_up_to.is_empty(), "no change, nothing to persist");
+    // Position 2 was declared read past: a record there now means the host broke order.
+    let h: Vec<Option<&[u8]>> = vec![];
+    assert_eq!(e.receive(ORDERS, 2, &h, "late").unwrap_err().reason, RefusalReason::OutOfOrderFeed);
+}
+
+#[test]
+fn a_read_position_past_a_held_record_keeps_it_held_and_settled_below_it() {
+    let mut e = task(&[ORDERS, PAYMENTS]);
+    assert!(feed(&mut e, PAYMENTS, 0, &[(ORDERS, 0)], "pay").is_empty());
+    e.observe_read_position(PAYMENTS, 4).unwrap();
+    assert_eq!(e.fed_up_to(&PAYMENTS), Some(3));
+    assert_eq!(e.settled(&PAYMENTS), Some(-1), "the held head still bounds what is settled");
+    assert_eq!(feed(&mut e, ORDERS, 0, &[], "order"), vec!["order", "pay"]);
+    assert_eq!(e.settled(&PAYMENTS), Some(3));
+}
+
+#[test]
+fn holding_past_the_record_bound_refuses_and_recurs_after_restore() {
+    let config = EngineConfig { max_held_records: Some(2), ..EngineConfig::default() };
+    let mut e: Task = Engine::new(config.clone(), [ORDERS, PAYMENTS]);
+    e.seed(ORDERS, -1).unwrap();
+    e.seed(PAYMENTS, -1).unwrap();
+    assert!(feed(&mut e, PAYMENTS, 0, &[(ORDERS, 0)], "p0").is_empty());
+    assert!(feed(&mut e, PAYMENTS, 1, &[], "p1").is_empty());
+    assert!(e.refusal().is_none(), "at the bound, not past it");
+    // A record delivered at once is never counted: an upstream cause does not hold.
+    assert_eq!(feed(&mut e, ORDERS, 0, &[(UPSTREAM, 1)], "o0"), vec!["o0", "p0", "p1"]);
+    assert!(feed(&mut e, PAYMENTS, 2, &[(ORDERS, 7)], "p2").is_empty());
+    assert!(feed(&mut e, PAYMENTS, 3, &[], "p3").is_empty());
+    assert!(e.refusal().is_none());
+    assert!(feed(&mut e, ORDERS, 5, &[(PAYMENTS, 9)], "o5").is_empty(), "o5 waits for PAYMENTS@9");
+    let refusal = e.refusal().cloned().expect("the third held record passes the bound");
+    assert_eq!(refusal.reason, RefusalReason::HeldLimitExceeded);
+    assert_eq!((refusal.channel, refusal.position), (Some(ORDERS), Some(5)));
+    assert!(refusal.diagnosis.contains("max_held_records = 2"), "{}", refusal.diagnosis);
+    let changes = e.take_changes();
+    assert_eq!(changes.refusal.as_ref().map(|r| r.reason), Some(RefusalReason::HeldLimitExceeded));
+    let h: Vec<Option<&[u8]>> = vec![];
+    assert_eq!(e.receive(ORDERS, 6, &h, "o6").unwrap_err().reason, RefusalReason::HeldLimitExceeded);
+    assert_eq!(e.held_count(), 3, "the record that passed the bound is kept, not dropped");
+    // What was persisted refuses again at restore; a raised bound lets it run.
+    let again: Task = Engine::restore(config, [ORDERS, PAYMENTS], e.snapshot()).unwrap();
+    assert_eq!(again.refusal().map(|r| r.reason), Some(RefusalReason::HeldLimitExceeded));
+    let raised = EngineConfig { max_held_records: Some(3), ..EngineConfig::default() };
+    assert_eq!(again.held_count(), 3);
+    let ok: Task = Engine::restore(raised, [ORDERS, PAYMENTS], e.snapshot()).unwrap();
+    assert!(ok.refusal().is_none());
+}
+
+#[test]
+fn deliveries_of_the_receipt_that_passes_a_bound_are_still_returned() {
+    // A receipt that releases a small held record and is itself held with a large payload
+    // can pass a byte bound: the refusal is sticky, and the released record is still
+    // returned for this step (never lost).
+    let config = EngineConfig { max_held_bytes: Some(100), ..EngineConfig::default() };
+    let mut e: Task = Engine::new(config, [ORDERS, PAYMENTS]).with_weigher(|label: &&'static str| label.len());
+    e.seed(ORDERS, -1).unwrap();
+    e.seed(PAYMENTS, -1).unwrap();
+    assert!(feed(&mut e, PAYMENTS, 0, &[(ORDERS, 0)], "a").is_empty());
+    assert_eq!(e.held_bytes(), 1 + 28);
+    let big: &'static str = "oooooooooooooooooooooooooooooooooooooooooooooooooooooooooooooooooooooooooooooooo";
+    // ORDERS@1 settles ORDERS at 0 (nothing at 0), releasing "a"; it waits for PAYMENTS@5.
+    assert_eq!(feed(&mut e, ORDERS, 1, &[(PAYMENTS, 5)], big), vec!["a"]);
+    assert_eq!(e.held_bytes(), 80 + 28);
+    let refusal = e.refusal().expect("108 bytes pass the bound of 100");
+    assert_eq!(
+        (refusal.reason, refusal.channel, refusal.position),
+        (RefusalReason::HeldLimitExceeded, Some(ORDERS), Some(1))
+    );
+    assert_eq!(e.delivered_past().get(&PAYMENTS), Some(0));
+    assert_eq!(e.take_changes().clock_upserts.len(), 2, "the released delivery is part of the step");
+}
+
+#[test]
+fn holding_past_the_byte_bound_counts_payload_weights_and_causes() {
+    let config = EngineConfig { max_held_bytes: Some(100), ..EngineConfig::default() };
+    let mut e: Task = Engine::new(config, [ORDERS, PAYMENTS]).with_weigher(|label: &&'static str| label.len());
+    e.seed(ORDERS, -1).unwrap();
+    e.seed(PAYMENTS, -1).unwrap();
+    // One pair encodes in 2 + 26 = 28 bytes; a 30-byte label makes 58.
+    let label: &'static str = "pppppppppppppppppppppppppppppp";
+    assert!(feed(&mut e, PAYMENTS, 0, &[(ORDERS, 0)], label).is_empty());
+    assert_eq!(e.held_bytes(), 58);
+    assert!(e.refusal().is_none());
+    assert!(feed(&mut e, PAYMENTS, 1, &[(ORDERS, 0)], label).is_empty());
+    assert_eq!(e.refusal().map(|r| r.reason), Some(RefusalReason::HeldLimitExceeded));
+    assert!(e.refusal().unwrap().diagnosis.contains("116 held bytes"), "{}", e.refusal().unwrap().diagnosis);
 }

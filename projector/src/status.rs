@@ -94,7 +94,7 @@ pub async fn model_report(conn: &mut PgConnection, model: &str) -> anyhow::Resul
                 let received: BTreeSet<ChannelId> =
                     state.fed_up_to.keys().copied().chain(state.held.iter().map(|h| h.channel)).collect();
                 report.clock_width = state.delivered.len();
-                match Engine::<RecordData>::restore(EngineConfig { metadata_budget: usize::MAX }, received, state) {
+                match Engine::<RecordData>::restore(EngineConfig { metadata_budget: usize::MAX, ..EngineConfig::default() }, received, state) {
                     Ok(engine) => {
                         let s = engine.status();
                         report.channels = s.channels;
