@@ -4,9 +4,12 @@
 //! - [`kafka`]: client configurations with the project's fixed settings (Java-compatible
 //!   murmur2 partitioning, idempotent producers, read-committed consumers without auto
 //!   commit) and partition offsets (log start, last stable offset, high watermark).
-//! - [`topic_id`]: topic IDs and partition counts through librdkafka's DescribeTopics — the
-//!   one module allowed to use `unsafe`.
-//! - [`pg`]: a Postgres connection pool.
+//! - [`topic_id`]: topic IDs and partition counts through librdkafka's DescribeTopics — one
+//!   of the two modules allowed to use `unsafe`.
+//! - [`headers`]: record headers read as bytes (names need not be UTF-8) through librdkafka
+//!   — the other module allowed to use `unsafe`.
+//! - [`pg`]: the Postgres pool, every session bounded (lock, statement and idle-in-transaction
+//!   timeouts, server keepalives).
 //! - [`metrics`]: the Prometheus registry both services export (each with its own metric
 //!   list), rendered in the text exposition format.
 //! - [`process`]: the binaries' start-up scaffolding (logging, runtime, shutdown signal).
@@ -14,6 +17,7 @@
 //!   real services — environment, unique names, topics, producers.
 
 pub mod env;
+pub mod headers;
 pub mod kafka;
 pub mod metrics;
 pub mod pg;
