@@ -212,8 +212,30 @@ impl SimKafka {
         }
     }
 
+    /// Whether `position` holds no record a read-committed consumer returns: a transaction
+    /// marker, or a record of an aborted or still open transaction.
+    pub fn is_control_or_aborted(&self, channel: &ChannelId, position: Position) -> bool {
+        let p = self.partition(channel);
+        position >= 0
+            && (position as usize) < p.entries.len()
+            && self.visible(&p.entries[position as usize]).is_none()
+    }
+
     /// A `read_committed` fetch of at most `max` records from offset `from`.
     pub fn fetch(&self, channel: &ChannelId, from: Position, max: usize) -> Result<Vec<Fetched>, FetchError> {
+        self.fetch_to(channel, from, max).map(|(records, _)| records)
+    }
+
+    /// As [`SimKafka::fetch`], with the consumer's position after it: past the last record
+    /// returned, and past every marker and aborted record up to the last stable offset when
+    /// the fetch was not cut short by `max` (a read-committed consumer's position moves past
+    /// control records it never returns).
+    pub fn fetch_to(
+        &self,
+        channel: &ChannelId,
+        from: Position,
+        max: usize,
+    ) -> Result<(Vec<Fetched>, Position), FetchError> {
         let t = self.topic(&channel.topic).ok_or(FetchError::TopicGone)?;
         if t.deleted {
             return Err(FetchError::TopicGone);
@@ -230,7 +252,7 @@ impl SimKafka {
             }
             o += 1;
         }
-        Ok(out)
+        Ok((out, o.max(from)))
     }
 
     /// True when a fetch from `from` would return at least one record.

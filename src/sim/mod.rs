@@ -179,10 +179,13 @@ pub enum Sabotage {
     /// Host: log-start checks report the log start two positions further on than it is,
     /// so the task refuses though retention discarded nothing it had not delivered.
     LogStartAhead,
+    /// Host: the engine is never told the consumer's position, so `fed_up_to` stops at the
+    /// last record and retention passing only a trailing transaction marker refuses.
+    ReadPositionIgnored,
 }
 
 impl Sabotage {
-    pub const ALL: [Sabotage; 13] = [
+    pub const ALL: [Sabotage; 14] = [
         Sabotage::IgnoreCauses,
         Sabotage::NoFifoHold,
         Sabotage::NoReplayDrop,
@@ -196,6 +199,7 @@ impl Sabotage {
         Sabotage::TokenPrunesReceivedChannels,
         Sabotage::StaleLogStart,
         Sabotage::LogStartAhead,
+        Sabotage::ReadPositionIgnored,
     ];
 
     fn engine(self) -> EngineSabotage {
@@ -257,6 +261,10 @@ pub struct Stats {
     pub retention_advances: u64,
     /// Retention advances on a model channel past a record its owner held.
     pub retention_passed_held: u64,
+    /// Retention advances on a model channel whose new log start sits just past a
+    /// transaction marker or an aborted record: what a host that compares log starts with
+    /// its last record, not its consumer's position, refuses falsely.
+    pub retention_past_control_records: u64,
     pub topic_recreations: u64,
     /// Prunes that removed at least one pair.
     pub prunes: u64,

@@ -71,6 +71,9 @@ struct Running {
     /// Per channel, the log start read at this start (what `StaleLogStart` keeps telling
     /// the engine).
     log_start_at_start: BTreeMap<ChannelId, Position>,
+    /// Per channel, the consumer's position: past the last record fed and past the
+    /// markers and aborted runs after it.
+    read_to: BTreeMap<ChannelId, Position>,
 }
 
 enum TaskState {
@@ -146,6 +149,9 @@ pub(crate) struct World {
     clients: Vec<Producer>,
     rogue: Option<Producer>,
     recreations: u32,
+    /// Per model channel, how far its owner's consumer had read (its position, past
+    /// control records) at the owner's last commit: what retention may pass.
+    committed_read: BTreeMap<ChannelId, Position>,
     phase: Phase,
     step: u64,
     stats: Stats,
@@ -269,6 +275,7 @@ impl World {
             clients,
             rogue,
             recreations: 0,
+            committed_read: BTreeMap::new(),
             phase: Phase::Work,
             step: 0,
             stats: Stats { tasks: n, ..Stats::default() },
@@ -418,7 +425,10 @@ impl World {
                         for &c in &t.received {
                             // Out of range counts: the host must learn of it and act.
                             let from = run.next_fetch[&c];
-                            if self.kafka.fetchable(&c, from) || from < self.kafka.log_start(&c) {
+                            // Markers and aborted runs alone are worth a fetch too: the
+                            // consumer's position moves past them.
+                            let unread = from < self.kafka.partition(&c).last_stable();
+                            if unread || from < self.kafka.log_start(&c) {
                                 push(Action::TaskFeed(i, c), 4);
                             }
                         }
@@ -476,9 +486,18 @@ impl World {
         let mut bound = part.last_stable();
         if self.is_model(c) {
             let rows = &self.db.tasks[c.partition as usize];
-            let read = rows.fed_up_to.get(c).map_or(0, |f| f + 1);
-            let limit =
-                if self.scenario.retention_passes_held { read } else { self.db.undelivered_from(c.partition, c) };
+            // How far the owner's consumer had read at its last commit: past the markers
+            // and aborted runs after its last record. What the host told its engine is not
+            // consulted, so a host that keeps only the last record's position refuses
+            // falsely once retention passes a trailing marker (`ReadPositionIgnored`).
+            let committed_read = self.committed_read.get(c).copied().unwrap_or(0);
+            let read = rows.fed_up_to.get(c).map_or(0, |f| f + 1).max(committed_read);
+            let holding = rows.held.keys().any(|(h, _)| h == c);
+            let limit = if self.scenario.retention_passes_held || !holding {
+                read
+            } else {
+                self.db.undelivered_from(c.partition, c)
+            };
             bound = bound.min(limit);
         }
         for p in &self.processes {
@@ -582,6 +601,9 @@ impl World {
                 self.stats.retention_advances += 1;
                 if self.is_model(&c) && self.db.undelivered_from(c.partition, &c) < to {
                     self.stats.retention_passed_held += 1;
+                }
+                if self.is_model(&c) && self.kafka.is_control_or_aborted(&c, to - 1) {
+                    self.stats.retention_past_control_records += 1;
                 }
                 self.trace.push(format!("{} retention {} log start {to}", self.step, self.name(&c)));
             }
@@ -935,6 +957,7 @@ impl World {
             applied: Vec::new(),
             log_start_checked: BTreeMap::new(),
             log_start_at_start: BTreeMap::new(),
+            read_to: BTreeMap::new(),
         };
         self.tasks[t].state = TaskState::Up(Box::new(run));
         if self.task_observe_log_starts(t, &received) {
@@ -993,7 +1016,7 @@ impl World {
         let receiver = self.tasks[t].receiver;
         let max = self.rng.range(1, self.scenario.max_batch) as usize;
         let from = self.running(t).next_fetch[&c];
-        let records = match self.kafka.fetch(&c, from, max) {
+        let (records, next) = match self.kafka.fetch_to(&c, from, max) {
             Ok(r) => r,
             Err(FetchError::OutOfRange { log_start }) => {
                 // Retention passed the fetch position. The host checks every received
@@ -1043,6 +1066,23 @@ impl World {
                 Err(refusal) => {
                     self.trace.push(line);
                     self.task_refused(t, refusal, Some(f.id));
+                    return;
+                }
+            }
+        }
+        // Every record below the consumer's position was fed: tell the engine how far the
+        // channel was read, so a log-start check compares with that, not the last record.
+        let ignore = self.sabotage == Sabotage::ReadPositionIgnored;
+        let run = self.running(t);
+        run.next_fetch.insert(c, next);
+        run.read_to.insert(c, next);
+        if next > previous {
+            line.push_str(&format!(" read to {next}"));
+            if !ignore {
+                run.step_open = true;
+                if let Err(refusal) = run.engine.observe_read_position(c, next) {
+                    self.trace.push(line);
+                    self.task_refused(t, refusal, None);
                     return;
                 }
             }
@@ -1115,6 +1155,8 @@ impl World {
         let changes = run.engine.take_changes();
         let applied = std::mem::take(&mut run.applied);
         run.step_open = false;
+        let read_to = run.read_to.clone();
+        self.committed_read.extend(read_to);
         self.db.commit(t as u32, changes, &applied, persist_held);
         self.db_version += 1;
         self.changes += 1;
