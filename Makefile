@@ -1,5 +1,5 @@
 # Entry points; the work is done by the scripts in scripts/ (see docs/development.md).
-.PHONY: demo test services-up services-down services-status services-reset
+.PHONY: demo test fuzz soak services-up services-down services-status services-reset
 
 # Start the local stack, then run the main job.
 demo:
@@ -8,6 +8,17 @@ demo:
 # Start the local stack, then build and run the whole workspace test suite.
 test:
 	@bash scripts/test.sh
+
+# Long runs of the property-based fuzz tests (the short slice runs in `make test`):
+# the causes decoder and encoder, the gateway's write-body parser and token opener, the
+# projector's stored-header framing. CASES=<n> per property (default 100000).
+fuzz:
+	@bash scripts/fuzz.sh
+
+# A long simulator sweep: SEEDS=<n> seeds per scenario (default 20000, five scenarios),
+# in release mode (see docs/verification.md).
+soak:
+	@SIM_SEEDS=$${SEEDS:-20000} cargo test --release -p parsley --test simulation -- _sweep
 
 services-up:
 	@bash scripts/services.sh up

@@ -27,8 +27,13 @@ fn past() -> impl Strategy<Value = CausalPast> {
         .prop_map(|v| CausalPast::from_pairs(v.into_iter().map(|(t, p, o)| (ChannelId::new(t, p), o))))
 }
 
+/// 512 cases by default; `PROPTEST_CASES=<n>` for a long run (`make fuzz`).
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(512)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
 
     #[test]
     fn round_trip(p in past()) {
