@@ -1,15 +1,19 @@
-//! The service: shared state, the router ([`app`]), the per-request middleware (metrics,
-//! tracing by route, the request timeout), and [`Gateway`], which owns the background tasks
-//! (the clock listener, the metadata refresh) and serves until its shutdown signal.
+//! The service: shared state, the routers ([`app`] for clients, [`admin_app`] for
+//! operators), the per-request middleware (metrics, tracing by route, the request timeout,
+//! the in-flight limit, the admin bearer check, answering a panic with a 500), and
+//! [`Gateway`], which owns the background tasks (the clock listener, the metadata refresh)
+//! and serves both listeners until its shutdown signal.
 
-use std::collections::BTreeSet;
+use std::any::Any;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
 use std::ops::Deref;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
-use axum::http::{StatusCode, Uri};
+use axum::http::{header, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -18,8 +22,9 @@ use rdkafka::producer::FutureProducer;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
+use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::TraceLayer;
 
 use crate::config::GatewayConfig;
@@ -27,6 +32,8 @@ use crate::facts::KafkaFacts;
 use crate::metrics::{Metrics, METRICS};
 use crate::notify::{self, ClockNotifier};
 use crate::problem::{ApiError, Problem};
+use crate::server::{self, ServerLimits};
+use crate::widths::RecordedWidths;
 use crate::{ops, read, write};
 
 /// What every handler shares. Cheap to clone.
@@ -42,6 +49,12 @@ pub struct Inner {
     pub metrics: Arc<Metrics>,
     /// Names of the topics some configured model receives; ask [`Inner::receives`].
     pub received_topics: BTreeSet<String>,
+    /// The width each model was recorded with, for the write path.
+    pub widths: RecordedWidths,
+    /// Permits for requests in flight (`gateway.max_in_flight`).
+    pub in_flight: Arc<Semaphore>,
+    /// Per model, permits for reads waiting for coverage (`gateway.max_waiting_reads`).
+    pub waiting_reads: BTreeMap<String, Arc<Semaphore>>,
 }
 
 impl Inner {
@@ -50,6 +63,22 @@ impl Inner {
     /// [`crate::session::prunable_below_log_start`]).
     pub fn receives(&self, name: &str) -> bool {
         self.received_topics.contains(name)
+    }
+
+    /// The configured models receiving topic `name`.
+    pub fn models_receiving(&self, name: &str) -> Vec<&str> {
+        let models = &self.config.shared.models;
+        models.iter().filter(|m| m.topics.iter().any(|t| t.name == name)).map(|m| m.name.as_str()).collect()
+    }
+
+    /// Every configured model's name.
+    pub fn model_names(&self) -> Vec<String> {
+        self.config.shared.models.iter().map(|m| m.name.clone()).collect()
+    }
+
+    /// A permit for one more read of `model` to wait for coverage, if one is free.
+    pub fn wait_slot(&self, model: &str) -> Option<OwnedSemaphorePermit> {
+        self.waiting_reads.get(model).and_then(|s| Arc::clone(s).try_acquire_owned().ok())
     }
 }
 
@@ -78,6 +107,13 @@ impl AppState {
         let notifier = Arc::new(ClockNotifier::new(config.shared.models.iter().map(|m| m.name.as_str())));
         let received_topics =
             config.shared.models.iter().flat_map(|m| m.topics.iter().map(|t| t.name.clone())).collect();
+        let waiting_reads = config
+            .shared
+            .models
+            .iter()
+            .map(|m| (m.name.clone(), Arc::new(Semaphore::new(config.settings.max_waiting_reads))))
+            .collect();
+        let in_flight = Arc::new(Semaphore::new(config.settings.max_in_flight));
         Ok(AppState(Arc::new(Inner {
             config,
             pool,
@@ -86,37 +122,127 @@ impl AppState {
             notifier,
             metrics: Metrics::new(METRICS),
             received_topics,
+            widths: RecordedWidths::default(),
+            in_flight,
+            waiting_reads,
         })))
     }
 }
 
-/// The router. Tests drive it with `tower::ServiceExt::oneshot`; [`Gateway::serve`] serves it.
+/// The clients' router (the main listener). Tests drive it with
+/// `tower::ServiceExt::oneshot`; [`Gateway::serve`] serves it.
+///
+/// The admin routes (`/v1/status`, `/metrics`) are served here only to requests bearing the
+/// admin token, when one is configured (`401 unauthorized` otherwise); without one they are
+/// not routes here (`404`) and only the admin listener serves them.
 pub fn app(state: AppState) -> Router {
     let max_body = state.config.settings.max_body_bytes;
-    Router::new()
+    let admin = Router::new()
+        .route("/metrics", get(ops::metrics))
+        .route("/v1/status", get(ops::status))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_admin_token));
+    let clients = Router::new()
+        .route("/readyz", get(ops::readyz))
+        .route("/v1/topics/{topic}/records", post(write::post_record))
+        .route("/v1/models/{model}/documents", get(read::get_collection))
+        .route("/v1/models/{model}/documents/{key}", get(read::get_document));
+    let clients = if state.config.admin_token.is_some() { clients.merge(admin) } else { clients };
+    let clients = clients.layer(middleware::from_fn_with_state(state.clone(), limit_in_flight));
+    let router = Router::new().route("/healthz", get(ops::healthz)).merge(clients).fallback(no_route);
+    finish(router, &state).layer(DefaultBodyLimit::max(max_body)).with_state(state)
+}
+
+/// The operators' router (the admin listener, `gateway.admin_listen`): `/v1/status`,
+/// `/metrics`, `/healthz`, `/readyz`, with no credential — bind it where only operators
+/// reach.
+pub fn admin_app(state: AppState) -> Router {
+    let router = Router::new()
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
         .route("/v1/status", get(ops::status))
-        .route("/v1/topics/{topic}/records", post(write::post_record))
-        .route("/v1/models/{model}/documents", get(read::get_collection))
-        .route("/v1/models/{model}/documents/{key}", get(read::get_document))
-        .fallback(no_route)
-        .layer(middleware::from_fn_with_state(state.clone(), observe))
-        .layer(DefaultBodyLimit::max(max_body))
-        .layer(
-            TraceLayer::new_for_http()
-                .make_span_with(|req: &Request| {
-                    // The route template, not the path: paths carry keys, and logs carry
-                    // coordinates.
-                    let route = req.extensions().get::<MatchedPath>().map_or("unmatched", |m| m.as_str());
-                    tracing::info_span!("request", method = %req.method(), route)
-                })
-                // A 503 not-yet-covered is an answer, not a failure; internal errors are
-                // logged once where they become a 500.
-                .on_failure(()),
+        .fallback(no_route);
+    finish(router, &state).with_state(state)
+}
+
+/// The layers every route has, innermost first: a panic answered with a 500 problem, the
+/// metrics and the request timeout, the request's span.
+fn finish(router: Router<AppState>, state: &AppState) -> Router<AppState> {
+    router.layer(catch_panics(state)).layer(middleware::from_fn_with_state(state.clone(), observe)).layer(
+        TraceLayer::new_for_http()
+            .make_span_with(|req: &Request| {
+                // The route template, not the path: paths carry keys, and logs carry
+                // coordinates.
+                let route = req.extensions().get::<MatchedPath>().map_or("unmatched", |m| m.as_str());
+                tracing::info_span!("request", method = %req.method(), route)
+            })
+            // A 503 not-yet-covered is an answer, not a failure; internal errors are
+            // logged once where they become a 500.
+            .on_failure(()),
+    )
+}
+
+/// Answers a handler's panic with a `500 internal` problem document (the panic is logged,
+/// never shown) and counts it in `parsley_gateway_panics_total`. The connection and every
+/// other request carry on.
+pub fn catch_panics(
+    state: &AppState,
+) -> CatchPanicLayer<impl FnMut(Box<dyn Any + Send + 'static>) -> Response + Clone + Send + Sync + 'static> {
+    let metrics = Arc::clone(&state.metrics);
+    CatchPanicLayer::custom(move |panic: Box<dyn Any + Send + 'static>| {
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".to_string());
+        metrics.add("parsley_gateway_panics_total", &[], 1.0);
+        ApiError::Internal(anyhow::anyhow!("a request handler panicked: {message}")).into_response()
+    })
+}
+
+/// Refuses a request at once (`503 overloaded`) when `gateway.max_in_flight` are already
+/// being handled: a refusal, not a queue.
+async fn limit_in_flight(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    match Arc::clone(&state.in_flight).try_acquire_owned() {
+        Ok(_permit) => next.run(req).await,
+        Err(_) => {
+            state.metrics.add("parsley_gateway_overloaded_total", &[("limit", "max_in_flight")], 1.0);
+            ApiError::Overloaded {
+                detail: format!(
+                    "{} requests are in flight (gateway.max_in_flight); retry later",
+                    state.config.settings.max_in_flight
+                ),
+                retry_after: state.config.settings.retry_after_s,
+            }
+            .into_response()
+        }
+    }
+}
+
+/// The credentials of an `Authorization: Bearer <token>` value (the scheme in any case).
+fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = value.split_at_checked(7)?;
+    scheme.eq_ignore_ascii_case(b"bearer ").then(|| rest.trim_ascii())
+}
+
+/// On the main listener, the admin routes need `Authorization: Bearer <admin token>`.
+async fn require_admin_token(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let Some(expected) = &state.config.admin_token else {
+        return ApiError::NoSuchRoute(req.uri().path().to_string()).into_response();
+    };
+    let mut offered = req.headers().get_all(header::AUTHORIZATION).iter();
+    let bearer = match (offered.next(), offered.next()) {
+        (Some(v), None) => bearer_token(v.as_bytes()),
+        _ => None,
+    };
+    match bearer {
+        Some(token) if expected.matches(token) => next.run(req).await,
+        Some(_) => ApiError::Unauthorized("the admin bearer token is wrong".into()).into_response(),
+        None => ApiError::Unauthorized(
+            "this route needs the admin token: Authorization: Bearer <token> (or use the admin listener)".into(),
         )
-        .with_state(state)
+        .into_response(),
+    }
 }
 
 async fn no_route(uri: Uri) -> ApiError {
@@ -156,7 +282,26 @@ fn problem_kind(response: &Response) -> Option<String> {
     response.extensions().get::<crate::problem::ProblemKind>().map(|k| k.0.to_string())
 }
 
-/// The gateway process: state, router and background tasks.
+/// The gateway's bound listeners: the main one, and the admin one when
+/// `gateway.admin_listen` is set.
+pub struct Listeners {
+    pub main: TcpListener,
+    pub admin: Option<TcpListener>,
+}
+
+impl Listeners {
+    /// The main listener's address.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.main.local_addr()
+    }
+
+    /// The admin listener's address, if there is one.
+    pub fn admin_addr(&self) -> Option<std::io::Result<SocketAddr>> {
+        self.admin.as_ref().map(TcpListener::local_addr)
+    }
+}
+
+/// The gateway process: state, routers and background tasks.
 pub struct Gateway {
     state: AppState,
 }
@@ -174,10 +319,18 @@ impl Gateway {
         app(self.state.clone())
     }
 
-    /// Binds `gateway.listen` (port 0 picks a free port).
-    pub async fn bind(&self) -> anyhow::Result<TcpListener> {
-        let address = &self.state.config.settings.listen;
-        TcpListener::bind(address).await.with_context(|| format!("binding {address}"))
+    /// Binds `gateway.listen` and, unless it is empty, `gateway.admin_listen` (port 0 picks
+    /// a free port).
+    pub async fn bind(&self) -> anyhow::Result<Listeners> {
+        let settings = &self.state.config.settings;
+        let main = TcpListener::bind(&settings.listen).await.with_context(|| format!("binding {}", settings.listen))?;
+        let admin = match settings.admin_listen.as_str() {
+            "" => None,
+            address => Some(
+                TcpListener::bind(address).await.with_context(|| format!("binding the admin listener {address}"))?,
+            ),
+        };
+        Ok(Listeners { main, admin })
     }
 
     /// Starts the clock listener and the periodic metadata refresh; both stop when
@@ -194,26 +347,31 @@ impl Gateway {
         vec![listener, refresher]
     }
 
-    /// Serves on `listener` until `shutdown` turns true, then finishes the requests in
+    /// Serves both listeners until `shutdown` turns true, then finishes the requests in
     /// flight and stops the background tasks.
-    pub async fn serve(self, listener: TcpListener, shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
+    pub async fn serve(self, listeners: Listeners, shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
         let background = self.spawn_background(shutdown.clone());
-        let mut stop = shutdown.clone();
-        axum::serve(listener, self.router())
-            .with_graceful_shutdown(async move {
-                let _ = stop.wait_for(|s| *s).await;
-            })
-            .await
-            .context("serving HTTP")?;
+        let settings = &self.state.config.settings;
+        let limits = ServerLimits {
+            header_read_timeout: settings.header_read_timeout(),
+            max_header_bytes: settings.max_header_bytes,
+        };
+        let admin = listeners.admin.map(|listener| {
+            tokio::spawn(server::serve(listener, admin_app(self.state.clone()), limits, shutdown.clone()))
+        });
+        let served = server::serve(listeners.main, self.router(), limits, shutdown).await;
+        if let Some(admin) = admin {
+            admin.await.context("the admin listener's task failed")??;
+        }
         for task in background {
             let _ = task.await;
         }
-        Ok(())
+        served
     }
 }
 
-/// Refreshes the configured topics and every topic the cache knows, at start and then every
-/// `gateway.metadata_refresh_ms`.
+/// Refreshes the configured topics and every topic the cache knows, and the models'
+/// recorded widths, at start and then every `gateway.metadata_refresh_ms`.
 async fn refresh_metadata(state: AppState, mut shutdown: watch::Receiver<bool>) {
     let every = state.config.settings.metadata_refresh();
     loop {
@@ -222,6 +380,9 @@ async fn refresh_metadata(state: AppState, mut shutdown: watch::Receiver<bool>) 
         let names: Vec<String> = names.into_iter().collect();
         if let Err(e) = state.facts.refresh_topics(&names).await {
             tracing::warn!(error = %format!("{e:#}"), "refreshing topic metadata failed");
+        }
+        if let Err(e) = state.widths.refresh(&state.pool, &state.model_names()).await {
+            tracing::warn!(error = %format!("{e:#}"), "refreshing the models' recorded widths failed");
         }
         tokio::select! {
             _ = shutdown.wait_for(|s| *s) => return,
@@ -257,6 +418,7 @@ topics = [{ name = "orders" }, { name = "payments", apply = "merge" }]
 [gateway]
 subject_header = "x-subject"
 max_body_bytes = 256
+max_key_bytes = 16
 "#;
 
     fn ring() -> KeyRing {
@@ -280,11 +442,21 @@ max_body_bytes = 256
     }
 
     async fn call(method: Method, uri: &str, headers: &[(&str, &str)], body: &str) -> (StatusCode, Value, Response) {
+        call_on(app(state()), method, uri, headers, body).await
+    }
+
+    async fn call_on(
+        router: Router,
+        method: Method,
+        uri: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> (StatusCode, Value, Response) {
         let mut req = axum::http::Request::builder().method(method).uri(uri);
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
-        let response = app(state()).oneshot(req.body(Body::from(body.to_string())).unwrap()).await.unwrap();
+        let response = router.oneshot(req.body(Body::from(body.to_string())).unwrap()).await.unwrap();
         let status = response.status();
         let (parts, body) = response.into_parts();
         let bytes = axum::body::to_bytes(body, 1 << 20).await.unwrap();
@@ -301,7 +473,19 @@ max_body_bytes = 256
         status: u16,
         kind: &str,
     ) -> Value {
-        let (s, json, response) = call(method, uri, headers, body).await;
+        problem_on(app(state()), method, uri, headers, body, status, kind).await
+    }
+
+    async fn problem_on(
+        router: Router,
+        method: Method,
+        uri: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+        status: u16,
+        kind: &str,
+    ) -> Value {
+        let (s, json, response) = call_on(router, method, uri, headers, body).await;
         assert_eq!(s.as_u16(), status, "{uri}: {json}");
         assert_eq!(response.headers()[header::CONTENT_TYPE], "application/problem+json", "{uri}");
         assert_eq!(json["type"], format!("https://parsley.dev/problems/{kind}"), "{uri}: {json}");
@@ -368,12 +552,47 @@ max_body_bytes = 256
             (r#"{"value":1}"#, "missing field `key`"),
             (r#"{"key":"k"}"#, "missing field `value`"),
             (r#"{"key":"k","value":1,"partition":3}"#, "unknown field `partition`"),
+            (r#"{"key":"k","key":"j","value":1}"#, "duplicate field `key`"),
         ] {
             let p = problem(Method::POST, WRITE, &[], body, 400, "invalid-body").await;
             assert!(p["detail"].as_str().unwrap().contains(reason), "{body}: {p}");
+            assert_eq!((p["field"].clone(), p["reason"].as_str()), (Value::Null, Some("shape")), "{body}: {p}");
+        }
+        // What the projector could never store is refused at the door, naming the field.
+        for (body, field, reason) in [
+            (r#"{"key":"a\u0000b","value":1}"#, "key", "nul"),
+            (r#"{"key":"","value":1}"#, "key", "empty"),
+            (r#"{"key":"12345678901234567","value":1}"#, "key", "too-long"),
+            (r#"{"key":1,"value":1}"#, "key", "shape"),
+            (r#"{"key":"k","value":{"a":{"b":[1,2,"\u0000"]}}}"#, "value.a.b[2]", "nul"),
+            (r#"{"key":"k","value":{"b":1,"a":2,"b":3}}"#, "value.b", "duplicate-key"),
+            (r#"{"key":"k","value":["\ud800"]}"#, "value[0]", "unrepresentable"),
+            (r#"{"key":"k","value":1e999}"#, "value", "unrepresentable"),
+            (r#"{"key":"k","value":1,"headers":{"x":"1","x":"2"}}"#, "headers.x", "duplicate-key"),
+            (r#"{"key":"k","value":1,"headers":{"":"1"}}"#, "headers[\"\"]", "empty"),
+            (r#"{"key":"k","value":1,"headers":{"x":2}}"#, "headers.x", "shape"),
+        ] {
+            let p = problem(Method::POST, WRITE, &[], body, 400, "invalid-body").await;
+            assert_eq!((p["field"].as_str(), p["reason"].as_str()), (Some(field), Some(reason)), "{body}: {p}");
         }
         let big = format!(r#"{{"key":"k","value":"{}"}}"#, "x".repeat(400));
         problem(Method::POST, WRITE, &[], &big, 413, "body-too-large").await;
+    }
+
+    #[tokio::test]
+    async fn read_keys_and_cursors_no_document_can_have_are_client_errors() {
+        for (uri, kind, parameter) in [
+            ("/v1/models/shop/documents/a%00b", "invalid-key", "key"),
+            ("/v1/models/shop/documents/%FF", "invalid-key", "key"),
+            ("/v1/models/shop/documents/12345678901234567", "invalid-key", "key"),
+            ("/v1/models/shop/documents?after=%00", "invalid-query", "after"),
+            ("/v1/models/shop/documents?after=%FF%FE", "invalid-query", "after"),
+            ("/v1/models/shop/documents?after=12345678901234567", "invalid-query", "after"),
+            ("/v1/models/shop/documents?limit=1&limit=2", "invalid-query", "limit"),
+        ] {
+            let p = problem(Method::GET, uri, &[], "", 400, kind).await;
+            assert_eq!(p["parameter"], parameter, "{uri}: {p}");
+        }
     }
 
     #[tokio::test]
@@ -387,18 +606,111 @@ max_body_bytes = 256
         problem(Method::GET, "/v2/anything", &[], "", 404, "no-such-route").await;
     }
 
+    async fn metrics_text(router: Router, headers: &[(&str, &str)]) -> (StatusCode, String) {
+        let mut req = axum::http::Request::builder().uri("/metrics");
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let response = router.oneshot(req.body(Body::empty()).unwrap()).await.unwrap();
+        let status = response.status();
+        let text = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
+        (status, String::from_utf8(text.to_vec()).unwrap())
+    }
+
     #[tokio::test]
     async fn health_and_metrics_answer_without_infrastructure() {
         let (s, json, _) = call(Method::GET, "/healthz", &[], "").await;
         assert_eq!((s, json["status"].as_str()), (StatusCode::OK, Some("ok")));
-        let response = app(state())
-            .oneshot(axum::http::Request::builder().uri("/metrics").body(Body::empty()).unwrap())
-            .await
-            .unwrap();
-        assert_eq!(response.status(), StatusCode::OK);
-        let text = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
-        let text = String::from_utf8(text.to_vec()).unwrap();
+        let (status, text) = metrics_text(admin_app(state()), &[]).await;
+        assert_eq!(status, StatusCode::OK);
         assert!(text.contains("# TYPE parsley_gateway_requests_total counter"), "{text}");
+    }
+
+    const ADMIN_TOKEN: &str = "an-admin-token-of-some-length";
+
+    fn state_with_admin_token() -> AppState {
+        let shared = Config::parse(FILE).unwrap();
+        let mut config = GatewayConfig::with_keys(shared, ring()).unwrap();
+        config.admin_token = Some(crate::config::AdminToken::new(ADMIN_TOKEN).unwrap());
+        AppState::new(config).unwrap()
+    }
+
+    #[tokio::test]
+    async fn admin_routes_need_the_admin_listener_or_the_bearer_token() {
+        // No admin token: not routes of the main listener at all.
+        for uri in ["/metrics", "/v1/status"] {
+            problem(Method::GET, uri, &[], "", 404, "no-such-route").await;
+        }
+        // With one: only for requests bearing it.
+        let bearer = format!("Bearer {ADMIN_TOKEN}");
+        let lower = format!("bearer {ADMIN_TOKEN}");
+        let wrong = format!("Bearer {ADMIN_TOKEN}x");
+        for headers in [
+            &[][..],
+            &[("authorization", wrong.as_str())],
+            &[("authorization", ADMIN_TOKEN)],
+            &[("authorization", "Bearer ")],
+            &[("authorization", bearer.as_str()), ("authorization", bearer.as_str())],
+        ] {
+            for uri in ["/metrics", "/v1/status"] {
+                let router = app(state_with_admin_token());
+                let (s, json, response) = call_on(router, Method::GET, uri, headers, "").await;
+                assert_eq!(s, StatusCode::UNAUTHORIZED, "{uri} {headers:?}: {json}");
+                assert_eq!(json["type"], "https://parsley.dev/problems/unauthorized");
+                assert_eq!(response.headers()[header::WWW_AUTHENTICATE], "Bearer");
+                assert!(!json.to_string().contains(ADMIN_TOKEN), "the token is never echoed: {json}");
+            }
+        }
+        for auth in [&bearer, &lower] {
+            let (status, text) = metrics_text(app(state_with_admin_token()), &[("authorization", auth)]).await;
+            assert_eq!(status, StatusCode::OK, "{text}");
+            assert!(text.contains("parsley_gateway_requests_total"), "{text}");
+        }
+        // The admin listener needs nothing; health stays public everywhere.
+        let (status, _) = metrics_text(admin_app(state_with_admin_token()), &[]).await;
+        assert_eq!(status, StatusCode::OK);
+        let (s, _, _) = call_on(app(state_with_admin_token()), Method::GET, "/healthz", &[], "").await;
+        assert_eq!(s, StatusCode::OK);
+        let printed = format!("{:?}", state_with_admin_token().config);
+        assert!(!printed.contains(ADMIN_TOKEN), "{printed}");
+    }
+
+    #[tokio::test]
+    async fn beyond_max_in_flight_requests_are_refused_at_once() {
+        let s = state();
+        let held: Vec<_> = (0..s.config.settings.max_in_flight)
+            .map(|_| Arc::clone(&s.in_flight).try_acquire_owned().unwrap())
+            .collect();
+        for (method, uri, body) in [(Method::GET, READ, ""), (Method::POST, WRITE, BODY), (Method::GET, "/readyz", "")]
+        {
+            let started = Instant::now();
+            let (status, json, response) = call_on(app(s.clone()), method, uri, &[], body).await;
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{uri}: {json}");
+            assert_eq!(json["type"], "https://parsley.dev/problems/overloaded", "{json}");
+            assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+            assert!(started.elapsed() < std::time::Duration::from_secs(1), "refused, not queued");
+        }
+        let (status, _, _) = call_on(app(s.clone()), Method::GET, "/healthz", &[], "").await;
+        assert_eq!(status, StatusCode::OK, "health is not limited");
+        assert_eq!(s.metrics.value("parsley_gateway_overloaded_total", &[("limit", "max_in_flight")]), Some(3.0));
+        drop(held);
+        problem_on(app(s), Method::GET, "/v1/models/nope/documents/k", &[], "", 404, "unknown-model").await;
+    }
+
+    async fn boom() -> &'static str {
+        panic!("a bug with a secret=hunter2")
+    }
+
+    #[tokio::test]
+    async fn a_panicking_handler_answers_500_and_is_counted() {
+        let s = state();
+        let router =
+            Router::new().route("/boom", get(boom)).route("/fine", get(|| async { "fine" })).layer(catch_panics(&s));
+        let p = problem_on(router.clone(), Method::GET, "/boom", &[], "", 500, "internal").await;
+        assert!(!p.to_string().contains("hunter2"), "the panic is logged, not shown: {p}");
+        let (status, _, _) = call_on(router, Method::GET, "/fine", &[], "").await;
+        assert_eq!(status, StatusCode::OK, "the service carries on");
+        assert_eq!(s.metrics.value("parsley_gateway_panics_total", &[]), Some(1.0));
     }
 
     #[tokio::test]

@@ -24,6 +24,10 @@ pub const ENV_RETRY_AFTER_S: &str = "PARSLEY_GATEWAY_RETRY_AFTER_S";
 pub const ENV_TOKEN_TTL_S: &str = "PARSLEY_GATEWAY_TOKEN_TTL_S";
 /// Overrides `gateway.subject_header` (empty: no subject binding).
 pub const ENV_SUBJECT_HEADER: &str = "PARSLEY_GATEWAY_SUBJECT_HEADER";
+/// Overrides `gateway.admin_listen` (empty: no admin listener).
+pub const ENV_ADMIN_LISTEN: &str = "PARSLEY_GATEWAY_ADMIN_LISTEN";
+/// The admin bearer token itself (overrides `gateway.admin_token_file`).
+pub const ENV_ADMIN_TOKEN: &str = "PARSLEY_GATEWAY_ADMIN_TOKEN";
 /// The token keys themselves: `id:base64key[,id:base64key...]`, newest first.
 pub const ENV_TOKEN_KEYS: &str = "PARSLEY_TOKEN_KEYS";
 /// A file holding the token keys in the same form (overrides `gateway.token_keys_file`).
@@ -68,7 +72,27 @@ pub struct Settings {
     pub request_timeout_ms: u64,
     /// Postgres connections of the gateway's pool.
     pub max_connections: u32,
+    /// Longest record key a write may carry (and a read may ask for), in bytes of UTF-8.
+    pub max_key_bytes: usize,
+    /// How long a client may take to send a request's headers before the connection closes.
+    pub header_read_timeout_ms: u64,
+    /// Largest request line plus headers accepted (`431` beyond), in bytes.
+    pub max_header_bytes: usize,
+    /// Most requests handled at once; beyond it a request is answered `503 overloaded` at once.
+    pub max_in_flight: usize,
+    /// Most reads of one model waiting for coverage at once; beyond it a read not covered at
+    /// its first attempt is answered `503 overloaded` at once.
+    pub max_waiting_reads: usize,
+    /// Address of the admin listener (`/v1/status`, `/metrics`); empty: none.
+    pub admin_listen: String,
+    /// File holding the admin bearer token; with one, the main listener serves the admin
+    /// routes to requests bearing it.
+    pub admin_token_file: Option<PathBuf>,
 }
+
+/// The most `max_key_bytes` may be: a document key is indexed by a btree (with the model's
+/// name), whose entries Postgres bounds at about 2700 bytes.
+pub const MAX_KEY_BYTES_LIMIT: usize = 2048;
 
 impl Default for Settings {
     fn default() -> Self {
@@ -90,6 +114,13 @@ impl Default for Settings {
             max_body_bytes: 1024 * 1024,
             request_timeout_ms: 30_000,
             max_connections: 16,
+            max_key_bytes: 1024,
+            header_read_timeout_ms: 10_000,
+            max_header_bytes: 32 * 1024,
+            max_in_flight: 1024,
+            max_waiting_reads: 256,
+            admin_listen: "127.0.0.1:9091".to_string(),
+            admin_token_file: None,
         }
     }
 }
@@ -129,6 +160,9 @@ impl Settings {
         }
         if let Some(v) = set(ENV_TOKEN_KEYS_FILE) {
             self.token_keys_file = Some(PathBuf::from(v));
+        }
+        if let Some(v) = var(ENV_ADMIN_LISTEN) {
+            self.admin_listen = v.trim().to_string();
         }
         Ok(())
     }
@@ -179,6 +213,35 @@ impl Settings {
         if self.max_connections == 0 {
             bail!("gateway.max_connections must be at least 1");
         }
+        if !(1..=MAX_KEY_BYTES_LIMIT).contains(&self.max_key_bytes) {
+            bail!(
+                "gateway.max_key_bytes must be from 1 to {MAX_KEY_BYTES_LIMIT} \
+                 (document keys are indexed, and an index entry holds about 2700 bytes)"
+            );
+        }
+        if self.header_read_timeout_ms == 0 {
+            bail!("gateway.header_read_timeout_ms must be at least 1");
+        }
+        if !(MIN_HEADER_BYTES..=MAX_HEADER_BYTES_LIMIT).contains(&self.max_header_bytes) {
+            bail!("gateway.max_header_bytes must be from {MIN_HEADER_BYTES} to {MAX_HEADER_BYTES_LIMIT}");
+        }
+        if self.max_in_flight == 0 {
+            bail!("gateway.max_in_flight must be at least 1");
+        }
+        if self.max_waiting_reads == 0 {
+            bail!("gateway.max_waiting_reads must be at least 1");
+        }
+        if !self.admin_listen.is_empty() {
+            let admin: SocketAddr = self.admin_listen.parse().map_err(|_| {
+                anyhow::anyhow!(
+                    "gateway.admin_listen {:?} is not an address like 127.0.0.1:9091 (or empty for none)",
+                    self.admin_listen
+                )
+            })?;
+            if self.listen.parse::<SocketAddr>().is_ok_and(|main| main == admin && main.port() != 0) {
+                bail!("gateway.admin_listen must differ from gateway.listen");
+            }
+        }
         Ok(())
     }
 
@@ -203,6 +266,54 @@ impl Settings {
     pub fn request_timeout(&self) -> Duration {
         Duration::from_millis(self.request_timeout_ms)
     }
+    pub fn header_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.header_read_timeout_ms)
+    }
+}
+
+/// The least and the most `max_header_bytes` may be (hyper's read buffer holds about
+/// 400 KiB). It should exceed `token_max_encoded_len` by the other headers' size, or long
+/// sessions are answered 431.
+pub const MIN_HEADER_BYTES: usize = 4096;
+pub const MAX_HEADER_BYTES_LIMIT: usize = 256 * 1024;
+
+/// The admin bearer token. Never printed.
+#[derive(Clone)]
+pub struct AdminToken(String);
+
+/// Shortest admin token accepted, in characters.
+pub const MIN_ADMIN_TOKEN_LEN: usize = 16;
+
+impl AdminToken {
+    /// A token of visible ASCII (it travels in a header), at least [`MIN_ADMIN_TOKEN_LEN`]
+    /// characters. Errors never quote it.
+    pub fn new(text: &str) -> anyhow::Result<AdminToken> {
+        let text = text.trim();
+        if text.len() < MIN_ADMIN_TOKEN_LEN || !text.bytes().all(|b| b.is_ascii_graphic()) {
+            bail!("the admin token must be at least {MIN_ADMIN_TOKEN_LEN} characters of visible ASCII");
+        }
+        Ok(AdminToken(text.to_string()))
+    }
+
+    /// Whether `offered` is this token, compared in time independent of where they differ.
+    pub fn matches(&self, offered: &[u8]) -> bool {
+        constant_time_eq(self.0.as_bytes(), offered)
+    }
+}
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminToken(<redacted>)")
+    }
+}
+
+/// Compares every byte whatever the first difference (the length is not secret).
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
 }
 
 /// Everything the gateway is configured with.
@@ -214,6 +325,8 @@ pub struct GatewayConfig {
     pub settings: Settings,
     /// Never printed (`KeyRing`'s `Debug` redacts the keys).
     pub keys: KeyRing,
+    /// The admin bearer token, if one is configured (never printed).
+    pub admin_token: Option<AdminToken>,
 }
 
 impl std::fmt::Debug for GatewayConfig {
@@ -226,6 +339,7 @@ impl std::fmt::Debug for GatewayConfig {
             .field("models", &models)
             .field("settings", &self.settings)
             .field("keys", &self.keys)
+            .field("admin_token", &self.admin_token)
             .finish()
     }
 }
@@ -244,7 +358,7 @@ impl GatewayConfig {
     pub fn with_keys(shared: Config, keys: KeyRing) -> anyhow::Result<GatewayConfig> {
         let settings = Settings::from_table(shared.gateway.as_ref())?;
         settings.validate()?;
-        Ok(GatewayConfig { shared, settings, keys })
+        Ok(GatewayConfig { shared, settings, keys, admin_token: None })
     }
 
     /// The gateway's part of an already loaded shared configuration, with environment
@@ -254,7 +368,29 @@ impl GatewayConfig {
         settings.apply_env(&var)?;
         settings.validate()?;
         let keys = load_keys(&settings, &var)?;
-        Ok(GatewayConfig { shared, settings, keys })
+        let admin_token = load_admin_token(&settings, &var)?;
+        Ok(GatewayConfig { shared, settings, keys, admin_token })
+    }
+}
+
+/// The admin bearer token: `PARSLEY_GATEWAY_ADMIN_TOKEN`, else the file named by
+/// `gateway.admin_token_file`, else none. Errors never quote it.
+pub fn load_admin_token(
+    settings: &Settings,
+    var: impl Fn(&str) -> Option<String>,
+) -> anyhow::Result<Option<AdminToken>> {
+    if let Some(text) = var(ENV_ADMIN_TOKEN).filter(|v| !v.trim().is_empty()) {
+        return AdminToken::new(&text).map(Some).with_context(|| format!("{ENV_ADMIN_TOKEN} is invalid"));
+    }
+    match &settings.admin_token_file {
+        None => Ok(None),
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading the admin token file {}", path.display()))?;
+            AdminToken::new(&text)
+                .map(Some)
+                .with_context(|| format!("the admin token file {} is invalid", path.display()))
+        }
     }
 }
 
@@ -306,6 +442,46 @@ mod tests {
         assert_eq!(c.settings.listen, "127.0.0.1:8080");
         assert_eq!(c.settings.read_wait_ms, 2_000);
         assert_eq!(c.settings.subject_header, None);
+        assert_eq!(
+            (c.settings.max_key_bytes, c.settings.max_in_flight, c.settings.max_waiting_reads),
+            (1024, 1024, 256)
+        );
+        assert_eq!(c.settings.admin_listen, "127.0.0.1:9091");
+        assert!(c.admin_token.is_none());
+        let t = "[gateway]\nmax_key_bytes = 2048\nmax_header_bytes = 4096\nadmin_listen = \"\"\n";
+        let c = GatewayConfig::from_shared(shared(t), env(&[(ENV_TOKEN_KEYS, &keys)])).unwrap();
+        assert_eq!((c.settings.max_key_bytes, c.settings.max_header_bytes), (MAX_KEY_BYTES_LIMIT, MIN_HEADER_BYTES));
+        assert_eq!(c.settings.admin_listen, "", "empty: no admin listener");
+    }
+
+    #[test]
+    fn the_admin_token_comes_from_the_environment_or_a_file_and_is_never_quoted() {
+        let keys = format!("k1:{}", key());
+        let token = "s3cret-admin-token-0123";
+        let c =
+            GatewayConfig::from_shared(shared(""), env(&[(ENV_TOKEN_KEYS, &keys), (ENV_ADMIN_TOKEN, token)])).unwrap();
+        assert!(c.admin_token.as_ref().is_some_and(|t| t.matches(token.as_bytes())));
+        assert!(!c.admin_token.as_ref().unwrap().matches(b"s3cret-admin-token-012"));
+        assert!(!format!("{c:?}").contains(token), "never printed");
+        for bad in ["short", "has a space in it somewhere"] {
+            let err = GatewayConfig::from_shared(shared(""), env(&[(ENV_TOKEN_KEYS, &keys), (ENV_ADMIN_TOKEN, bad)]))
+                .unwrap_err();
+            let err = format!("{err:#}");
+            assert!(err.contains(ENV_ADMIN_TOKEN) && !err.contains(bad), "{err}");
+        }
+        let dir = std::env::temp_dir().join(format!("parsley-gateway-admin-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("admin");
+        std::fs::write(&file, format!("{token}\n")).unwrap();
+        let text = format!("[gateway]\nadmin_token_file = {:?}\n", file.to_string_lossy());
+        let c = GatewayConfig::from_shared(shared(&text), env(&[(ENV_TOKEN_KEYS, &keys)])).unwrap();
+        assert!(c.admin_token.as_ref().is_some_and(|t| t.matches(token.as_bytes())), "the file's line, trimmed");
+        std::fs::remove_dir_all(&dir).unwrap();
+        let err = GatewayConfig::from_shared(shared(&text), env(&[(ENV_TOKEN_KEYS, &keys)])).unwrap_err();
+        assert!(format!("{err:#}").contains("admin token file"), "{err:#}");
+        let c =
+            GatewayConfig::from_shared(shared(""), env(&[(ENV_TOKEN_KEYS, &keys), (ENV_ADMIN_LISTEN, "")])).unwrap();
+        assert_eq!(c.settings.admin_listen, "", "an empty override turns the admin listener off");
     }
 
     #[test]
@@ -318,6 +494,15 @@ mod tests {
             ("[gateway]\nsubject_header = \"a b\"\n", "gateway.subject_header"),
             ("[gateway]\ntoken_ttl_s = \"long\"\n", "token_ttl_s"),
             ("[gateway]\nread_wait_ms = 40000\n", "gateway.request_timeout_ms"),
+            ("[gateway]\nmax_key_bytes = 2049\n", "gateway.max_key_bytes"),
+            ("[gateway]\nmax_key_bytes = 0\n", "gateway.max_key_bytes"),
+            ("[gateway]\nheader_read_timeout_ms = 0\n", "gateway.header_read_timeout_ms"),
+            ("[gateway]\nmax_header_bytes = 4095\n", "gateway.max_header_bytes"),
+            ("[gateway]\nmax_header_bytes = 1048576\n", "gateway.max_header_bytes"),
+            ("[gateway]\nmax_in_flight = 0\n", "gateway.max_in_flight"),
+            ("[gateway]\nmax_waiting_reads = 0\n", "gateway.max_waiting_reads"),
+            ("[gateway]\nadmin_listen = \"nowhere\"\n", "gateway.admin_listen"),
+            ("[gateway]\nadmin_listen = \"127.0.0.1:8080\"\n", "gateway.admin_listen"),
         ];
         for (text, needle) in cases {
             let err =

@@ -6,6 +6,12 @@
 //! Every broker call is blocking in librdkafka and runs on tokio's blocking pool through
 //! one long-lived read-uncommitted consumer (so its "high watermark" is the log end, not
 //! the last stable offset). The consumer joins no group and never consumes.
+//!
+//! Facts fail closed, as in the projector: a topic is gone only when the broker says so — a
+//! named topic it reports unknown, or an ID absent from a *complete* listing. A topic the
+//! broker lists but does not describe (no leader yet, an error, a timeout) is unknown: its
+//! cached fact is kept, and a lookup that needs it fails (the request answers 503), never
+//! reads it as gone (which would prune a token pair).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -64,8 +70,9 @@ pub struct KafkaFacts {
     timeout: Duration,
     topics: RwLock<Topics>,
     offsets: Mutex<BTreeMap<ChannelId, OffsetFacts>>,
-    /// Serialises full listings; holds when the last one finished.
-    listing: tokio::sync::Mutex<Option<Instant>>,
+    /// Serialises full listings; holds when the last one finished and whether it was
+    /// complete.
+    listing: tokio::sync::Mutex<Option<(Instant, bool)>>,
 }
 
 impl std::fmt::Debug for KafkaFacts {
@@ -122,8 +129,10 @@ impl KafkaFacts {
         Ok(self.cached_topic(name))
     }
 
-    /// Re-describes `names` from the broker, updating the cache (a topic that no longer
-    /// exists is forgotten, so its ID stops resolving).
+    /// Re-describes `names` from the broker, updating the cache: a topic the broker says
+    /// does not exist is forgotten (its ID stops resolving). Fails if some topic could not
+    /// be described; the others are updated all the same, and an undescribed one keeps its
+    /// cached fact.
     pub async fn refresh_topics(&self, names: &[String]) -> anyhow::Result<()> {
         if names.is_empty() {
             return Ok(());
@@ -131,17 +140,19 @@ impl KafkaFacts {
         let client = Arc::clone(&self.client);
         let timeout = self.timeout;
         let names = names.to_vec();
-        let found = tokio::task::spawn_blocking(move || describe(&client, Some(&names), timeout))
+        let mut found = tokio::task::spawn_blocking(move || describe(&client, Some(&names), timeout))
             .await
             .context("the topic metadata task panicked")??;
-        let mut topics = self.topics_write();
-        for (name, fact) in found {
-            match fact {
-                Some(fact) => topics.insert(fact),
-                None => topics.remove_name(&name),
+        {
+            let mut topics = self.topics_write();
+            for fact in std::mem::take(&mut found.facts) {
+                topics.insert(fact);
+            }
+            for name in &found.missing {
+                topics.remove_name(name);
             }
         }
-        Ok(())
+        found.complete()
     }
 
     /// The name of topic `id`: from the cache, else from a full listing of the cluster's
@@ -154,24 +165,46 @@ impl KafkaFacts {
         let mut last = self.listing.lock().await;
         // A listing that finished after this call began saw the cluster as it is now: a
         // burst of lookups shares it.
-        if last.is_some_and(|at| at >= asked) {
-            return Ok(self.cached_name(id));
+        if let Some((at, complete)) = *last {
+            if at >= asked {
+                return self.name_after_listing(id, complete);
+            }
         }
         let client = Arc::clone(&self.client);
         let timeout = self.timeout;
         let found = tokio::task::spawn_blocking(move || describe(&client, None, timeout))
             .await
             .context("the topic listing task panicked")??;
+        let complete = found.errors.is_empty();
         {
             let mut topics = self.topics_write();
-            let mut fresh = Topics::default();
-            for fact in found.into_iter().filter_map(|(_, f)| f) {
-                fresh.insert(fact);
+            if complete {
+                // Everything not listed is gone.
+                let mut fresh = Topics::default();
+                for fact in found.facts {
+                    fresh.insert(fact);
+                }
+                *topics = fresh;
+            } else {
+                // What did not answer may still exist: learn, forget nothing.
+                tracing::warn!(errors = ?found.errors, "the topic listing was incomplete");
+                for fact in found.facts {
+                    topics.insert(fact);
+                }
             }
-            *topics = fresh;
         }
-        *last = Some(Instant::now());
-        Ok(self.cached_name(id))
+        *last = Some((Instant::now(), complete));
+        self.name_after_listing(id, complete)
+    }
+
+    /// The name of `id` after a listing: absent from a complete listing, the topic is gone
+    /// (`Ok(None)`); absent from an incomplete one, it is unknown (an error).
+    fn name_after_listing(&self, id: &TopicId, complete: bool) -> anyhow::Result<Option<String>> {
+        match self.cached_name(id) {
+            Some(name) => Ok(Some(name)),
+            None if complete => Ok(None),
+            None => anyhow::bail!("topic {id} is not in an incomplete topic listing: it may exist or be gone"),
+        }
     }
 
     /// The names the cache knows (for the periodic refresh).
@@ -225,15 +258,31 @@ impl KafkaFacts {
     }
 }
 
-/// Describes `names` (all topics when `None`): `(name, Some(fact))` for each existing topic,
-/// `(name, None)` for each asked-for topic that does not exist.
-fn describe(
-    client: &BaseConsumer,
-    names: Option<&[String]>,
-    timeout: Duration,
-) -> anyhow::Result<Vec<(String, Option<TopicFact>)>> {
+/// What one describe call learned.
+#[derive(Debug, Default)]
+struct Described {
+    /// Topics that exist, described.
+    facts: Vec<TopicFact>,
+    /// Asked-for topics the broker says do not exist.
+    missing: Vec<String>,
+    /// Why some topics could not be described (their existence is unknown).
+    errors: Vec<String>,
+}
+
+impl Described {
+    fn complete(&self) -> anyhow::Result<()> {
+        match self.errors.as_slice() {
+            [] => Ok(()),
+            errors => anyhow::bail!("some topics could not be described: {}", errors.join("; ")),
+        }
+    }
+}
+
+/// Describes `names` (all topics when `None`). A topic whose metadata carries an error, or
+/// whose describe fails, is reported in `errors` — never as missing.
+fn describe(client: &BaseConsumer, names: Option<&[String]>, timeout: Duration) -> anyhow::Result<Described> {
+    let mut out = Described::default();
     let mut existing = Vec::new();
-    let mut missing = Vec::new();
     match names {
         Some(names) => {
             for name in names {
@@ -242,46 +291,48 @@ fn describe(
                     .with_context(|| format!("fetching metadata of topic {name:?}"))?;
                 match metadata.topics().iter().find(|t| t.name() == name).and_then(|t| t.error()) {
                     None => existing.push(name.clone()),
-                    Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) => missing.push(name.clone()),
-                    Some(e) => anyhow::bail!("metadata of topic {name:?}: error {e:?}"),
+                    Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) => out.missing.push(name.clone()),
+                    Some(e) => out.errors.push(format!("metadata of topic {name:?}: error {e:?}")),
                 }
             }
         }
         None => {
             let metadata = client.fetch_metadata(None, timeout).context("listing the cluster's topics")?;
-            existing = metadata.topics().iter().filter(|t| t.error().is_none()).map(|t| t.name().to_string()).collect();
+            for topic in metadata.topics() {
+                match topic.error() {
+                    None => existing.push(topic.name().to_string()),
+                    // Listed but not answering (no leader yet, say): its ID is not known.
+                    Some(e) => out.errors.push(format!("metadata of topic {:?}: error {e:?}", topic.name())),
+                }
+            }
         }
     }
-    let mut out: Vec<(String, Option<TopicFact>)> = missing.into_iter().map(|n| (n, None)).collect();
     if existing.is_empty() {
         return Ok(out);
     }
     let described = match parsley_infra::describe_topics_blocking(client.client(), &existing, timeout) {
-        Ok(d) => d.into_iter().map(|d| (d.name.clone(), Some(d))).collect::<Vec<_>>(),
-        // One topic deleted between the listing and the describe fails the whole call:
-        // describe one by one, reading a failure as "gone" only when the rest succeeded.
+        Ok(d) => d,
+        // One topic deleted (or not describable) between the listing and the describe fails
+        // the whole call: describe one by one, keeping what answers.
         Err(whole) => {
             let mut each = Vec::with_capacity(existing.len());
-            let mut failures = 0;
             for name in &existing {
                 match parsley_infra::describe_topics_blocking(client.client(), std::slice::from_ref(name), timeout) {
-                    Ok(mut d) => each.push((name.clone(), d.pop())),
-                    Err(_) => {
-                        failures += 1;
-                        each.push((name.clone(), None));
-                    }
+                    Ok(d) => each.extend(d),
+                    Err(e) => out.errors.push(format!("describing topic {name:?}: {e:#}")),
                 }
             }
-            if failures == existing.len() {
+            if each.is_empty() {
                 return Err(whole.context("describing topics"));
             }
             each
         }
     };
-    for (name, d) in described {
-        let fact = d.map(|d| TopicFact { name: d.name, id: TopicId::from_bytes(d.id), partitions: d.partitions });
-        out.push((name, fact));
-    }
+    out.facts.extend(described.into_iter().map(|d| TopicFact {
+        name: d.name,
+        id: TopicId::from_bytes(d.id),
+        partitions: d.partitions,
+    }));
     Ok(out)
 }
 
@@ -302,6 +353,25 @@ mod tests {
         assert_eq!(t.by_id.get(&TopicId::from_bytes([2; 16])).map(String::as_str), Some("orders"));
         t.remove_name("orders");
         assert!(t.by_id.is_empty() && t.by_name.is_empty());
+    }
+
+    /// Only a complete listing says a topic is gone; after an incomplete one an unlisted ID
+    /// is unknown — an error, so the caller answers 503 rather than prune a pair.
+    #[tokio::test]
+    async fn an_incomplete_listing_never_says_gone() {
+        let facts = KafkaFacts::new("127.0.0.1:1", Duration::from_millis(10)).unwrap();
+        facts.topics_write().insert(fact("orders", 1));
+        let (known, unlisted) = (TopicId::from_bytes([1; 16]), TopicId::from_bytes([9; 16]));
+        for complete in [true, false] {
+            assert_eq!(facts.name_after_listing(&known, complete).unwrap().as_deref(), Some("orders"));
+        }
+        assert_eq!(facts.name_after_listing(&unlisted, true).unwrap(), None, "absent from a complete listing: gone");
+        let err = facts.name_after_listing(&unlisted, false).unwrap_err();
+        assert!(err.to_string().contains("incomplete"), "{err}");
+
+        let partial = Described { errors: vec!["describing topic \"t\": timed out".into()], ..Described::default() };
+        assert!(partial.complete().unwrap_err().to_string().contains("timed out"));
+        assert!(Described::default().complete().is_ok());
     }
 
     #[tokio::test]

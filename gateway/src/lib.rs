@@ -12,29 +12,39 @@
 //! - [`session`]: opening a request's token, its hygiene against the log (ahead-of-log
 //!   refusal, pruning), re-sealing.
 //! - [`facts`]: cached Kafka facts — topic names ↔ IDs, partition counts, log start/end.
+//! - [`body`]: the write body, parsed and checked as hostile input (the value kept as sent).
 //! - [`write`]: `POST /v1/topics/{topic}/records`.
+//! - [`widths`]: the width each model was recorded with, for refusing writes after a
+//!   topic's partition count changed.
 //! - [`read`]: the gated reads, `GET /v1/models/{model}/documents[/{key}]`.
 //! - [`notify`]: the `LISTEN` task waking waiting reads.
-//! - [`ops`]: `/healthz`, `/readyz`, `/metrics`, `/v1/status`.
+//! - [`ops`]: `/healthz`, `/readyz`, `/metrics`, `/v1/status` (from SQL aggregates).
 //! - [`problem`]: the one error type and its problem documents.
+//! - [`database`]: failed database calls told apart (outage, rejected value, bug).
 //! - [`metrics`]: the Prometheus registry.
-//! - [`app`]: shared state, the router ([`app()`]) and the [`Gateway`] process.
+//! - [`app`]: shared state, the routers ([`app()`], [`admin_app()`]), the middleware and the
+//!   [`Gateway`] process.
+//! - [`server`]: the HTTP/1 server with a header-read timeout and a header size limit.
 //!
 //! See `docs/gateway.md` for the routes, the token format, the gate and the problem types.
 
 pub mod app;
+pub mod body;
 pub mod config;
+pub mod database;
 pub mod facts;
 pub mod metrics;
 pub mod notify;
 pub mod ops;
 pub mod problem;
 pub mod read;
+pub mod server;
 pub mod session;
 pub mod token;
+pub mod widths;
 pub mod write;
 
-pub use app::{app, AppState, Gateway};
+pub use app::{admin_app, app, AppState, Gateway, Listeners};
 pub use config::{GatewayConfig, Settings};
 pub use problem::{ApiError, Problem};
 pub use session::SESSION_HEADER;

@@ -7,6 +7,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Map, Value};
 
+use crate::body::BodyError;
 use crate::token::TokenError;
 
 /// Prefix of every problem `type`.
@@ -83,8 +84,9 @@ pub enum ApiError {
     SessionTooLarge { detail: String },
     #[error("subject header is invalid: {0}")]
     InvalidSubject(String),
-    #[error("{0}")]
-    ReservedHeader(String),
+    /// A write body refused by [`crate::body::parse`].
+    #[error(transparent)]
+    Body(#[from] BodyError),
     #[error("unknown topic {0:?}")]
     UnknownTopic(String, String),
     #[error("unknown model {0:?}")]
@@ -93,8 +95,12 @@ pub enum ApiError {
     InvalidBody(String),
     #[error("request body too large")]
     BodyTooLarge { limit: usize },
-    #[error("invalid query: {0}")]
-    InvalidQuery(String),
+    /// `parameter`: the query parameter at fault, when one is.
+    #[error("invalid query: {detail}")]
+    InvalidQuery { parameter: Option<String>, detail: String },
+    /// A document key in a read's path that no document can have.
+    #[error("invalid key: {0}")]
+    InvalidKey(String),
     #[error("invalid path: {0}")]
     InvalidPath(String),
     #[error("the causes would exceed the metadata budget")]
@@ -105,6 +111,19 @@ pub enum ApiError {
     Unavailable { what: &'static str, detail: String, retry_after: u64 },
     #[error("the write was not acknowledged: {detail}")]
     WriteFailed { detail: String, retry_after: u64 },
+    /// A write to a topic whose partition count is not the width a receiving model
+    /// recorded: no task reads the partitions beyond it, and keys no longer route to their
+    /// tasks. `written`: the partition and offset, when the record was produced before the
+    /// change was seen.
+    #[error("topic {topic:?} has {partitions} partitions, model {model:?} was recorded with {task_count}")]
+    WidthChanged { topic: String, partitions: u32, model: String, task_count: u32, written: Option<(u32, i64)> },
+    /// Refused at once rather than queued: too many requests in flight, or too many reads
+    /// of one model waiting for coverage.
+    #[error("overloaded: {detail}")]
+    Overloaded { detail: String, retry_after: u64 },
+    /// An admin route on the main listener without the admin bearer token.
+    #[error("unauthorized: {0}")]
+    Unauthorized(String),
     #[error("no such route")]
     NoSuchRoute(String),
     #[error("internal error: {0:#}")]
@@ -135,12 +154,14 @@ impl ApiError {
                 ("session-too-large", "Session outgrew the token limits", S::UNPROCESSABLE_ENTITY)
             }
             ApiError::InvalidSubject(_) => ("invalid-subject", "Invalid subject", S::BAD_REQUEST),
-            ApiError::ReservedHeader(_) => ("reserved-header", "Reserved header", S::BAD_REQUEST),
+            ApiError::Body(BodyError::ReservedHeader(_)) => ("reserved-header", "Reserved header", S::BAD_REQUEST),
+            ApiError::Body(BodyError::Invalid { .. }) => ("invalid-body", "Invalid request body", S::BAD_REQUEST),
             ApiError::UnknownTopic(..) => ("unknown-topic", "Unknown topic", S::NOT_FOUND),
             ApiError::UnknownModel(_) => ("unknown-model", "Unknown model", S::NOT_FOUND),
             ApiError::InvalidBody(_) => ("invalid-body", "Invalid request body", S::BAD_REQUEST),
             ApiError::BodyTooLarge { .. } => ("body-too-large", "Request body too large", S::PAYLOAD_TOO_LARGE),
-            ApiError::InvalidQuery(_) => ("invalid-query", "Invalid query parameters", S::BAD_REQUEST),
+            ApiError::InvalidQuery { .. } => ("invalid-query", "Invalid query parameters", S::BAD_REQUEST),
+            ApiError::InvalidKey(_) => ("invalid-key", "Invalid document key", S::BAD_REQUEST),
             ApiError::InvalidPath(_) => ("invalid-path", "Invalid path", S::BAD_REQUEST),
             ApiError::MetadataBudgetExceeded { .. } => {
                 ("metadata-budget-exceeded", "Causes exceed the metadata budget", S::UNPROCESSABLE_ENTITY)
@@ -148,6 +169,9 @@ impl ApiError {
             ApiError::NotYetCovered(p) => (p.kind, p.title, p.status),
             ApiError::Unavailable { .. } => ("unavailable", "Service unavailable", S::SERVICE_UNAVAILABLE),
             ApiError::WriteFailed { .. } => ("write-failed", "Write not acknowledged", S::SERVICE_UNAVAILABLE),
+            ApiError::WidthChanged { .. } => ("width-changed", "Topic width changed", S::CONFLICT),
+            ApiError::Overloaded { .. } => ("overloaded", "Overloaded", S::SERVICE_UNAVAILABLE),
+            ApiError::Unauthorized(_) => ("unauthorized", "Unauthorized", S::UNAUTHORIZED),
             ApiError::NoSuchRoute(_) => ("no-such-route", "No such route", S::NOT_FOUND),
             ApiError::Internal(_) => ("internal", "Internal error", S::INTERNAL_SERVER_ERROR),
         }
@@ -175,14 +199,25 @@ impl ApiError {
             .with("log_end", json!(log_end)),
             ApiError::SessionTooLarge { detail } => p(detail),
             ApiError::InvalidSubject(d) => p(d),
-            ApiError::ReservedHeader(d) => p(d),
+            ApiError::Body(BodyError::ReservedHeader(d)) => p(d),
+            ApiError::Body(BodyError::Invalid { field, reason, detail }) => {
+                let problem = p(detail).with("reason", json!(reason.as_str()));
+                match field {
+                    Some(f) => problem.with("field", json!(f)),
+                    None => problem,
+                }
+            }
             ApiError::UnknownTopic(topic, why) => p(format!("topic {topic:?} {why}")).with("topic", json!(topic)),
             ApiError::UnknownModel(model) => {
                 p(format!("no model named {model:?} is configured")).with("model", json!(model))
             }
             ApiError::InvalidBody(d) => p(d),
             ApiError::BodyTooLarge { limit } => p(format!("the request body is larger than {limit} bytes")),
-            ApiError::InvalidQuery(d) => p(d),
+            ApiError::InvalidQuery { parameter, detail } => match parameter {
+                Some(name) => p(detail).with("parameter", json!(name)),
+                None => p(detail),
+            },
+            ApiError::InvalidKey(d) => p(d).with("parameter", json!("key")),
             ApiError::InvalidPath(d) => p(d),
             ApiError::MetadataBudgetExceeded { size, budget } => p(format!(
                 "the session's causes would take {size} bytes, more than the metadata budget of {budget}; start a new session"
@@ -198,6 +233,36 @@ impl ApiError {
                 problem.retry_after = Some(retry_after);
                 problem
             }
+            ApiError::WidthChanged { topic, partitions, model, task_count, written } => {
+                let detail = match written {
+                    None => format!(
+                        "topic {topic:?} now has {partitions} partitions but model {model:?} was recorded with {task_count} tasks: \
+                         nothing was written; the model must be rebuilt for the new width"
+                    ),
+                    Some((partition, offset)) => format!(
+                        "topic {topic:?} now has {partitions} partitions but model {model:?} was recorded with {task_count} tasks: \
+                         the record was written at partition {partition}, offset {offset}, before the change was seen, and \
+                         the session does not claim it; the model must be rebuilt for the new width"
+                    ),
+                };
+                let problem = p(detail)
+                    .with("topic", json!(topic))
+                    .with("partitions", json!(partitions))
+                    .with("model", json!(model))
+                    .with("task_count", json!(task_count));
+                match written {
+                    Some((partition, offset)) => {
+                        problem.with("written", json!({"partition": partition, "offset": offset}))
+                    }
+                    None => problem,
+                }
+            }
+            ApiError::Overloaded { detail, retry_after } => {
+                let mut problem = p(detail);
+                problem.retry_after = Some(retry_after);
+                problem
+            }
+            ApiError::Unauthorized(d) => p(d),
             ApiError::NoSuchRoute(path) => p(format!("no route for {path}")),
             ApiError::Internal(e) => {
                 tracing::error!(error = %format!("{e:#}"), "internal error");
@@ -209,7 +274,12 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        self.into_problem().into_response()
+        let bearer = matches!(self, ApiError::Unauthorized(_));
+        let mut response = self.into_problem().into_response();
+        if bearer {
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
     }
 }
 

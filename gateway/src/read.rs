@@ -13,8 +13,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::path::ErrorKind;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -27,6 +28,7 @@ use serde_json::{json, Value};
 use sqlx::{Postgres, Row as _, Transaction};
 
 use crate::app::AppState;
+use crate::database;
 use crate::problem::{ApiError, Problem};
 use crate::session::{self, SESSION_HEADER};
 
@@ -65,39 +67,131 @@ pub async fn get_document(
     path: Result<Path<(String, String)>, PathRejection>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let Path((model, key)) = path.map_err(|r| ApiError::InvalidPath(r.body_text()))?;
+    let Path((model, key)) = path.map_err(path_error)?;
+    check_key(&key, state.config.settings.max_key_bytes).map_err(ApiError::InvalidKey)?;
     gated_read(&state, &model, Target::One { key }, &headers).await
 }
 
 pub async fn get_collection(
     State(state): State<AppState>,
     path: Result<Path<String>, PathRejection>,
-    query: Result<Query<BTreeMap<String, String>>, QueryRejection>,
+    RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let Path(model) = path.map_err(|r| ApiError::InvalidPath(r.body_text()))?;
-    let Query(query) = query.map_err(|r| ApiError::InvalidQuery(r.body_text()))?;
-    let target = parse_page(&query)?;
+    let Path(model) = path.map_err(path_error)?;
+    let target = parse_page(&parse_query(query.as_deref().unwrap_or(""))?, state.config.settings.max_key_bytes)?;
     gated_read(&state, &model, target, &headers).await
 }
 
-/// `limit` (1..=1000, default 100) and `after` (a key); nothing else.
-pub fn parse_page(query: &BTreeMap<String, String>) -> Result<Target, ApiError> {
+/// A path that does not decode: a key that is not UTF-8 after percent-decoding is an
+/// invalid key; anything else an invalid path.
+fn path_error(rejection: PathRejection) -> ApiError {
+    if let PathRejection::FailedToDeserializePathParams(e) = &rejection {
+        if let ErrorKind::InvalidUtf8InPathParam { key } = e.kind() {
+            if key == "key" {
+                return ApiError::InvalidKey("the key is not UTF-8 after percent-decoding".into());
+            }
+        }
+    }
+    ApiError::InvalidPath(rejection.body_text())
+}
+
+/// Whether a key (from a path or a cursor) is one a document can have: no NUL (Postgres
+/// `text` cannot hold it), at most `max_key_bytes` bytes. The reason otherwise.
+pub fn check_key(key: &str, max_key_bytes: usize) -> Result<(), String> {
+    if key.contains('\0') {
+        return Err("the key contains NUL (%00), which no document key can hold".into());
+    }
+    if key.len() > max_key_bytes {
+        return Err(format!(
+            "the key is {} bytes, longer than any document key (gateway.max_key_bytes = {max_key_bytes})",
+            key.len()
+        ));
+    }
+    Ok(())
+}
+
+/// Splits a raw query string into its parameters, percent-decoded (`+` is a space). A
+/// parameter given twice, a malformed escape or a name or value that is not UTF-8 after
+/// decoding is refused, naming the parameter.
+pub fn parse_query(raw: &str) -> Result<BTreeMap<String, String>, ApiError> {
+    let mut out = BTreeMap::new();
+    for pair in raw.split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let name = percent_decode(name)
+            .map_err(|why| ApiError::InvalidQuery { parameter: None, detail: format!("a parameter name {why}") })?;
+        let value = percent_decode(value).map_err(|why| ApiError::InvalidQuery {
+            parameter: Some(name.clone()),
+            detail: format!("the value of {name:?} {why}"),
+        })?;
+        if out.contains_key(&name) {
+            return Err(ApiError::InvalidQuery {
+                detail: format!("{name:?} is given more than once"),
+                parameter: Some(name),
+            });
+        }
+        out.insert(name, value);
+    }
+    Ok(out)
+}
+
+/// Decodes `%XX` escapes and `+`; the error says why it cannot.
+fn percent_decode(text: &str) -> Result<String, &'static str> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                // Two hex digits, nothing else (`from_str_radix` alone would take a sign).
+                let hex = bytes.get(i + 1..i + 3).filter(|h| h.iter().all(u8::is_ascii_hexdigit));
+                let hex = hex.and_then(|h| std::str::from_utf8(h).ok()).ok_or("has a malformed %-escape")?;
+                let byte = u8::from_str_radix(hex, 16).map_err(|_| "has a malformed %-escape")?;
+                out.push(byte);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).map_err(|_| "is not UTF-8 after percent-decoding")
+}
+
+/// `limit` (1..=1000, default 100) and `after` (a key; a cursor no document key can be is
+/// refused); nothing else.
+pub fn parse_page(query: &BTreeMap<String, String>, max_key_bytes: usize) -> Result<Target, ApiError> {
     if let Some(unknown) = query.keys().find(|k| !matches!(k.as_str(), "limit" | "after")) {
-        return Err(ApiError::InvalidQuery(format!("unknown parameter {unknown:?} (expected limit, after)")));
+        return Err(ApiError::InvalidQuery {
+            parameter: Some(unknown.clone()),
+            detail: format!("unknown parameter {unknown:?} (expected limit, after)"),
+        });
     }
     let limit = match query.get("limit") {
         None => DEFAULT_LIMIT,
         Some(v) => match v.parse::<u32>() {
             Ok(n) if (1..=MAX_LIMIT).contains(&n) => n,
             _ => {
-                return Err(ApiError::InvalidQuery(format!(
-                    "limit must be a whole number from 1 to {MAX_LIMIT}, not {v:?}"
-                )))
+                return Err(ApiError::InvalidQuery {
+                    parameter: Some("limit".into()),
+                    detail: format!("limit must be a whole number from 1 to {MAX_LIMIT}, not {v:?}"),
+                })
             }
         },
     };
-    Ok(Target::Page { after: query.get("after").cloned(), limit })
+    let after = query.get("after").cloned();
+    if let Some(a) = &after {
+        check_key(a, max_key_bytes).map_err(|why| ApiError::InvalidQuery {
+            parameter: Some("after".into()),
+            detail: format!("after: {why}"),
+        })?;
+    }
+    Ok(Target::Page { after, limit })
 }
 
 async fn gated_read(
@@ -125,6 +219,8 @@ async fn gated_read(
     let started = Instant::now();
     let deadline = started + state.config.settings.read_wait();
     let mut log_starts_checked = false;
+    // Held while waiting: at most `max_waiting_reads` reads of a model wait at once.
+    let mut waiting = None;
     loop {
         woken.borrow_and_update();
         state.metrics.add("parsley_gateway_gate_checks_total", &[("model", &model.name)], 1.0);
@@ -158,6 +254,18 @@ async fn gated_read(
                         token = token.retain(|c, _| !discarded.iter().any(|d| d.channel == c && d.from_token));
                         continue;
                     }
+                }
+                if waiting.is_none() {
+                    waiting = Some(state.wait_slot(&model.name).ok_or_else(|| {
+                        state.metrics.add("parsley_gateway_overloaded_total", &[("limit", "max_waiting_reads")], 1.0);
+                        ApiError::Overloaded {
+                            detail: format!(
+                                "{} reads of model {:?} are already waiting for the projector (gateway.max_waiting_reads); retry later",
+                                state.config.settings.max_waiting_reads, model.name
+                            ),
+                            retry_after: state.config.settings.retry_after_s,
+                        }
+                    })?);
                 }
                 let now_i = Instant::now();
                 if now_i >= deadline {
@@ -210,10 +318,10 @@ async fn attempt(
     demand: &CausalPast,
     token: &CausalPast,
 ) -> Result<Result<Served, Uncovered>, ApiError> {
-    let db = |e: anyhow::Error| database_unavailable(state, e);
+    let retry_after = state.config.settings.retry_after_s;
+    let db = |e: anyhow::Error| database::failed(e, "the read", retry_after, None);
     // One snapshot for the check and the data read, opened in one round trip.
-    let mut tx =
-        state.pool.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY").await.map_err(|e| db(e.into()))?;
+    let mut tx = state.pool.begin_with(GATE_BEGIN).await.map_err(|e| db(e.into()))?;
     let recorded = store::load_model(&mut tx, &model.name).await.map_err(db)?;
     let shape = model_shape(state, model, recorded.as_ref());
     let rows: Vec<ClockRow> = store::clock_rows(&mut tx, &model.name).await.map_err(db)?;
@@ -223,7 +331,17 @@ async fn attempt(
     };
     match gate(demand, &shape, &rows, &served) {
         Verdict::Covered => {
-            let body = read_documents(&mut tx, &model.name, target).await.map_err(db)?;
+            let body = read_documents(&mut tx, &model.name, target).await.map_err(|e| {
+                // The only values from the client: the key or the cursor.
+                let rejected = match target {
+                    Target::One { .. } => ApiError::InvalidKey("the database cannot hold this key".into()),
+                    Target::Page { .. } => ApiError::InvalidQuery {
+                        parameter: Some("after".into()),
+                        detail: "the database cannot hold this cursor".into(),
+                    },
+                };
+                database::failed(e, "the read", retry_after, Some(rejected))
+            })?;
             let refreshed = refresh(token, &shape, &rows, &served);
             tx.commit().await.map_err(|e| db(e.into()))?;
             Ok(Ok(Served { body, refreshed }))
@@ -331,15 +449,6 @@ async fn discarded(state: &AppState, uncovered: &Uncovered) -> Vec<Discarded> {
     out
 }
 
-fn database_unavailable(state: &AppState, e: anyhow::Error) -> ApiError {
-    tracing::warn!(error = %format!("{e:#}"), "database request failed");
-    ApiError::Unavailable {
-        what: "Postgres",
-        detail: "the database did not answer the read".into(),
-        retry_after: state.config.settings.retry_after_s,
-    }
-}
-
 /// The 503: every gap (topic name, partition, required, recorded) and the status of the
 /// involved tasks that are refused, failing or missing.
 fn not_yet_covered(state: &AppState, model: &str, uncovered: Uncovered, waited: Duration) -> ApiError {
@@ -413,15 +522,59 @@ mod tests {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
     }
 
+    /// The parameter an error names, if it is an invalid query.
+    fn parameter(e: ApiError) -> Option<String> {
+        match e {
+            ApiError::InvalidQuery { parameter, .. } => parameter,
+            other => panic!("not an invalid query: {other:?}"),
+        }
+    }
+
     #[test]
     fn pages_are_bounded() {
-        assert_eq!(parse_page(&q(&[])).unwrap(), Target::Page { after: None, limit: 100 });
+        assert_eq!(parse_page(&q(&[]), 8).unwrap(), Target::Page { after: None, limit: 100 });
         assert_eq!(
-            parse_page(&q(&[("limit", "1000"), ("after", "k")])).unwrap(),
+            parse_page(&q(&[("limit", "1000"), ("after", "k")]), 8).unwrap(),
             Target::Page { after: Some("k".into()), limit: 1000 }
         );
-        for bad in [&[("limit", "0")][..], &[("limit", "1001")], &[("limit", "x")], &[("offset", "3")]] {
-            assert!(matches!(parse_page(&q(bad)), Err(ApiError::InvalidQuery(_))), "{bad:?}");
+        for (bad, named) in [
+            (&[("limit", "0")][..], "limit"),
+            (&[("limit", "1001")], "limit"),
+            (&[("limit", "x")], "limit"),
+            (&[("offset", "3")], "offset"),
+            (&[("after", "a\0b")], "after"),
+            (&[("after", "123456789")], "after"),
+        ] {
+            assert_eq!(parameter(parse_page(&q(bad), 8).unwrap_err()).as_deref(), Some(named), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn queries_decode_strictly() {
+        assert_eq!(parse_query("").unwrap(), q(&[]));
+        assert_eq!(parse_query("after=a%20b+c&limit=5&").unwrap(), q(&[("after", "a b c"), ("limit", "5")]));
+        assert_eq!(parse_query("after=%C3%A9").unwrap(), q(&[("after", "é")]));
+        assert_eq!(parse_query("after").unwrap(), q(&[("after", "")]));
+        assert_eq!(parse_query("after=%00").unwrap(), q(&[("after", "\0")]), "decoded; check_key refuses it");
+        for (raw, named) in [
+            ("after=%FF", Some("after")),
+            ("after=%C3", Some("after")),
+            ("after=%", Some("after")),
+            ("after=%zz", Some("after")),
+            ("after=%é", Some("after")),
+            ("after=%+1", Some("after")),
+            ("limit=1&limit=2", Some("limit")),
+            ("%FF=1", None),
+        ] {
+            assert_eq!(parameter(parse_query(raw).unwrap_err()).as_deref(), named, "{raw}");
+        }
+    }
+
+    #[test]
+    fn keys_no_document_can_have_are_refused() {
+        assert!(check_key("o-17", 8).is_ok());
+        assert!(check_key("12345678", 8).is_ok());
+        assert!(check_key("123456789", 8).unwrap_err().contains("gateway.max_key_bytes"));
+        assert!(check_key("a\0", 8).unwrap_err().contains("NUL"));
     }
 }

@@ -4,7 +4,6 @@
 //! acknowledged coordinate — never a position computed from a log end — and hand back the
 //! re-sealed token. A write never waits for the record to become deliverable.
 
-use std::collections::BTreeMap;
 use std::time::Instant;
 
 use axum::body::Bytes;
@@ -15,48 +14,28 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use parsley::codec::{self, CAUSES_HEADER};
 use parsley::murmur2::partition_for_key;
-use parsley::refusal::check_application_header;
 use parsley::ChannelId;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::FutureRecord;
 use rdkafka::util::Timeout;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::app::AppState;
+use crate::body::{self, WriteBody};
+use crate::facts::TopicFact;
 use crate::problem::ApiError;
 use crate::session::{self, kafka_unavailable, SESSION_HEADER};
 
-/// The request body.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct WriteRequest {
-    pub key: String,
-    /// Any JSON value; `null` writes a tombstone (the document is deleted).
-    pub value: Value,
-    #[serde(default)]
-    pub headers: BTreeMap<String, String>,
-}
-
-/// Parses and checks a body: JSON of the right shape, no header in the reserved namespace.
-pub fn parse_body(body: Result<Bytes, BytesRejection>) -> Result<WriteRequest, ApiError> {
-    let body = body.map_err(|r| {
+/// The body's bytes, or why there are none.
+pub fn body_bytes(body: Result<Bytes, BytesRejection>, max_body_bytes: usize) -> Result<Bytes, ApiError> {
+    body.map_err(|r| {
         if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::BodyTooLarge { limit: 0 }
+            ApiError::BodyTooLarge { limit: max_body_bytes }
         } else {
             ApiError::InvalidBody(r.body_text())
         }
-    })?;
-    let request: WriteRequest = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::InvalidBody(format!(
-            "expected {{\"key\": string, \"value\": JSON or null, \"headers\": {{name: string}}}}: {e}"
-        ))
-    })?;
-    for name in request.headers.keys() {
-        check_application_header(name).map_err(|r| ApiError::ReservedHeader(r.diagnosis))?;
-    }
-    Ok(request)
+    })
 }
 
 pub async fn post_record(
@@ -68,10 +47,9 @@ pub async fn post_record(
     let Path(topic) = topic.map_err(|r| ApiError::InvalidPath(r.body_text()))?;
     let now = session::unix_now();
     let caller = session::open_session(&state, &headers, now)?;
-    let request = parse_body(body).map_err(|e| match e {
-        ApiError::BodyTooLarge { .. } => ApiError::BodyTooLarge { limit: state.config.settings.max_body_bytes },
-        other => other,
-    })?;
+    let settings = &state.config.settings;
+    let bytes = body_bytes(body, settings.max_body_bytes)?;
+    let request = body::parse(&bytes, settings.max_key_bytes)?;
     if !state.receives(&topic) {
         return Err(ApiError::UnknownTopic(topic, "is not received by any configured model".into()));
     }
@@ -79,36 +57,36 @@ pub async fn post_record(
         Some(f) => f,
         None => return Err(ApiError::UnknownTopic(topic, "does not exist on the broker".into())),
     };
+    let fact = check_width(&state, fact, None).await?;
     let past = session::sanitize(&state, &caller.past).await?;
 
     let causes = if past.is_empty() {
         None
     } else {
-        let budget = state.config.settings.metadata_budget;
+        let budget = settings.metadata_budget;
         Some(
             codec::encode_within(&past, budget)
                 .map_err(|_| ApiError::MetadataBudgetExceeded { size: codec::encoded_len(&past), budget })?,
         )
     };
-    let payload =
-        (!request.value.is_null()).then(|| serde_json::to_vec(&request.value).expect("a JSON value serializes"));
-    let mut record_headers = OwnedHeaders::new_with_capacity(request.headers.len() + 1);
-    for (name, value) in &request.headers {
+    let WriteBody { key, value, headers: app_headers } = &request;
+    let mut record_headers = OwnedHeaders::new_with_capacity(app_headers.len() + 1);
+    for (name, value) in app_headers {
         record_headers = record_headers.insert(Header { key: name, value: Some(value.as_bytes()) });
     }
     if let Some(c) = &causes {
         record_headers = record_headers.insert(Header { key: CAUSES_HEADER, value: Some(c.as_slice()) });
     }
-    let mut record: FutureRecord<'_, [u8], [u8]> =
-        FutureRecord::to(&topic).key(request.key.as_bytes()).headers(record_headers);
-    if let Some(p) = &payload {
-        record = record.payload(p.as_slice());
+    let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&topic).key(key.as_bytes()).headers(record_headers);
+    if let Some(v) = value {
+        // The client's bytes, as sent.
+        record = record.payload(v.as_bytes());
     }
 
     let started = Instant::now();
     let delivery = state
         .producer
-        .send(record, Timeout::After(state.config.settings.produce_timeout()))
+        .send(record, Timeout::After(settings.produce_timeout()))
         .await
         .map_err(|(e, _)| write_failed(&state, &topic, e))?;
     state.metrics.observe("parsley_gateway_write_ack_seconds", &[], started.elapsed().as_secs_f64());
@@ -117,8 +95,11 @@ pub async fn post_record(
     let channel = ChannelId::new(fact.id, partition);
     state.facts.note_acknowledged(channel, delivery.offset);
     state.metrics.add("parsley_gateway_writes_total", &[("topic", &topic)], 1.0);
-    let expected = partition_for_key(request.key.as_bytes(), fact.partitions);
+    let expected = partition_for_key(key.as_bytes(), fact.partitions);
     if expected != partition {
+        // The producer saw another partition count than the cache: the topic may have
+        // grown. Re-read it; a record no task reads is not claimed.
+        check_width(&state, fact, Some((partition, delivery.offset))).await?;
         // Reads route this key to task `expected`; the producer's partitioner disagreed.
         tracing::error!(topic, partition, expected, "the producer did not partition by murmur2 of the key");
     }
@@ -127,6 +108,54 @@ pub async fn post_record(
     let token = session::reseal(&state, &caller, past.merge(channel, delivery.offset), now)?;
     let body = json!({"topic": topic, "partition": partition, "offset": delivery.offset});
     Ok((StatusCode::CREATED, [(SESSION_HEADER, token)], Json(body)).into_response())
+}
+
+/// Refuses a write (`409 width-changed`) to a topic whose partition count is not the task
+/// count some model receiving it recorded. A mismatch seen in the caches is re-read from the
+/// broker and the database before refusing (`written` set: re-read unconditionally, the
+/// record is already in the log). Returns the topic's fact as last read.
+async fn check_width(state: &AppState, fact: TopicFact, written: Option<(u32, i64)>) -> Result<TopicFact, ApiError> {
+    let models = state.models_receiving(&fact.name);
+    let mismatch = |fact: &TopicFact, widths: &crate::widths::RecordedWidths| {
+        models.iter().find_map(|m| match widths.cached(m) {
+            Some(Some(n)) if n != fact.partitions => Some((m.to_string(), n)),
+            _ => None,
+        })
+    };
+    if !state.widths.loaded() {
+        state.widths.refresh(&state.pool, &state.model_names()).await.map_err(|e| widths_unavailable(state, e))?;
+    }
+    if written.is_none() && mismatch(&fact, &state.widths).is_none() {
+        return Ok(fact);
+    }
+    // Re-read both sides; on a failure, decide on what is cached.
+    let fact = match state.facts.refresh_topics(std::slice::from_ref(&fact.name)).await {
+        Ok(()) => state.facts.cached_topic(&fact.name).unwrap_or(fact),
+        Err(e) => {
+            tracing::warn!(error = %format!("{e:#}"), "re-reading a topic's partition count failed");
+            fact
+        }
+    };
+    if let Err(e) = state.widths.refresh(&state.pool, &state.model_names()).await {
+        tracing::warn!(error = %format!("{e:#}"), "re-reading the models' recorded widths failed");
+    }
+    match mismatch(&fact, &state.widths) {
+        None => Ok(fact),
+        Some((model, task_count)) => {
+            state.metrics.add("parsley_gateway_width_changed_total", &[("topic", &fact.name)], 1.0);
+            tracing::warn!(topic = %fact.name, partitions = fact.partitions, model, task_count, ?written, "write to a topic whose width changed");
+            Err(ApiError::WidthChanged { topic: fact.name, partitions: fact.partitions, model, task_count, written })
+        }
+    }
+}
+
+fn widths_unavailable(state: &AppState, e: anyhow::Error) -> ApiError {
+    tracing::warn!(error = %format!("{e:#}"), "reading the models' recorded widths failed");
+    ApiError::Unavailable {
+        what: "Postgres",
+        detail: "the database did not answer the models' recorded widths".into(),
+        retry_after: state.config.settings.retry_after_s,
+    }
 }
 
 fn write_failed(state: &AppState, topic: &str, e: KafkaError) -> ApiError {
@@ -139,38 +168,4 @@ fn write_failed(state: &AppState, topic: &str, e: KafkaError) -> ApiError {
         None => "the producer failed".to_string(),
     };
     ApiError::WriteFailed { detail, retry_after: state.config.settings.retry_after_s }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parse(text: &str) -> Result<WriteRequest, ApiError> {
-        parse_body(Ok(Bytes::from(text.to_string())))
-    }
-
-    #[test]
-    fn bodies_are_checked_with_a_named_reason() {
-        let ok = parse(r#"{"key":"o1","value":{"total":3},"headers":{"trace":"x"}}"#).unwrap();
-        assert_eq!(ok.key, "o1");
-        assert_eq!(ok.headers.get("trace").map(String::as_str), Some("x"));
-        assert!(parse(r#"{"key":"o1","value":null}"#).unwrap().value.is_null(), "null is a tombstone");
-        for (text, needle) in [
-            ("not json", "expected"),
-            (r#"{"value":1}"#, "missing field `key`"),
-            (r#"{"key":"k"}"#, "missing field `value`"),
-            (r#"{"key":1,"value":1}"#, "invalid type"),
-            (r#"{"key":"k","value":1,"extra":true}"#, "unknown field `extra`"),
-            (r#"{"key":"k","value":1,"headers":{"h":1}}"#, "invalid type"),
-        ] {
-            match parse(text) {
-                Err(ApiError::InvalidBody(d)) => assert!(d.contains(needle), "{text}: {d}"),
-                other => panic!("{text}: {other:?}"),
-            }
-        }
-        for name in ["parsley.causes", "Parsley.Anything"] {
-            let text = format!(r#"{{"key":"k","value":1,"headers":{{"{name}":"x"}}}}"#);
-            assert!(matches!(parse(&text), Err(ApiError::ReservedHeader(_))), "{name}");
-        }
-    }
 }

@@ -1,10 +1,17 @@
 //! Readiness, status and the served process: `/readyz` against the real services, the
-//! admin status read with the projector's status code, and `Gateway::serve` on a port-0
-//! listener answering over TCP and stopping on its shutdown signal.
+//! admin status from SQL aggregates (held counts and bytes, queue heads and their blockers,
+//! clock widths), and `Gateway::serve` answering over TCP on its two listeners — the admin
+//! routes only on the admin listener, or on the main one with the admin bearer token — and
+//! stopping on its shutdown signal.
+
+use std::net::SocketAddr;
 
 use axum::http::{Method, StatusCode};
+use parsley::CausalPast;
+use parsley_gateway::config::AdminToken;
 use parsley_gateway::{Gateway, GatewayConfig};
-use serde_json::json;
+use rdkafka::producer::Producer as _;
+use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::watch;
 
@@ -17,7 +24,7 @@ async fn ready_and_status_reflect_the_services_and_the_tasks() {
     assert_eq!(r.status, StatusCode::OK, "{}", r.json);
     assert_eq!(r.json["checks"]["migrations"]["ok"], json!(true));
 
-    let st = s.send(Method::GET, "/v1/status", None, None).await;
+    let st = s.status().await;
     assert_eq!(st.status, StatusCode::OK);
     assert_eq!(
         st.json["models"][0],
@@ -29,7 +36,7 @@ async fn ready_and_status_reflect_the_services_and_the_tasks() {
     let w = s.write(&s.names.orders.clone(), "k", json!(1), None).await;
     let r = s.read("k", Some(&w.token())).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.json);
-    let st = s.send(Method::GET, "/v1/status", None, None).await;
+    let st = s.status().await;
     let model = &st.json["models"][0];
     assert_eq!(model["task_count"], json!(2));
     let tasks = model["tasks"].as_array().unwrap();
@@ -37,30 +44,131 @@ async fn ready_and_status_reflect_the_services_and_the_tasks() {
     assert!(tasks.iter().all(|t| t["status"] == json!("running")), "{st:?}");
     let owner = w.json["partition"].as_u64().unwrap() as usize;
     assert!(tasks[owner]["clock_width"].as_u64().unwrap() >= 1, "{}", st.json);
-    assert_eq!(tasks[owner]["held"], json!(0));
+    assert_eq!((tasks[owner]["held"].clone(), tasks[owner]["held_bytes"].clone()), (json!(0), json!(0)));
 
-    let m = s.send(Method::GET, "/metrics", None, None).await;
+    let m = send(&s.admin, Method::GET, "/metrics", None, None).await;
     assert_eq!(m.status, StatusCode::OK);
     s.stop_projector().await;
+}
+
+/// A payment held behind an order in an open transaction: the status counts it and its
+/// bytes, names it as the head of its queue, and blocks it on exactly the order — from
+/// aggregates, without loading the held record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_reports_held_records_from_aggregates() {
+    let mut s = Stack::new("ops-held", 1, "").await;
+    let (orders, payments) = (s.names.orders.clone(), s.names.payments.clone());
+    s.start_projector().await;
+    let order_channel = channel(&s.state, &orders, 0).await;
+    let txp = transactional_producer();
+    txp.begin_transaction().unwrap();
+    let order_at = produce(&txp, &orders, 0, "o1", br#"{"status":"placed"}"#, None).await;
+    let causes = CausalPast::from_pairs([(order_channel, order_at)]);
+    let value = br#"{"paid":true}"#;
+    let pay_at = produce(&producer(), &payments, 0, "o1", value, Some(&causes)).await;
+
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    let task = loop {
+        let st = s.status().await;
+        let task = st.json["models"][0]["tasks"][0].clone();
+        if task["held"] == json!(1) {
+            break task;
+        }
+        assert!(std::time::Instant::now() < deadline, "the payment is never held: {}", st.json);
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    let channels = task["channels"].as_array().unwrap();
+    let held: Vec<&Value> = channels.iter().filter(|c| c["held"] == json!(1)).collect();
+    let [c] = held.as_slice() else { panic!("one channel holds the payment: {task}") };
+    assert_eq!(c["channel"]["topic"], json!(payments), "{task}");
+    assert_eq!(c["head"], json!(pay_at), "{task}");
+    assert_eq!(c["settled"], json!(pay_at - 1), "{task}");
+    let bytes = c["held_bytes"].as_i64().unwrap();
+    let at_least = (value.len() + "o1".len() + causes.encode().len()) as i64;
+    assert!(bytes >= at_least, "held bytes {bytes} count key, value and causes ({at_least}): {task}");
+    assert_eq!(task["held_bytes"], json!(bytes));
+    assert!(c["oldest_held_age_s"].as_f64().is_some_and(|a| a >= 0.0), "{task}");
+    let blockers = c["blockers"].as_array().unwrap();
+    let [b] = blockers.as_slice() else { panic!("blocked on the order alone: {task}") };
+    assert_eq!(
+        (b["channel"].clone(), b["required"].clone()),
+        (json!({"topic": orders, "topic_id": order_channel.topic.to_string(), "partition": 0}), json!(order_at)),
+        "{task}"
+    );
+    assert!(b["settled"].as_i64().is_none_or(|s| s < order_at), "the order is not settled: {task}");
+    txp.commit_transaction(TIMEOUT).unwrap();
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while s.status().await.json["models"][0]["tasks"][0]["held"] != json!(0) {
+        assert!(std::time::Instant::now() < deadline, "the payment is never delivered");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    s.stop_projector().await;
+}
+
+/// One HTTP/1.1 exchange over TCP; the answer as text.
+async fn get(address: SocketAddr, path: &str, headers: &str) -> String {
+    let mut socket = tokio::net::TcpStream::connect(address).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n{headers}\r\n");
+    socket.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    socket.read_to_string(&mut answer).await.unwrap();
+    answer
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_server_answers_over_tcp_and_stops_on_its_signal() {
     let n = Names::new("serve");
-    let config = config(&n, "listen = \"127.0.0.1:0\"");
+    let config = config(&n, "listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"");
     let gateway = Gateway::new(GatewayConfig::with_keys(config, ring()).unwrap()).unwrap();
-    let listener = gateway.bind().await.unwrap();
-    let address = listener.local_addr().unwrap();
+    let listeners = gateway.bind().await.unwrap();
+    let address = listeners.local_addr().unwrap();
+    let admin = listeners.admin_addr().expect("an admin listener").unwrap();
     let (stop, shutdown) = watch::channel(false);
-    let server = tokio::spawn(gateway.serve(listener, shutdown));
+    let server = tokio::spawn(gateway.serve(listeners, shutdown));
 
-    let mut socket = tokio::net::TcpStream::connect(address).await.unwrap();
-    socket.write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").await.unwrap();
-    let mut answer = String::new();
-    socket.read_to_string(&mut answer).await.unwrap();
+    let answer = get(address, "/healthz", "").await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(answer.contains("\"status\":\"ok\""), "{answer}");
+    // Without an admin token the admin routes are the admin listener's alone.
+    for path in ["/v1/status", "/metrics"] {
+        let answer = get(address, path, "").await;
+        assert!(answer.starts_with("HTTP/1.1 404") && answer.contains("problems/no-such-route"), "{answer}");
+        let answer = get(admin, path, "").await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{path} on the admin listener: {answer}");
+    }
+    assert!(get(admin, "/healthz", "").await.starts_with("HTTP/1.1 200"));
+    let answer = get(admin, "/v1/topics/x/records", "").await;
+    assert!(answer.starts_with("HTTP/1.1 404"), "the admin listener serves no client routes: {answer}");
 
+    stop.send(true).unwrap();
+    tokio::time::timeout(TIMEOUT, server).await.expect("the server stops").unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_an_admin_token_the_main_listener_serves_admin_routes_to_its_bearer() {
+    let n = Names::new("serve-bearer");
+    let config = config(&n, "listen = \"127.0.0.1:0\"\nadmin_listen = \"\"");
+    let mut config = GatewayConfig::with_keys(config, ring()).unwrap();
+    let token = "it-admin-token-0123456789";
+    config.admin_token = Some(AdminToken::new(token).unwrap());
+    let gateway = Gateway::new(config).unwrap();
+    let listeners = gateway.bind().await.unwrap();
+    assert!(listeners.admin_addr().is_none(), "admin_listen = \"\": no admin listener");
+    let address = listeners.local_addr().unwrap();
+    let (stop, shutdown) = watch::channel(false);
+    let server = tokio::spawn(gateway.serve(listeners, shutdown));
+
+    for path in ["/v1/status", "/metrics"] {
+        for headers in ["", "Authorization: Bearer wrong-token-0123456789\r\n", "Authorization: Basic eDp5\r\n"] {
+            let answer = get(address, path, headers).await;
+            assert!(answer.starts_with("HTTP/1.1 401"), "{path} {headers:?}: {answer}");
+            assert!(answer.contains("problems/unauthorized"), "{answer}");
+            assert!(answer.to_ascii_lowercase().contains("www-authenticate: bearer"), "{answer}");
+        }
+        let answer = get(address, path, &format!("Authorization: Bearer {token}\r\n")).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{path}: {answer}");
+    }
+    assert!(get(address, "/healthz", "").await.starts_with("HTTP/1.1 200"), "health stays public");
     stop.send(true).unwrap();
     tokio::time::timeout(TIMEOUT, server).await.expect("the server stops").unwrap().unwrap();
 }

@@ -17,7 +17,7 @@ use crate::support::*;
 async fn wait_for_task(s: &Stack, what: &str, done: impl Fn(&Value) -> bool) {
     let deadline = Instant::now() + TIMEOUT;
     loop {
-        let st = s.send(Method::GET, "/v1/status", None, None).await;
+        let st = s.status().await;
         if done(&st.json["models"][0]["tasks"][0]) {
             return;
         }

@@ -209,14 +209,15 @@ async fn concurrent_sessions_see_their_writes_and_never_go_back() {
     s.stop_projector().await;
 }
 
+/// A record the projection cannot apply stops its task — failing (retried) or refused
+/// (`PROJECTION_REJECTED`), never skipped — and a read blocked by it names the task and why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_503_names_the_failing_task_that_blocks_the_session() {
+async fn a_503_names_the_stopped_task_that_blocks_the_session() {
     use rdkafka::producer::{FutureProducer, FutureRecord};
 
     let mut s = Stack::new("failing", 1, "read_wait_ms = 800").await;
     s.start_projector().await;
-    // A record the document projection cannot apply (not JSON), written around the gateway:
-    // the owning task fails on it and retries it, never skipping it.
+    // A record the document projection cannot apply (not JSON), written around the gateway.
     let raw: FutureProducer = parsley_infra::kafka::producer_config(&bootstrap()).create().unwrap();
     raw.send(FutureRecord::<str, [u8]>::to(&s.names.orders).key("x").payload(b"not json"), TIMEOUT)
         .await
@@ -224,11 +225,11 @@ async fn a_503_names_the_failing_task_that_blocks_the_session() {
         .unwrap();
     let deadline = Instant::now() + TIMEOUT;
     loop {
-        let st = s.send(Method::GET, "/v1/status", None, None).await;
-        if st.json["models"][0]["tasks"][0]["status"] == json!("failing") {
+        let st = s.status().await;
+        if st.json["models"][0]["tasks"][0]["status"] != json!("running") {
             break;
         }
-        assert!(Instant::now() < deadline, "the task never reported its failure: {}", st.json);
+        assert!(Instant::now() < deadline, "the task never reported the record: {}", st.json);
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
@@ -239,8 +240,17 @@ async fn a_503_names_the_failing_task_that_blocks_the_session() {
     let tasks = r.json["tasks"].as_array().unwrap();
     assert_eq!(tasks.len(), 1, "{}", r.json);
     assert_eq!(tasks[0]["task"], json!(0));
-    assert_eq!(tasks[0]["status"], json!("failing"));
-    assert!(tasks[0]["last_error"].as_str().unwrap().contains("not JSON"), "{}", r.json);
-    assert!(tasks[0]["failures"].as_i64().unwrap() >= 1);
+    let why = match tasks[0]["status"].as_str() {
+        Some("failing") => {
+            assert!(tasks[0]["failures"].as_i64().unwrap() >= 1);
+            tasks[0]["last_error"].as_str()
+        }
+        Some("refused") => {
+            assert_eq!(tasks[0]["reason"], json!("PROJECTION_REJECTED"), "{}", r.json);
+            tasks[0]["diagnosis"].as_str()
+        }
+        _ => panic!("the task is named failing or refused: {}", r.json),
+    };
+    assert!(why.unwrap_or_default().contains("not JSON"), "{}", r.json);
     s.stop_projector().await;
 }

@@ -10,7 +10,7 @@ use axum::Router;
 use parsley::{CausalPast, ChannelId, TopicId};
 use parsley_gateway::session::unix_now;
 use parsley_gateway::token::{self, KeyRing, SecretKey, Session, TokenLimits};
-use parsley_gateway::{app, AppState, Gateway, GatewayConfig, SESSION_HEADER};
+use parsley_gateway::{admin_app, app, AppState, Gateway, GatewayConfig, SESSION_HEADER};
 use parsley_infra::testing;
 pub use parsley_infra::testing::{
     bootstrap, create_topics, database_url, delete_records, producer, transactional_producer, unique, TIMEOUT,
@@ -82,8 +82,10 @@ impl Names {
 }
 
 /// The shared configuration for the test services, with `gateway` as the `[gateway]` table.
+/// Unless `gateway` names one, the admin listener binds a free port (tests run side by side).
 pub fn config(n: &Names, gateway: &str) -> Config {
-    let mut c = Config::parse(&format!("[gateway]\n{gateway}\n")).unwrap();
+    let admin = if gateway.contains("admin_listen") { "" } else { "admin_listen = \"127.0.0.1:0\"\n" };
+    let mut c = Config::parse(&format!("[gateway]\n{admin}{gateway}\n")).unwrap();
     c.kafka.bootstrap = bootstrap();
     c.database.url = Some(database_url());
     c.projector.owner = Some(unique("owner"));
@@ -130,6 +132,12 @@ impl Reply {
 
 /// Sends one request through `router`.
 pub async fn send(router: &Router, method: Method, uri: &str, token: Option<&str>, body: Option<&Value>) -> Reply {
+    let body = body.map(|b| serde_json::to_vec(b).unwrap());
+    send_raw(router, method, uri, token, body.as_deref()).await
+}
+
+/// Sends one request with a body of exactly `body` through `router`.
+pub async fn send_raw(router: &Router, method: Method, uri: &str, token: Option<&str>, body: Option<&[u8]>) -> Reply {
     let mut req = Request::builder().method(method).uri(uri);
     if let Some(t) = token {
         req = req.header(SESSION_HEADER, t);
@@ -137,7 +145,7 @@ pub async fn send(router: &Router, method: Method, uri: &str, token: Option<&str
     let body = match body {
         Some(b) => {
             req = req.header("content-type", "application/json");
-            Body::from(serde_json::to_vec(b).unwrap())
+            Body::from(b.to_vec())
         }
         None => Body::empty(),
     };
@@ -164,6 +172,8 @@ pub struct Stack {
     pub pool: PgPool,
     pub state: AppState,
     pub router: Router,
+    /// The admin listener's router (`/v1/status`, `/metrics`).
+    pub admin: Router,
     stop_gateway: watch::Sender<bool>,
     projector: Option<Running>,
 }
@@ -178,7 +188,8 @@ impl Stack {
         let config = config(&names, gateway);
         let (state, stop_gateway) = start_gateway(&config).await;
         let router = app(state.clone());
-        Stack { names, config, pool, state, router, stop_gateway, projector: None }
+        let admin = admin_app(state.clone());
+        Stack { names, config, pool, state, router, admin, stop_gateway, projector: None }
     }
 
     /// Another gateway over the same model with different `[gateway]` settings.
@@ -224,6 +235,11 @@ impl Stack {
 
     pub async fn read(&self, key: &str, token: Option<&str>) -> Reply {
         self.send(Method::GET, &format!("/v1/models/{}/documents/{key}", self.names.model), token, None).await
+    }
+
+    /// `GET /v1/status` on the admin router.
+    pub async fn status(&self) -> Reply {
+        send(&self.admin, Method::GET, "/v1/status", None, None).await
     }
 
     pub async fn list(&self, query: &str, token: Option<&str>) -> Reply {

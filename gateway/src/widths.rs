@@ -1,0 +1,61 @@
+//! The width each configured model was recorded with (`parsley.models.task_count`, the
+//! partition count of its received topics when its state was created), cached for the write
+//! path: a write to a topic whose partition count has since changed is refused
+//! (`409 width-changed`) rather than acknowledged for a partition no task reads.
+//!
+//! Loaded at the first write, refreshed with the topic facts every `metadata_refresh_ms`,
+//! and re-read before a write is refused.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use anyhow::Context as _;
+use sqlx::PgPool;
+
+use crate::database;
+
+/// Per model: `Some(n)` recorded with `n` tasks, `None` no state yet (the projector records
+/// the width it starts with).
+#[derive(Debug, Default)]
+pub struct RecordedWidths {
+    /// `None` until the first successful load.
+    widths: Mutex<Option<BTreeMap<String, Option<u32>>>>,
+}
+
+impl RecordedWidths {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<BTreeMap<String, Option<u32>>>> {
+        self.widths.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether a load has ever succeeded.
+    pub fn loaded(&self) -> bool {
+        self.lock().is_some()
+    }
+
+    /// Model `model`'s recorded width: `None` not loaded yet, `Some(None)` no state yet.
+    pub fn cached(&self, model: &str) -> Option<Option<u32>> {
+        self.lock().as_ref().map(|w| w.get(model).copied().flatten())
+    }
+
+    /// Re-reads the recorded widths of `models`. Before the migrations ran no model has
+    /// state: every width is unrecorded.
+    pub async fn refresh(&self, pool: &PgPool, models: &[String]) -> anyhow::Result<()> {
+        let rows: Vec<(String, i32)> =
+            match sqlx::query_as("SELECT model, task_count FROM parsley.models WHERE model = ANY($1)")
+                .bind(models)
+                .fetch_all(pool)
+                .await
+            {
+                Ok(rows) => rows,
+                Err(e) if database::is_undefined_table(&e) => Vec::new(),
+                Err(e) => return Err(e).context("reading the models' recorded widths"),
+            };
+        let mut widths: BTreeMap<String, Option<u32>> = models.iter().map(|m| (m.clone(), None)).collect();
+        for (model, task_count) in rows {
+            let n = u32::try_from(task_count).with_context(|| format!("model {model:?} records {task_count} tasks"))?;
+            widths.insert(model, Some(n));
+        }
+        *self.lock() = Some(widths);
+        Ok(())
+    }
+}
