@@ -563,5 +563,16 @@ mod tests {
         let settings = Settings::from_table(shared.gateway.as_ref()).unwrap();
         settings.validate().unwrap();
         assert_eq!(settings.listen, "0.0.0.0:8080");
+        assert_eq!(settings.admin_listen, "0.0.0.0:9091");
+    }
+
+    #[test]
+    fn the_demo_configuration_keeps_off_the_default_ports() {
+        let shared = Config::parse(include_str!("../../config/demo.toml")).unwrap();
+        let settings = Settings::from_table(shared.gateway.as_ref()).unwrap();
+        settings.validate().unwrap();
+        let defaults = Settings::default();
+        assert_ne!(settings.listen, defaults.listen);
+        assert_ne!(settings.admin_listen, defaults.admin_listen);
     }
 }

@@ -9,6 +9,12 @@
 //! does not cover the session the read waits, woken by the projector's `NOTIFY` (and a
 //! re-check timer), until `gateway.read_wait_ms` has passed; then it answers 503 with every
 //! gap. It never serves data the clock has not proven.
+//!
+//! A key or cursor no document can have (NUL, not UTF-8 after percent-decoding, longer than
+//! `max_key_bytes`) is refused before the database is asked; a database error is an outage
+//! (503) only when the database did not answer ([`crate::database`]). At most
+//! `max_waiting_reads` reads of a model wait at once; beyond that an uncovered read is
+//! refused `503 overloaded` at once.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};

@@ -408,4 +408,94 @@ mod tests {
         let err = KeyRing::parse("a-secret-with-no-id").unwrap_err();
         assert!(!err.to_string().contains("secret"), "{err}");
     }
+
+    /// `plaintext` sealed as a token of ring `k1` (key bytes `[1; 32]`) would be: the
+    /// opener's envelope and causes parsing meets arbitrary authenticated bytes.
+    fn seal_plaintext(plaintext: &[u8], nonce: [u8; 24]) -> String {
+        let header = vec![TOKEN_FORMAT, 2, b'k', b'1'];
+        let cipher = XChaCha20Poly1305::new((&[1u8; 32]).into());
+        let nonce = XNonce::from(nonce);
+        let ct = cipher.encrypt(&nonce, Payload { msg: plaintext, aad: &header }).unwrap();
+        URL_SAFE_NO_PAD.encode([header, nonce.to_vec(), ct].concat())
+    }
+
+    /// Every answer of the opener is a session or a named refusal.
+    fn check_open(token: &str, now: u64, subject: Option<&str>) -> Result<Session, TokenError> {
+        let limits = TokenLimits { max_encoded_len: 4096, max_entries: 64 };
+        let answer = open(&ring(&[("k1", 1), ("k2", 2)]), token, now, subject, &limits);
+        match &answer {
+            Ok(s) => {
+                assert!(now < s.expires_at && s.past.len() <= 64);
+                assert!(s.subject.is_none() || s.subject.as_deref() == subject);
+            }
+            Err(e) => assert!(
+                matches!(e.kind(), "token-malformed" | "token-invalid" | "token-expired" | "token-wrong-subject"),
+                "{e}"
+            ),
+        }
+        answer
+    }
+
+    fn any_session() -> impl proptest::strategy::Strategy<Value = Session> {
+        use proptest::prelude::*;
+        let pair = (any::<[u8; 16]>(), 0u32..8, 0i64..i64::MAX);
+        (any::<u64>(), any::<u64>(), proptest::option::of("[a-z]{0,12}"), proptest::collection::vec(pair, 0..8))
+            .prop_map(|(issued_at, expires_at, subject, pairs)| Session {
+                issued_at,
+                expires_at,
+                subject: subject.filter(|s| !s.is_empty()),
+                past: CausalPast::from_pairs(
+                    pairs.into_iter().map(|(t, p, at)| (ChannelId::new(TopicId::from_bytes(t), p), at)),
+                ),
+            })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn fuzz_token_open_arbitrary_text(text in "\\PC{0,300}", now in proptest::prelude::any::<u64>()) {
+            let _ = check_open(&text, now, None);
+        }
+
+        #[test]
+        fn fuzz_token_open_arbitrary_bytes(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300)) {
+            let _ = check_open(&URL_SAFE_NO_PAD.encode(&bytes), 0, None);
+            let mut framed = vec![TOKEN_FORMAT, 2, b'k', b'1'];
+            framed.extend_from_slice(&bytes);
+            let answer = check_open(&URL_SAFE_NO_PAD.encode(&framed), 0, None);
+            proptest::prop_assert!(answer.is_err(), "random bytes never authenticate");
+        }
+
+        #[test]
+        fn fuzz_token_open_authenticated_garbage(
+            plaintext in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200),
+            nonce in proptest::prelude::any::<[u8; 24]>(),
+            now in 0u64..1000,
+        ) {
+            // Authentic, so every byte reaches the envelope and causes checks.
+            let _ = check_open(&seal_plaintext(&plaintext, nonce), now, Some("alice"));
+        }
+
+        #[test]
+        fn fuzz_token_open_mutated(
+            session in any_session(),
+            at in 0usize..400,
+            replacement in "[A-Za-z0-9_=+/. -]",
+            cut in proptest::prelude::any::<bool>(),
+        ) {
+            let token = seal_with_nonce(&ring(&[("k1", 1)]), &session, [9; 24]);
+            let now = session.expires_at.saturating_sub(1);
+            let opened = check_open(&token, now, session.subject.as_deref());
+            if session.expires_at > 0 && session.past.len() <= 64 {
+                proptest::prop_assert_eq!(opened, Ok(session.clone()), "a sealed session opens as sealed");
+            }
+            let at = at % token.len();
+            let mutated =
+                if cut { token[..at].to_string() } else { format!("{}{replacement}{}", &token[..at], &token[at + 1..]) };
+            if mutated != token {
+                let answer = check_open(&mutated, now, session.subject.as_deref());
+                // A change that survives base64 decoding must fail authentication.
+                proptest::prop_assert!(answer.is_err() || URL_SAFE_NO_PAD.decode(&mutated).ok() == URL_SAFE_NO_PAD.decode(&token).ok());
+            }
+        }
+    }
 }

@@ -1,8 +1,11 @@
-//! The write path, `POST /v1/topics/{topic}/records`: open and check the session, produce
-//! the record with the session's pairs as its `parsley.causes` header (idempotent producer,
-//! `acks=all`, murmur2 partitioning), await the broker's acknowledgement, merge the
-//! acknowledged coordinate — never a position computed from a log end — and hand back the
-//! re-sealed token. A write never waits for the record to become deliverable.
+//! The write path, `POST /v1/topics/{topic}/records`: open and check the session, check the
+//! body ([`crate::body`]: what could never be stored is refused, the value kept as sent) and
+//! the topic's width (a topic whose partition count is not a receiving model's recorded
+//! width is refused `409`), produce the record with the session's pairs as its
+//! `parsley.causes` header (idempotent producer, `acks=all`, murmur2 partitioning), await
+//! the broker's acknowledgement, merge the acknowledged coordinate — never a position
+//! computed from a log end — and hand back the re-sealed token. A write never waits for the
+//! record to become deliverable.
 
 use std::time::Instant;
 
