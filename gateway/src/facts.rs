@@ -286,9 +286,13 @@ fn describe(client: &BaseConsumer, names: Option<&[String]>, timeout: Duration) 
     match names {
         Some(names) => {
             for name in names {
-                let metadata = client
-                    .fetch_metadata(Some(name), timeout)
-                    .with_context(|| format!("fetching metadata of topic {name:?}"))?;
+                let metadata = match client.fetch_metadata(Some(name), timeout) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        out.errors.push(format!("fetching metadata of topic {name:?}: {e}"));
+                        continue;
+                    }
+                };
                 match metadata.topics().iter().find(|t| t.name() == name).and_then(|t| t.error()) {
                     None => existing.push(name.clone()),
                     Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) => out.missing.push(name.clone()),

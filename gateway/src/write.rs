@@ -26,6 +26,7 @@ use serde_json::json;
 
 use crate::app::AppState;
 use crate::body::{self, WriteBody};
+use crate::database;
 use crate::facts::TopicFact;
 use crate::problem::ApiError;
 use crate::session::{self, kafka_unavailable, SESSION_HEADER};
@@ -153,12 +154,7 @@ async fn check_width(state: &AppState, fact: TopicFact, written: Option<(u32, i6
 }
 
 fn widths_unavailable(state: &AppState, e: anyhow::Error) -> ApiError {
-    tracing::warn!(error = %format!("{e:#}"), "reading the models' recorded widths failed");
-    ApiError::Unavailable {
-        what: "Postgres",
-        detail: "the database did not answer the models' recorded widths".into(),
-        retry_after: state.config.settings.retry_after_s,
-    }
+    database::failed(e, "the models' recorded widths", state.config.settings.retry_after_s, None)
 }
 
 fn write_failed(state: &AppState, topic: &str, e: KafkaError) -> ApiError {
