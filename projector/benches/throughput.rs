@@ -152,6 +152,9 @@ fn model_config(name: &str, topic: &str, step: usize) -> ModelConfig {
         max_step_ms: 100,
         step_linger_ms: 5,
         tasks: None,
+        on_rejected: Default::default(),
+        max_held_records: 100_000,
+        max_held_bytes: 256 * 1024 * 1024,
     }
 }
 

@@ -11,6 +11,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
+use parsley_infra::pg::SessionBounds;
 use serde::Deserialize;
 
 /// Environment variable overriding `kafka.bootstrap`.
@@ -86,6 +87,21 @@ pub struct DatabaseConfig {
     /// How long to wait for a connection from the pool, in milliseconds.
     #[serde(default = "default_acquire_timeout_ms")]
     pub acquire_timeout_ms: u64,
+    /// Longest wait of any statement for a lock (`lock_timeout`), in milliseconds; 0 leaves
+    /// the server's setting.
+    #[serde(default = "default_lock_timeout_ms")]
+    pub lock_timeout_ms: u64,
+    /// Longest statement (`statement_timeout`), in milliseconds; 0 leaves the server's setting.
+    #[serde(default = "default_statement_timeout_ms")]
+    pub statement_timeout_ms: u64,
+    /// Longest pause inside an open transaction (`idle_in_transaction_session_timeout`), in
+    /// milliseconds; 0 leaves the server's setting.
+    #[serde(default = "default_idle_in_transaction_timeout_ms")]
+    pub idle_in_transaction_timeout_ms: u64,
+    /// Idle seconds before the server probes a connection (`tcp_keepalives_idle`); 0 leaves
+    /// the server's setting.
+    #[serde(default = "default_keepalives_idle_s")]
+    pub keepalives_idle_s: u64,
 }
 
 impl Default for DatabaseConfig {
@@ -94,7 +110,28 @@ impl Default for DatabaseConfig {
             url: None,
             max_connections: default_max_connections(),
             acquire_timeout_ms: default_acquire_timeout_ms(),
+            lock_timeout_ms: default_lock_timeout_ms(),
+            statement_timeout_ms: default_statement_timeout_ms(),
+            idle_in_transaction_timeout_ms: default_idle_in_transaction_timeout_ms(),
+            keepalives_idle_s: default_keepalives_idle_s(),
         }
+    }
+}
+
+impl DatabaseConfig {
+    /// The bounds of every session the projector and the gateway open.
+    pub fn session_bounds(&self) -> SessionBounds {
+        let millis = |ms: u64| (ms > 0).then(|| Duration::from_millis(ms));
+        SessionBounds {
+            lock_timeout: millis(self.lock_timeout_ms),
+            statement_timeout: millis(self.statement_timeout_ms),
+            idle_in_transaction_timeout: millis(self.idle_in_transaction_timeout_ms),
+            keepalives_idle: (self.keepalives_idle_s > 0).then(|| Duration::from_secs(self.keepalives_idle_s)),
+        }
+    }
+
+    pub fn acquire_timeout(&self) -> Duration {
+        Duration::from_millis(self.acquire_timeout_ms)
     }
 }
 
@@ -126,6 +163,16 @@ pub struct ProjectorSettings {
     /// and prunes the pairs they make dead, in milliseconds; 0 disables pruning.
     #[serde(default = "default_prune_interval_ms")]
     pub prune_interval_ms: u64,
+    /// How often a refused task re-reads its row, in milliseconds: when the row no longer
+    /// says `refused` (an operator's `skip`, or a fix), the task restarts, and derives the
+    /// refusal again if its cause remains.
+    #[serde(default = "default_refused_recheck_ms")]
+    pub refused_recheck_ms: u64,
+    /// How often each task compares the partition count of its received topics with the
+    /// model's task count (`TASK_WIDTH_CHANGED` when partitions were added), in
+    /// milliseconds; 0 disables the check while running (start still checks).
+    #[serde(default = "default_width_check_ms")]
+    pub width_check_ms: u64,
 }
 
 impl Default for ProjectorSettings {
@@ -138,6 +185,8 @@ impl Default for ProjectorSettings {
             max_backoff_ms: default_max_backoff_ms(),
             log_start_check_ms: default_log_start_check_ms(),
             prune_interval_ms: default_prune_interval_ms(),
+            refused_recheck_ms: default_refused_recheck_ms(),
+            width_check_ms: default_width_check_ms(),
         }
     }
 }
@@ -156,6 +205,14 @@ impl ProjectorSettings {
     /// The interval of upstream pruning; `None` when disabled.
     pub fn prune_interval(&self) -> Option<Duration> {
         (self.prune_interval_ms > 0).then(|| Duration::from_millis(self.prune_interval_ms))
+    }
+    /// How often a refused task re-reads its row.
+    pub fn refused_recheck(&self) -> Duration {
+        Duration::from_millis(self.refused_recheck_ms)
+    }
+    /// The interval of the run-time width check; `None` when disabled.
+    pub fn width_check(&self) -> Option<Duration> {
+        (self.width_check_ms > 0).then(|| Duration::from_millis(self.width_check_ms))
     }
 }
 
@@ -179,6 +236,20 @@ pub enum Apply {
     Replace,
     /// The record's JSON value is a merge patch (RFC 7396) applied to the document.
     Merge,
+}
+
+/// What a task does with a record its projection rejects for good (a value it cannot
+/// parse, a string the database cannot store, a constraint; see `projection.rs`).
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnRejected {
+    /// Refuse `PROJECTION_REJECTED` at the record until an operator skips it
+    /// (`parsley-projector skip`) or the projection is fixed.
+    #[default]
+    Refuse,
+    /// Store the record in `parsley.dead_letters` and deliver it without effect, in the
+    /// same step, and go on.
+    DeadLetter,
 }
 
 /// Which projection a model runs.
@@ -217,6 +288,17 @@ pub struct ModelConfig {
     /// The tasks this instance runs; all of them when absent.
     #[serde(default)]
     pub tasks: Option<Vec<u32>>,
+    /// What a task does with a record the projection rejects: refuse, or dead-letter it.
+    #[serde(default)]
+    pub on_rejected: OnRejected,
+    /// Most records one task may hold waiting for their causes; one more refuses
+    /// `HELD_LIMIT_EXCEEDED`. 0: unbounded.
+    #[serde(default = "default_max_held_records")]
+    pub max_held_records: usize,
+    /// Most bytes one task's held records may weigh (key, value, headers, causes and a
+    /// fixed overhead per record); more refuses `HELD_LIMIT_EXCEEDED`. 0: unbounded.
+    #[serde(default = "default_max_held_bytes")]
+    pub max_held_bytes: usize,
 }
 
 impl ModelConfig {
@@ -226,6 +308,14 @@ impl ModelConfig {
 
     pub fn step_linger(&self) -> Duration {
         Duration::from_millis(self.step_linger_ms)
+    }
+
+    /// The engine's held-record bounds (`None`: unbounded).
+    pub fn held_limits(&self) -> (Option<usize>, Option<usize>) {
+        (
+            (self.max_held_records > 0).then_some(self.max_held_records),
+            (self.max_held_bytes > 0).then_some(self.max_held_bytes),
+        )
     }
 
     pub fn topic(&self, name: &str) -> Option<&TopicConfig> {
@@ -262,6 +352,20 @@ fn default_max_connections() -> u32 {
 fn default_acquire_timeout_ms() -> u64 {
     5_000
 }
+fn default_lock_timeout_ms() -> u64 {
+    10_000
+}
+fn default_statement_timeout_ms() -> u64 {
+    30_000
+}
+fn default_idle_in_transaction_timeout_ms() -> u64 {
+    60_000
+}
+fn default_keepalives_idle_s() -> u64 {
+    30
+}
+/// The shortest enabled session timeout: below it, ordinary statements would fail.
+pub const MIN_SESSION_TIMEOUT_MS: u64 = 100;
 fn default_metrics_address() -> String {
     "127.0.0.1:9464".to_string()
 }
@@ -286,6 +390,24 @@ fn default_prune_interval_ms() -> u64 {
 /// The shortest enabled prune interval: each prune lists and describes the cluster's topics
 /// and queries the log start of every upstream channel.
 pub const MIN_PRUNE_INTERVAL_MS: u64 = 100;
+fn default_refused_recheck_ms() -> u64 {
+    5_000
+}
+/// The shortest refused-task recheck: each is one small query per refused task.
+pub const MIN_REFUSED_RECHECK_MS: u64 = 100;
+fn default_width_check_ms() -> u64 {
+    30_000
+}
+/// The shortest enabled width check: each is a metadata request per task.
+pub const MIN_WIDTH_CHECK_MS: u64 = 100;
+fn default_max_held_records() -> usize {
+    100_000
+}
+fn default_max_held_bytes() -> usize {
+    256 * 1024 * 1024
+}
+/// The smallest enabled `max_held_bytes`: one record with the largest default causes value.
+pub const MIN_MAX_HELD_BYTES: usize = 64 * 1024;
 fn default_max_step_records() -> usize {
     2_000
 }
@@ -345,6 +467,21 @@ impl Config {
         if self.database.max_connections == 0 {
             bail!("database.max_connections must be at least 1");
         }
+        for (key, ms) in [
+            ("lock_timeout_ms", self.database.lock_timeout_ms),
+            ("statement_timeout_ms", self.database.statement_timeout_ms),
+            ("idle_in_transaction_timeout_ms", self.database.idle_in_transaction_timeout_ms),
+        ] {
+            if ms != 0 && ms < MIN_SESSION_TIMEOUT_MS {
+                bail!("database.{key} must be 0 (the server's setting) or at least {MIN_SESSION_TIMEOUT_MS}, not {ms}");
+            }
+            if ms > i32::MAX as u64 {
+                bail!("database.{key} must be at most {} (Postgres' limit), not {ms}", i32::MAX);
+            }
+        }
+        if self.database.keepalives_idle_s > i32::MAX as u64 {
+            bail!("database.keepalives_idle_s must be at most {}, not {}", i32::MAX, self.database.keepalives_idle_s);
+        }
         if self.projector.metadata_budget < 16 {
             bail!("projector.metadata_budget must be at least 16 bytes");
         }
@@ -364,6 +501,18 @@ impl Config {
             bail!(
                 "projector.prune_interval_ms must be 0 (disabled) or at least {MIN_PRUNE_INTERVAL_MS}, not {}",
                 self.projector.prune_interval_ms
+            );
+        }
+        if self.projector.refused_recheck_ms < MIN_REFUSED_RECHECK_MS {
+            bail!(
+                "projector.refused_recheck_ms must be at least {MIN_REFUSED_RECHECK_MS}, not {}",
+                self.projector.refused_recheck_ms
+            );
+        }
+        if self.projector.width_check_ms != 0 && self.projector.width_check_ms < MIN_WIDTH_CHECK_MS {
+            bail!(
+                "projector.width_check_ms must be 0 (disabled) or at least {MIN_WIDTH_CHECK_MS}, not {}",
+                self.projector.width_check_ms
             );
         }
         if !self.projector.metrics_address.is_empty()
@@ -403,6 +552,12 @@ impl Config {
             }
             if m.step_linger_ms > m.max_step_ms {
                 bail!("{at}.step_linger_ms ({}) must not exceed max_step_ms ({})", m.step_linger_ms, m.max_step_ms);
+            }
+            if m.max_held_bytes != 0 && m.max_held_bytes < MIN_MAX_HELD_BYTES {
+                bail!(
+                    "{at}.max_held_bytes must be 0 (unbounded) or at least {MIN_MAX_HELD_BYTES}, not {}",
+                    m.max_held_bytes
+                );
             }
             if let Some(tasks) = &m.tasks {
                 if tasks.is_empty() {
@@ -507,6 +662,19 @@ listen = "127.0.0.1:8080"
     }
 
     #[test]
+    fn on_rejected_is_refuse_unless_dead_letter_is_asked_for() {
+        let policy = |line: &str| {
+            Config::parse(&format!("[[models]]\nname = \"m\"\n{line}\ntopics = [{{ name = \"t\" }}]\n"))
+                .map(|c| c.models[0].on_rejected)
+        };
+        assert_eq!(policy("").unwrap(), OnRejected::Refuse);
+        assert_eq!(policy("on_rejected = \"refuse\"").unwrap(), OnRejected::Refuse);
+        assert_eq!(policy("on_rejected = \"dead-letter\"").unwrap(), OnRejected::DeadLetter);
+        let err = format!("{:#}", policy("on_rejected = \"skip\"").unwrap_err());
+        assert!(err.contains("on_rejected") || err.contains("dead-letter"), "{err}");
+    }
+
+    #[test]
     fn defaults_apply() {
         let c = Config::parse("[[models]]\nname = \"m\"\ntopics = [{ name = \"t\" }]\n").unwrap();
         let m = &c.models[0];
@@ -518,6 +686,27 @@ listen = "127.0.0.1:8080"
         assert_eq!(c.projector.log_start_check_ms, 30_000);
         assert_eq!(c.projector.log_start_check(), Some(Duration::from_secs(30)));
         assert_eq!(c.projector.prune_interval(), Some(Duration::from_secs(300)));
+        assert_eq!(c.projector.refused_recheck(), Duration::from_secs(5));
+        assert_eq!(c.projector.width_check(), Some(Duration::from_secs(30)));
+        assert_eq!(m.held_limits(), (Some(100_000), Some(256 * 1024 * 1024)));
+        assert_eq!(c.database.session_bounds(), SessionBounds::default());
+    }
+
+    #[test]
+    fn zero_leaves_a_bound_off() {
+        let c = Config::parse(
+            "[database]\nlock_timeout_ms = 0\nstatement_timeout_ms = 0\nidle_in_transaction_timeout_ms = 0\n\
+             keepalives_idle_s = 0\n[projector]\nwidth_check_ms = 0\n\
+             [[models]]\nname = \"m\"\nmax_held_records = 0\nmax_held_bytes = 0\ntopics = [{ name = \"t\" }]\n",
+        )
+        .unwrap();
+        assert_eq!(c.database.session_bounds(), SessionBounds::SERVER_DEFAULTS);
+        assert_eq!(c.projector.width_check(), None);
+        assert_eq!(c.models[0].held_limits(), (None, None));
+        let c = Config::parse("[database]\nlock_timeout_ms = 250\nkeepalives_idle_s = 7\n").unwrap();
+        let b = c.database.session_bounds();
+        assert_eq!(b.lock_timeout, Some(Duration::from_millis(250)));
+        assert_eq!(b.keepalives_idle, Some(Duration::from_secs(7)));
     }
 
     #[test]
@@ -555,6 +744,14 @@ listen = "127.0.0.1:8080"
             ("[projector]\nlog_start_check_ms = 5\n", "projector.log_start_check_ms"),
             ("[projector]\nlog_start_check_ms = -1\n", "log_start_check_ms"),
             ("[projector]\nprune_interval_ms = 5\n", "projector.prune_interval_ms"),
+            ("[projector]\nrefused_recheck_ms = 0\n", "projector.refused_recheck_ms"),
+            ("[projector]\nwidth_check_ms = 99\n", "projector.width_check_ms"),
+            ("[database]\nlock_timeout_ms = 5\n", "database.lock_timeout_ms"),
+            ("[database]\nstatement_timeout_ms = 99\n", "database.statement_timeout_ms"),
+            ("[database]\nidle_in_transaction_timeout_ms = 3000000000\n", "database.idle_in_transaction_timeout_ms"),
+            ("[database]\nkeepalives_idle_s = 3000000000\n", "database.keepalives_idle_s"),
+            ("[[models]]\nname = \"m\"\nmax_held_bytes = 1000\ntopics = [{ name = \"t\" }]\n", "models[0].max_held_bytes"),
+            ("[[models]]\nname = \"m\"\nmax_held_records = -1\ntopics = [{ name = \"t\" }]\n", "max_held_records"),
             ("[[models]]\nname = \"m\"\ntopics = [{ name = \"t\" }]\n[[models]]\nname = \"m\"\ntopics = [{ name = \"t\" }]\n", "models[1].name"),
             ("surprise = 1\n", "surprise"),
         ];

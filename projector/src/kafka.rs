@@ -1,6 +1,6 @@
 //! Kafka for the projector: resolving the declared topics to topic IDs and partition counts,
-//! the task consumer's configuration, partition watermarks, and the facts upstream pruning
-//! runs on.
+//! the task consumer's configuration, partition watermarks, the partition counts the
+//! run-time width check compares, and the facts upstream pruning runs on.
 //!
 //! Topic existence and partition counts come from a metadata request (so a deleted topic is
 //! recognised as such, not confused with an unreachable broker); topic IDs come from
@@ -113,6 +113,38 @@ pub async fn watermarks(
     })
     .await
     .context("the watermark task panicked")?
+}
+
+/// The partition count of each of `topics` (in order) from one metadata request per
+/// topic; `None` for a topic the broker does not know (deleted: not a width change, start
+/// checks identities). `Err` when a request fails or a topic answers with another error.
+pub async fn partition_counts(
+    consumer: &Arc<StreamConsumer>,
+    topics: Vec<String>,
+    timeout: Duration,
+) -> anyhow::Result<Vec<Option<u32>>> {
+    let consumer = Arc::clone(consumer);
+    tokio::task::spawn_blocking(move || {
+        let mut counts = Vec::with_capacity(topics.len());
+        for name in &topics {
+            let metadata = consumer
+                .fetch_metadata(Some(name), timeout)
+                .with_context(|| format!("fetching metadata of topic {name:?}"))?;
+            let topic = metadata
+                .topics()
+                .iter()
+                .find(|t| t.name() == name)
+                .with_context(|| format!("the broker's metadata does not mention topic {name:?}"))?;
+            counts.push(match topic.error() {
+                None => Some(topic.partitions().len() as u32),
+                Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) => None,
+                Some(e) => anyhow::bail!("metadata of topic {name:?}: error {e:?}"),
+            });
+        }
+        Ok(counts)
+    })
+    .await
+    .context("the partition count task panicked")?
 }
 
 /// What one round of fact-finding learned about upstream channels.

@@ -34,7 +34,7 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
     (
         "parsley_projector_kafka_errors_total",
         Kind::Counter,
-        "Errors reported by the Kafka consumer (and failed periodic log-start checks and prunes).",
+        "Errors reported by the Kafka consumer (and failed periodic log-start checks, width checks and prunes).",
     ),
     (
         "parsley_projector_log_start_checks_total",
@@ -47,6 +47,27 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         "Periodic prunes that learned the facts of the task's upstream channels.",
     ),
     ("parsley_projector_pairs_pruned_total", Kind::Counter, "Frontier and clock pairs pruned."),
+    (
+        "parsley_projector_skips_total",
+        Kind::Counter,
+        "Records an operator skipped, delivered without effect (never handed to the projection).",
+    ),
+    (
+        "parsley_projector_dead_letters_total",
+        Kind::Counter,
+        "Records the projection rejected, stored in parsley.dead_letters and delivered without effect.",
+    ),
+    (
+        "parsley_projector_panics_total",
+        Kind::Counter,
+        "Task runners that panicked (recorded as failing, started again with backoff).",
+    ),
+    (
+        "parsley_projector_width_checks_total",
+        Kind::Counter,
+        "Periodic comparisons of the received topics' partition counts with the task count.",
+    ),
+    ("parsley_projector_held_bytes", Kind::Gauge, "Bytes the task's held records weigh (toward max_held_bytes)."),
 ];
 
 /// The projector's metrics: the shared registry, created with [`METRICS`]

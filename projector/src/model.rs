@@ -1,25 +1,28 @@
 //! A model: its received topics resolved to topic IDs and checked against what the database
 //! recorded (identity, co-partitioning, task width), and the runners of the tasks this
-//! instance owns. `run` drives every task until shutdown; `run_once` steps each task once,
-//! for tests that want to drive the loop deterministically.
+//! instance owns. `run` drives every task until shutdown, each under a supervisor that
+//! starts a panicked runner again and a refused one once its refusal is lifted; `run_once`
+//! steps each task once, for tests that want to drive the loop deterministically.
 
+use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use parsley::channel::ChannelId;
+use parsley::engine::EngineConfig;
 use parsley::refusal::Refusal;
 use parsley::startup::{check_task_width, check_topic_identity, task_width};
 use parsley::TopicId;
 use sqlx::PgPool;
 use tokio::sync::watch;
 
-use crate::config::{Config, InitialPosition, KafkaConfig, ModelConfig};
+use crate::config::{Config, InitialPosition, KafkaConfig, ModelConfig, OnRejected};
 use crate::kafka;
 use crate::metrics::Metrics;
 use crate::projection::Projection;
 use crate::store;
-use crate::task::{StepOutcome, TaskRunner};
+use crate::task::{RunnerSpec, StepOutcome, TaskRunner, TaskState};
 
 /// One received topic of a model, resolved.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,6 +51,18 @@ pub struct ModelPlan {
     /// How often a task with upstream channels in its clock or frontier prunes them;
     /// `None`: never.
     pub prune_interval: Option<Duration>,
+    /// How often each task compares its received topics' partition counts with
+    /// `task_count`; `None`: only at start.
+    pub width_check: Option<Duration>,
+    /// How often a refused task re-reads its row to learn whether the refusal was lifted.
+    pub refused_recheck: Duration,
+    /// Most records one task may hold; `None`: unbounded.
+    pub max_held_records: Option<usize>,
+    /// Most bytes one task's held records may weigh ([`crate::record::weight`] plus the
+    /// encoded causes); `None`: unbounded.
+    pub max_held_bytes: Option<usize>,
+    /// What a task does with a record the projection rejects.
+    pub on_rejected: OnRejected,
     pub kafka: KafkaConfig,
 }
 
@@ -81,6 +96,15 @@ impl ModelPlan {
 
     pub fn kafka_timeout(&self) -> Duration {
         Duration::from_millis(self.kafka.request_timeout_ms)
+    }
+
+    /// The engine configuration of every task of the model.
+    pub fn engine_config(&self) -> EngineConfig {
+        EngineConfig {
+            metadata_budget: self.metadata_budget,
+            max_held_records: self.max_held_records,
+            max_held_bytes: self.max_held_bytes,
+        }
     }
 }
 
@@ -168,6 +192,11 @@ impl<P: Projection> ModelProjector<P> {
             max_backoff: config.projector.max_backoff(),
             log_start_check: config.projector.log_start_check(),
             prune_interval: config.projector.prune_interval(),
+            width_check: config.projector.width_check(),
+            refused_recheck: config.projector.refused_recheck(),
+            max_held_records: model.held_limits().0,
+            max_held_bytes: model.held_limits().1,
+            on_rejected: model.on_rejected,
             kafka: config.kafka.clone(),
         });
         let owned: Vec<u32> = match &model.tasks {
@@ -228,39 +257,165 @@ impl<P: Projection> ModelProjector<P> {
         outcomes
     }
 
-    /// Drives every task on its own tokio task until `shutdown` turns true. A step in
-    /// progress finishes (commits or rolls back) before its task stops.
+    /// Drives every task on its own tokio task until `shutdown` turns true, each under a
+    /// supervisor (see [`supervise`]). A step in progress finishes (commits or rolls back)
+    /// before its task stops.
     pub async fn run(self, shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
         let mut handles = Vec::new();
-        for mut runner in self.tasks {
-            let mut shutdown = shutdown.clone();
-            handles.push(tokio::spawn(async move {
-                loop {
-                    if *shutdown.borrow() {
-                        return;
-                    }
-                    if runner.is_stopped() {
-                        let _ = shutdown.wait_for(|stop| *stop).await;
-                        return;
-                    }
-                    if let Some(at) = runner.retry_at() {
-                        tokio::select! {
-                            _ = tokio::time::sleep_until(at.into()) => {}
-                            _ = shutdown.wait_for(|stop| *stop) => return,
-                        }
-                    }
-                    runner.run_once().await;
-                }
-            }));
+        for runner in self.tasks {
+            handles.push(tokio::spawn(supervise(runner, shutdown.clone())));
         }
         let mut shutdown = shutdown;
         if handles.is_empty() {
             let _ = shutdown.wait_for(|stop| *stop).await;
         }
         for h in handles {
-            h.await.context("a task runner panicked")?;
+            h.await.context("a task supervisor panicked")?;
         }
         Ok(())
+    }
+}
+
+/// How one run of a task's runner ended.
+enum RunEnded {
+    /// `shutdown` turned true.
+    Shutdown,
+    /// The runner's refusal was lifted: start the task again.
+    RefusalLifted,
+    /// Taking the task again failed (e.g. the database is unreachable).
+    StartFailed(anyhow::Error),
+}
+
+/// Runs one task until shutdown, so that it is never silently dead while its row says
+/// `running`: each run of the runner is a tokio task of its own, and when it panics (a bug,
+/// or a projection that panics on a record) the supervisor records the panic's message as
+/// the task's failure (`failing`, `parsley_projector_panics_total`), waits out a backoff
+/// (the projector's, doubling per consecutive panic and reset by a step that goes well),
+/// and starts the task again with a new runner — a new epoch, state restored from the
+/// database, as after a restart. A refused runner re-reads its row every
+/// `refused_recheck` and starts again once the refusal was lifted.
+async fn supervise<P: Projection>(first: TaskRunner<P>, mut shutdown: watch::Receiver<bool>) {
+    let spec = first.spec();
+    let (model, task) = (spec.plan.name.clone(), spec.task);
+    let task_label = task.to_string();
+    let labels = [("model", model.as_str()), ("task", task_label.as_str())];
+    // The epoch of the current runner (for recording its panic) and the number of panics
+    // since a step last went well (for the backoff).
+    let epoch = Arc::new(AtomicI64::new(first.epoch()));
+    let panics = Arc::new(AtomicU32::new(0));
+    let mut next = Some(first);
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        let run = tokio::spawn(run_runner(
+            spec.clone(),
+            next.take(),
+            shutdown.clone(),
+            Arc::clone(&epoch),
+            Arc::clone(&panics),
+        ));
+        let wait = match run.await {
+            Ok(RunEnded::Shutdown) => return,
+            Ok(RunEnded::RefusalLifted) => {
+                // The new runner sets it again if the refusal recurs.
+                spec.metrics.set("parsley_projector_task_refused", &labels, 0.0);
+                continue;
+            }
+            Ok(RunEnded::StartFailed(e)) => {
+                let wait = spec.plan.initial_backoff.max(Duration::from_secs(1)).min(spec.plan.max_backoff);
+                tracing::warn!(model = %model, task, error = %format!("{e:#}"), retry_in_ms = wait.as_millis() as u64,
+                    "could not start the task again; retrying");
+                wait
+            }
+            Err(e) if e.is_panic() => {
+                let message = format!("the task runner panicked: {}", panic_message(e.into_panic().as_ref()));
+                let n = panics.fetch_add(1, Ordering::SeqCst) + 1;
+                let shift = n.saturating_sub(1).min(20);
+                let wait = spec.plan.initial_backoff.saturating_mul(1 << shift).min(spec.plan.max_backoff);
+                tracing::error!(model = %model, task, panics = n, retry_in_ms = wait.as_millis() as u64,
+                    error = %message, "task runner panicked; starting it again after the backoff");
+                spec.metrics.add("parsley_projector_panics_total", &labels, 1.0);
+                spec.metrics.add("parsley_projector_failures_total", &labels, 1.0);
+                spec.metrics.set("parsley_projector_task_failing", &labels, 1.0);
+                let at = epoch.load(Ordering::SeqCst);
+                if let Err(e) = store::record_failure(&spec.pool, &model, task, at, &message).await {
+                    tracing::warn!(model = %model, task, error = %format!("{e:#}"), "could not record the panic");
+                }
+                wait
+            }
+            // Cancelled: only when the runtime shuts down.
+            Err(_) => return,
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        }
+    }
+}
+
+/// One run of a task's runner (`runner`, or a new one taking the task): steps until
+/// shutdown; a fenced runner waits for shutdown, a refused one for its refusal to be lifted.
+async fn run_runner<P: Projection>(
+    spec: RunnerSpec<P>,
+    runner: Option<TaskRunner<P>>,
+    mut shutdown: watch::Receiver<bool>,
+    epoch: Arc<AtomicI64>,
+    panics: Arc<AtomicU32>,
+) -> RunEnded {
+    let mut runner = match runner {
+        Some(r) => r,
+        None => match spec.start().await {
+            Ok(r) => r,
+            Err(e) => return RunEnded::StartFailed(e),
+        },
+    };
+    epoch.store(runner.epoch(), Ordering::SeqCst);
+    loop {
+        if *shutdown.borrow() {
+            return RunEnded::Shutdown;
+        }
+        match runner.state() {
+            TaskState::Fenced => {
+                let _ = shutdown.wait_for(|stop| *stop).await;
+                return RunEnded::Shutdown;
+            }
+            TaskState::Refused(_) => {
+                tokio::select! {
+                    _ = tokio::time::sleep(spec.plan.refused_recheck) => {}
+                    _ = shutdown.wait_for(|stop| *stop) => return RunEnded::Shutdown,
+                }
+                match runner.refusal_lifted().await {
+                    Ok(true) => return RunEnded::RefusalLifted,
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(model = %spec.plan.name, task = spec.task, error = %format!("{e:#}"),
+                        "could not re-read a refused task's row"),
+                }
+                continue;
+            }
+            TaskState::Failing { retry_at, .. } => {
+                let at = *retry_at;
+                tokio::select! {
+                    _ = tokio::time::sleep_until(at.into()) => {}
+                    _ = shutdown.wait_for(|stop| *stop) => return RunEnded::Shutdown,
+                }
+            }
+            TaskState::Running => {}
+        }
+        if let StepOutcome::Committed { .. } | StepOutcome::Idle = runner.run_once().await {
+            panics.store(0, Ordering::SeqCst);
+        }
+    }
+}
+
+/// The message a panic carried (`panic!` with a literal or a formatted message).
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_string()
     }
 }
 

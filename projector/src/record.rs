@@ -1,10 +1,19 @@
 //! What the projector keeps of a Kafka record while the engine holds it: key, value,
 //! application headers and timestamp — the engine's payload type — and the framing that
 //! stores the headers in one `bytea` column.
+//!
+//! Nothing read from Kafka is trusted to be text: header names and values are kept as the
+//! bytes the record carried (read through `parsley_infra::headers`, since the safe
+//! `rdkafka` accessors panic on a name that is not UTF-8). Only `parsley.causes` means
+//! anything to the engine; every other header is data.
 
 use anyhow::bail;
 use parsley::codec::CAUSES_HEADER;
-use rdkafka::message::Headers as _;
+use rdkafka::message::BorrowedMessage;
+use rdkafka::Message as _;
+
+/// One application header: name and value as bytes (`None`: a null value).
+pub type Header = (Vec<u8>, Option<Vec<u8>>);
 
 /// A received record's data, as the engine carries it from receipt to delivery. The
 /// `parsley.causes` header is not among `headers`: the engine holds it, decoded, as the
@@ -13,10 +22,23 @@ use rdkafka::message::Headers as _;
 pub struct RecordData {
     pub key: Option<Vec<u8>>,
     pub value: Option<Vec<u8>>,
-    /// Application headers in record order; `None` is a header with a null value.
-    pub headers: Vec<(String, Option<Vec<u8>>)>,
+    /// Application headers in record order, names and values as bytes (a name need not be
+    /// UTF-8); `None` is a header with a null value.
+    pub headers: Vec<Header>,
     /// The record's timestamp in milliseconds since the epoch, when it has one.
     pub timestamp_ms: Option<i64>,
+    /// An operator skipped the record (`parsley.skips`): it is delivered without causes and
+    /// without effect, never handed to the projection. Not stored with a held record: a
+    /// restore derives it again from the skip table.
+    pub skipped: bool,
+}
+
+impl RecordData {
+    /// What the engine carries for a skipped record: its timestamp and the mark, none of
+    /// its bytes (they have no effect, so they are neither held nor projected).
+    pub fn skipped(timestamp_ms: Option<i64>) -> RecordData {
+        RecordData { timestamp_ms, skipped: true, ..RecordData::default() }
+    }
 }
 
 /// One consumed record: where it sits, its `parsley.causes` header values, and its data.
@@ -31,18 +53,16 @@ pub struct Consumed {
 }
 
 impl Consumed {
-    /// Copies what the projector needs out of a borrowed librdkafka message.
-    pub fn from_message<M: rdkafka::Message>(m: &M) -> Consumed {
+    /// Copies what the projector needs out of a borrowed librdkafka message, whatever its
+    /// bytes: a header is `parsley.causes` only when its name is exactly those bytes.
+    pub fn from_message(m: &BorrowedMessage<'_>) -> Consumed {
         let mut causes_headers = Vec::new();
         let mut headers = Vec::new();
-        if let Some(hs) = m.headers() {
-            for h in hs.iter() {
-                let value = h.value.map(|v| v.to_vec());
-                if h.key == CAUSES_HEADER {
-                    causes_headers.push(value);
-                } else {
-                    headers.push((h.key.to_string(), value));
-                }
+        for (name, value) in parsley_infra::headers::message_headers(m) {
+            if name == CAUSES_HEADER.as_bytes() {
+                causes_headers.push(value);
+            } else {
+                headers.push((name, value));
             }
         }
         Consumed {
@@ -55,18 +75,28 @@ impl Consumed {
                 value: m.payload().map(|v| v.to_vec()),
                 headers,
                 timestamp_ms: m.timestamp().to_millis(),
+                skipped: false,
             },
         }
     }
 }
 
+/// How many bytes a held record counts for toward `max_held_bytes` (the engine adds its
+/// encoded causes): key, value, header names and values, and a fixed 64 bytes for the rest
+/// of the row (positions, lengths, timestamp).
+pub fn weight(data: &RecordData) -> usize {
+    const ROW_OVERHEAD: usize = 64;
+    let headers: usize = data.headers.iter().map(|(n, v)| n.len() + v.as_ref().map_or(0, Vec::len) + 8).sum();
+    ROW_OVERHEAD + data.key.as_ref().map_or(0, Vec::len) + data.value.as_ref().map_or(0, Vec::len) + headers
+}
+
 /// Encodes headers as: for each header, `u32` name length, name bytes, `i32` value length
 /// (`-1` for a null value), value bytes; all integers big-endian. No headers: no bytes.
-pub fn encode_headers(headers: &[(String, Option<Vec<u8>>)]) -> Vec<u8> {
+pub fn encode_headers(headers: &[Header]) -> Vec<u8> {
     let mut out = Vec::new();
     for (name, value) in headers {
         out.extend_from_slice(&(name.len() as u32).to_be_bytes());
-        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(name);
         match value {
             Some(v) => {
                 out.extend_from_slice(&(v.len() as i32).to_be_bytes());
@@ -78,8 +108,8 @@ pub fn encode_headers(headers: &[(String, Option<Vec<u8>>)]) -> Vec<u8> {
     out
 }
 
-/// Decodes [`encode_headers`]; anything else is an error.
-pub fn decode_headers(mut bytes: &[u8]) -> anyhow::Result<Vec<(String, Option<Vec<u8>>)>> {
+/// Decodes [`encode_headers`]; anything else is an error. Names are bytes, as written.
+pub fn decode_headers(mut bytes: &[u8]) -> anyhow::Result<Vec<Header>> {
     fn take<'a>(bytes: &mut &'a [u8], n: usize) -> anyhow::Result<&'a [u8]> {
         if bytes.len() < n {
             bail!("stored headers are truncated");
@@ -91,8 +121,7 @@ pub fn decode_headers(mut bytes: &[u8]) -> anyhow::Result<Vec<(String, Option<Ve
     let mut out = Vec::new();
     while !bytes.is_empty() {
         let len = u32::from_be_bytes(take(&mut bytes, 4)?.try_into().expect("4 bytes")) as usize;
-        let name = String::from_utf8(take(&mut bytes, len)?.to_vec())
-            .map_err(|_| anyhow::anyhow!("stored header name is not UTF-8"))?;
+        let name = take(&mut bytes, len)?.to_vec();
         let len = i32::from_be_bytes(take(&mut bytes, 4)?.try_into().expect("4 bytes"));
         let value = match len {
             -1 => None,
@@ -110,10 +139,11 @@ mod tests {
 
     #[test]
     fn headers_round_trip() {
-        let cases: Vec<Vec<(String, Option<Vec<u8>>)>> = vec![
+        let cases: Vec<Vec<Header>> = vec![
             vec![],
-            vec![("a".into(), None)],
-            vec![("trace".into(), Some(b"x\0y".to_vec())), ("".into(), Some(vec![])), ("n".into(), None)],
+            vec![(b"a".to_vec(), None)],
+            vec![(b"trace".to_vec(), Some(b"x\0y".to_vec())), (vec![], Some(vec![])), (b"n".to_vec(), None)],
+            vec![(vec![0xff, 0xfe, b'x'], Some(vec![0xc3])), (vec![0x80], None)],
         ];
         for headers in cases {
             assert_eq!(decode_headers(&encode_headers(&headers)).unwrap(), headers);
@@ -122,10 +152,24 @@ mod tests {
 
     #[test]
     fn damaged_headers_are_errors() {
-        let good = encode_headers(&[("abc".into(), Some(b"value".to_vec()))]);
+        let good = encode_headers(&[(b"abc".to_vec(), Some(b"value".to_vec()))]);
         for cut in 1..good.len() {
             assert!(decode_headers(&good[..cut]).is_err(), "cut at {cut}");
         }
         assert!(decode_headers(&[0, 0, 0, 0, 0xff, 0xff, 0xff, 0xfe]).is_err());
+    }
+
+    #[test]
+    fn a_record_weighs_its_bytes_plus_a_fixed_overhead() {
+        let empty = RecordData::default();
+        assert_eq!(weight(&empty), 64);
+        let data = RecordData {
+            key: Some(b"k1".to_vec()),
+            value: Some(vec![0; 100]),
+            headers: vec![(b"trace".to_vec(), Some(b"abc".to_vec())), (b"n".to_vec(), None)],
+            timestamp_ms: Some(1),
+            skipped: false,
+        };
+        assert_eq!(weight(&data), 64 + 2 + 100 + (5 + 3 + 8) + (1 + 8));
     }
 }

@@ -13,21 +13,23 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use parsley::channel::{ChannelId, Position};
-use parsley::engine::{ChannelFact, Delivery, EngineConfig, Receipt};
+use parsley::engine::{ChannelFact, Delivery, Receipt};
 use parsley::refusal::{Refusal, RefusalReason};
-use parsley::Engine;
+use parsley::startup::check_task_width;
+use parsley::{CausalPast, Engine};
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
-use crate::config::InitialPosition;
+use crate::config::{InitialPosition, OnRejected};
 use crate::kafka;
 use crate::metrics::Metrics;
 use crate::model::ModelPlan;
-use crate::projection::{Delivered, Projection, StepContext};
-use crate::record::{Consumed, RecordData};
+use crate::projection::{Delivered, Projection, ProjectionError, StepContext};
+use crate::record::{self, Consumed, RecordData};
+use crate::skip::mark_skipped_held;
 use crate::store::{self, LoadError, TaskStatusKind};
 
 /// Where a task stands.
@@ -61,6 +63,44 @@ pub enum StepOutcome {
     Fenced,
 }
 
+/// What the projection sees of a delivery.
+fn view<'a>(plan: &'a ModelPlan, d: &'a Delivery<RecordData>) -> Delivered<'a> {
+    Delivered {
+        topic: plan.topic_name(&d.channel.topic).unwrap_or("?"),
+        channel: d.channel,
+        position: d.position,
+        key: d.payload.key.as_deref(),
+        value: d.payload.value.as_deref(),
+        headers: &d.payload.headers,
+        timestamp_ms: d.payload.timestamp_ms,
+        causes: &d.causes,
+    }
+}
+
+/// A rejection by the projection, carried out of a step's transaction as its error.
+/// `record` (channel, position, coordinate) is the record the step applied alone; `None`
+/// when a batch was rejected and the record is not known.
+#[derive(Debug)]
+struct Rejection {
+    record: Option<(ChannelId, Position, String)>,
+    reason: String,
+}
+
+impl std::fmt::Display for Rejection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.record {
+            Some((_, _, coordinate)) => write!(f, "the projection rejected {coordinate}: {}", self.reason),
+            None => write!(
+                f,
+                "the projection rejected a record of the step ({}); retrying one record at a time to name it",
+                self.reason
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Rejection {}
+
 /// The runner of one task.
 pub struct TaskRunner<P: Projection> {
     plan: Arc<ModelPlan>,
@@ -87,16 +127,62 @@ pub struct TaskRunner<P: Projection> {
     log_start_checked_at: Instant,
     /// When upstream channels were last pruned (or found absent).
     pruned_at: Instant,
+    /// When the received topics' partition counts were last compared with the task count.
+    width_checked_at: Instant,
+    /// This instance's name in the task's row.
+    owner: String,
     /// After a failure, steps feed one record at a time until the task is past every
     /// position the failed step had fed, so records before a bad one still commit and
     /// the status names the bad one.
     careful_until: Option<BTreeMap<ChannelId, Position>>,
+    /// The records operators skipped (`parsley.skips`), read at every restore: fed without
+    /// causes, delivered without effect.
+    skipped: BTreeSet<(ChannelId, Position)>,
     /// When each channel's current head started being held.
     head_since: BTreeMap<ChannelId, (Position, Instant)>,
 }
 
 fn labels(plan: &ModelPlan, task: &str) -> [(&'static str, String); 2] {
     [("model", plan.name.clone()), ("task", task.to_string())]
+}
+
+/// What a task's runner is started from: its model, task number, services and owner name.
+/// The supervisor keeps it to start the task again.
+pub struct RunnerSpec<P: Projection> {
+    pub plan: Arc<ModelPlan>,
+    pub task: u32,
+    pub pool: PgPool,
+    pub projection: Arc<P>,
+    pub metrics: Arc<Metrics>,
+    pub owner: String,
+}
+
+impl<P: Projection> Clone for RunnerSpec<P> {
+    fn clone(&self) -> Self {
+        RunnerSpec {
+            plan: Arc::clone(&self.plan),
+            task: self.task,
+            pool: self.pool.clone(),
+            projection: Arc::clone(&self.projection),
+            metrics: Arc::clone(&self.metrics),
+            owner: self.owner.clone(),
+        }
+    }
+}
+
+impl<P: Projection> RunnerSpec<P> {
+    /// [`TaskRunner::start`]: takes the task (a new epoch) and restores it.
+    pub async fn start(&self) -> anyhow::Result<TaskRunner<P>> {
+        TaskRunner::start(
+            Arc::clone(&self.plan),
+            self.task,
+            self.pool.clone(),
+            Arc::clone(&self.projection),
+            Arc::clone(&self.metrics),
+            &self.owner,
+        )
+        .await
+    }
 }
 
 impl<P: Projection> TaskRunner<P> {
@@ -111,9 +197,8 @@ impl<P: Projection> TaskRunner<P> {
         owner: &str,
     ) -> anyhow::Result<TaskRunner<P>> {
         let row = store::take_task(&pool, &plan.name, task, owner).await?;
-        let engine_config = EngineConfig { metadata_budget: plan.metadata_budget };
         let mut runner = TaskRunner {
-            engine: Engine::new(engine_config, plan.channels(task)),
+            engine: Engine::new(plan.engine_config(), plan.channels(task)).with_weigher(record::weight),
             plan,
             task,
             epoch: row.epoch,
@@ -128,7 +213,10 @@ impl<P: Projection> TaskRunner<P> {
             check_log_start: false,
             log_start_checked_at: Instant::now(),
             pruned_at: Instant::now(),
+            width_checked_at: Instant::now(),
+            owner: owner.to_string(),
             careful_until: None,
+            skipped: BTreeSet::new(),
             head_since: BTreeMap::new(),
         };
         tracing::info!(model = %runner.plan.name, task, epoch = row.epoch, owner, "took task");
@@ -158,17 +246,40 @@ impl<P: Projection> TaskRunner<P> {
         &self.engine
     }
 
-    /// Whether the runner will never step again (refused or fenced).
-    pub fn is_stopped(&self) -> bool {
-        matches!(self.state, TaskState::Refused(_) | TaskState::Fenced)
+    /// What this runner was started from, to start the task again (after a panic, or once
+    /// its refusal was lifted).
+    pub fn spec(&self) -> RunnerSpec<P> {
+        RunnerSpec {
+            plan: Arc::clone(&self.plan),
+            task: self.task,
+            pool: self.pool.clone(),
+            projection: Arc::clone(&self.projection),
+            metrics: Arc::clone(&self.metrics),
+            owner: self.owner.clone(),
+        }
     }
 
-    /// When a failing task tries again.
-    pub fn retry_at(&self) -> Option<Instant> {
-        match &self.state {
-            TaskState::Failing { retry_at, .. } => Some(*retry_at),
-            _ => None,
+    /// For a refused runner: re-reads the task's row and answers whether the refusal was
+    /// lifted (the row no longer says `refused` — an operator's `skip` clears it in the
+    /// transaction that records the skip), so the task should start again. A row that
+    /// another instance took meanwhile (new epoch, other owner) fences this runner.
+    pub async fn refusal_lifted(&mut self) -> anyhow::Result<bool> {
+        if !matches!(self.state, TaskState::Refused(_)) {
+            return Ok(false);
         }
+        let mut conn = self.pool.acquire().await.context("acquiring a connection to re-read a refused task")?;
+        let rows = store::load_tasks(&mut conn, &self.plan.name).await?;
+        let Some(row) = rows.into_iter().find(|r| r.task == self.task) else { return Ok(false) };
+        if row.status == TaskStatusKind::Refused {
+            return Ok(false);
+        }
+        if row.epoch != self.epoch && row.owner != self.owner {
+            self.become_fenced();
+            return Ok(false);
+        }
+        tracing::info!(model = %self.plan.name, task = self.task, status = row.status.as_str(),
+            "the task's refusal was lifted; starting it again");
+        Ok(true)
     }
 
     fn label_values(&self) -> [(&'static str, String); 2] {
@@ -213,15 +324,16 @@ impl<P: Projection> TaskRunner<P> {
         let model_row = store::load_model(&mut conn, &plan.name)
             .await?
             .with_context(|| format!("model {:?} has no row in parsley.models", plan.name))?;
-        let state = match store::load_state(&mut conn, &plan.name, self.task, model_row.format_version).await {
+        let mut state = match store::load_state(&mut conn, &plan.name, self.task, model_row.format_version).await {
             Ok(s) => s,
             Err(LoadError::Database(e)) => return Err(e),
             Err(LoadError::Refused(r)) => return self.persist_start_refusal(r).await,
         };
+        self.skipped = store::skipped_positions(&mut conn, &plan.name, self.task).await?;
+        mark_skipped_held(&mut state, &self.skipped);
         drop(conn);
-        let config = EngineConfig { metadata_budget: plan.metadata_budget };
-        self.engine = match Engine::restore(config, plan.channels(self.task), state) {
-            Ok(e) => e,
+        self.engine = match Engine::restore(plan.engine_config(), plan.channels(self.task), state) {
+            Ok(e) => e.with_weigher(record::weight),
             Err(r) => return self.persist_start_refusal(r).await,
         };
         let consumer = Arc::new(kafka::task_consumer(&plan.kafka, &plan.name)?);
@@ -255,6 +367,11 @@ impl<P: Projection> TaskRunner<P> {
                 drop(tx);
                 self.become_fenced();
                 return Ok(());
+            }
+            // A skip takes this lock too: one recorded since the skips were read means the
+            // engine was restored without it.
+            if store::count_skips(&mut tx, &plan.name, self.task).await? != self.skipped.len() {
+                anyhow::bail!("a record was skipped while the task was restoring; restoring again");
             }
             store::apply_changes(&mut tx, &plan.name, self.task, &changes).await?;
             let status_reset = changes.refusal.is_none() && self.stored_status == TaskStatusKind::Refused;
@@ -300,7 +417,9 @@ impl<P: Projection> TaskRunner<P> {
         );
     }
 
-    /// Persists a refusal found while restoring (stored state this build cannot use).
+    /// Persists a refusal found outside a step's own transaction: while restoring (stored
+    /// state this build cannot use), or after a step rolled back on a record the projection
+    /// rejected.
     async fn persist_start_refusal(&mut self, refusal: Refusal) -> anyhow::Result<()> {
         let mut tx = self.pool.begin().await.context("beginning a refusal transaction")?;
         if store::lock_epoch(&mut tx, &self.plan.name, self.task).await? != Some(self.epoch) {
@@ -351,6 +470,7 @@ impl<P: Projection> TaskRunner<P> {
                     "the periodic log-start check failed; trying again after the interval");
             }
         }
+        self.check_width_if_due().await;
         let pruned = self.prune_upstream_if_due().await;
         let outcome = self.step(batch, pruned).await;
         if out_of_range && self.state == TaskState::Running {
@@ -439,6 +559,67 @@ impl<P: Projection> TaskRunner<P> {
         Ok(())
     }
 
+    /// When due, compares each received topic's partition count with the model's task
+    /// count: partitions added while running move keys between tasks, so every task refuses
+    /// `TASK_WIDTH_CHANGED` (left in the engine, sticky, for the step to persist; a restart
+    /// derives it again at the model's start). A topic the broker does not list is not a
+    /// width change (start checks identities), and a broker that cannot answer is logged and
+    /// counted, never a failed step: the next interval tries again.
+    async fn check_width_if_due(&mut self) {
+        let Some(interval) = self.plan.width_check else { return };
+        if self.width_checked_at.elapsed() < interval || self.engine.refusal().is_some() {
+            return;
+        }
+        self.width_checked_at = Instant::now();
+        let Some(consumer) = self.consumer.clone() else { return };
+        let names: Vec<String> = self.plan.topics.iter().map(|t| t.name.clone()).collect();
+        let counts = match kafka::partition_counts(&consumer, names, self.plan.kafka_timeout()).await {
+            Ok(counts) => counts,
+            Err(e) => {
+                self.metric_add("parsley_projector_kafka_errors_total", 1.0);
+                tracing::warn!(model = %self.plan.name, task = self.task, error = %format!("{e:#}"),
+                    "the periodic width check failed; trying again after the interval");
+                return;
+            }
+        };
+        self.metric_add("parsley_projector_width_checks_total", 1.0);
+        for (topic, count) in self.plan.topics.iter().zip(counts) {
+            let Some(count) = count else { continue };
+            if let Err(r) = check_task_width(Some(self.plan.task_count), count) {
+                let diagnosis = format!("model {}, topic {}: {}", self.plan.name, topic.name, r.diagnosis);
+                self.engine.refuse(Refusal::at(r.reason, ChannelId::new(topic.id, self.task), None, diagnosis));
+                return;
+            }
+        }
+    }
+
+    /// Tells the engine how far the consumer has read each channel: its position, which
+    /// passes transaction markers and aborted runs that yield no record. Call only when
+    /// every record the consumer returned has been fed. Returns whether a channel's
+    /// `fed_up_to` moved (the step must then commit, though nothing was delivered).
+    fn observe_read_positions(&mut self) -> bool {
+        let Some(consumer) = self.consumer.clone() else { return false };
+        let positions = match consumer.position() {
+            Ok(p) => p,
+            Err(e) => {
+                self.metric_add("parsley_projector_kafka_errors_total", 1.0);
+                tracing::warn!(model = %self.plan.name, task = self.task, error = %e, "reading the consumer's position failed");
+                return false;
+            }
+        };
+        let mut moved = false;
+        for element in positions.elements() {
+            let Offset::Offset(next) = element.offset() else { continue };
+            let Some(channel) = self.plan.channel_of(element.topic(), element.partition()) else { continue };
+            let before = self.engine.fed_up_to(&channel);
+            if self.engine.observe_read_position(channel, next).is_err() {
+                break;
+            }
+            moved |= self.engine.fed_up_to(&channel) != before;
+        }
+        moved
+    }
+
     /// The channels of the task's clock and frontier whose topics the model does not
     /// receive (learned from records' causes), once the prune interval has passed; `None`
     /// when not due or when there are none.
@@ -499,7 +680,9 @@ impl<P: Projection> TaskRunner<P> {
         if self.needs_drain {
             deliveries.extend(self.engine.drain());
         }
-        let idle = batch.is_empty() && deliveries.is_empty() && !self.needs_drain && !pruned;
+        // Nothing returned: the consumer may still have read past control records.
+        let read_past = batch.is_empty() && self.engine.refusal().is_none() && self.observe_read_positions();
+        let idle = batch.is_empty() && deliveries.is_empty() && !self.needs_drain && !pruned && !read_past;
         if idle && self.engine.refusal().is_none() && self.stored_status != TaskStatusKind::Failing {
             self.refresh_gauges();
             return StepOutcome::Idle;
@@ -527,8 +710,15 @@ impl<P: Projection> TaskRunner<P> {
                 }
             };
             fed_marks.insert(channel, record.offset);
-            let headers: Vec<Option<&[u8]>> = record.causes_headers.iter().map(|h| h.as_deref()).collect();
-            match self.engine.receive(channel, record.offset, &headers, record.data) {
+            let receipt = if self.skipped.contains(&(channel, record.offset)) {
+                // Skipped by an operator: fed with no causes and none of its bytes.
+                let skipped = RecordData::skipped(record.data.timestamp_ms);
+                self.engine.receive_decoded(channel, record.offset, CausalPast::new(), skipped)
+            } else {
+                let headers: Vec<Option<&[u8]>> = record.causes_headers.iter().map(|h| h.as_deref()).collect();
+                self.engine.receive(channel, record.offset, &headers, record.data)
+            };
+            match receipt {
                 Ok(Receipt::Duplicate) => replayed += 1,
                 Ok(Receipt::Accepted { deliveries: d }) => {
                     fed += 1;
@@ -537,14 +727,33 @@ impl<P: Projection> TaskRunner<P> {
                 Err(_refusal) => break,
             }
         }
+        if self.engine.refusal().is_none() {
+            // Every returned record was fed (a refusal is the only way the loop stops early).
+            self.observe_read_positions();
+        }
         let changes = self.engine.take_changes();
         let step_started = Instant::now();
         let committed = self.commit(&plan, &deliveries, &changes).await;
         match committed {
-            Err(e) => {
-                let marks: Vec<(ChannelId, Position)> = fed_marks.into_iter().collect();
-                self.fail(e, &marks).await
-            }
+            Err(e) => match e.downcast::<Rejection>() {
+                Ok(Rejection { record: Some((channel, position, coordinate)), reason }) => {
+                    self.refuse_rejected(channel, position, &coordinate, &reason).await
+                }
+                Ok(batch) => {
+                    // A batch cannot say which record the projection rejected: retry one
+                    // record at a time, including the held records this step delivered.
+                    for d in &deliveries {
+                        let mark = fed_marks.entry(d.channel).or_insert(d.position);
+                        *mark = (*mark).max(d.position);
+                    }
+                    let marks: Vec<(ChannelId, Position)> = fed_marks.into_iter().collect();
+                    self.fail(anyhow::Error::new(batch), &marks).await
+                }
+                Err(e) => {
+                    let marks: Vec<(ChannelId, Position)> = fed_marks.into_iter().collect();
+                    self.fail(e, &marks).await
+                }
+            },
             Ok(false) => {
                 self.become_fenced();
                 StepOutcome::Fenced
@@ -597,23 +806,7 @@ impl<P: Projection> TaskRunner<P> {
             tx.rollback().await.context("rolling back a fenced step")?;
             return Ok(false);
         }
-        if !deliveries.is_empty() {
-            let views: Vec<Delivered<'_>> = deliveries
-                .iter()
-                .map(|d| Delivered {
-                    topic: plan.topic_name(&d.channel.topic).unwrap_or("?"),
-                    channel: d.channel,
-                    position: d.position,
-                    key: d.payload.key.as_deref(),
-                    value: d.payload.value.as_deref(),
-                    headers: &d.payload.headers,
-                    timestamp_ms: d.payload.timestamp_ms,
-                    causes: &d.causes,
-                })
-                .collect();
-            let ctx = StepContext { model: &plan.name, task: self.task };
-            self.projection.apply_batch(&mut tx, ctx, &views).await.context("the projection failed")?;
-        }
+        let (skipped, dead_lettered) = self.project(&mut tx, plan, deliveries).await?;
         let clock_changed = store::apply_changes(&mut tx, &plan.name, self.task, changes).await?;
         let status_changed = self.stored_status == TaskStatusKind::Failing;
         if status_changed && changes.refusal.is_none() {
@@ -623,7 +816,105 @@ impl<P: Projection> TaskRunner<P> {
             store::notify(&mut tx, &plan.name, Some(self.task)).await?;
         }
         tx.commit().await.context("committing a step")?;
+        if skipped > 0 {
+            self.metric_add("parsley_projector_skips_total", skipped as f64);
+        }
+        if dead_lettered > 0 {
+            self.metric_add("parsley_projector_dead_letters_total", dead_lettered as f64);
+        }
         Ok(true)
+    }
+
+    /// Hands the step's deliveries to the projection, in the step's transaction; returns
+    /// how many were skipped (never handed over) and dead-lettered.
+    ///
+    /// Normally the deliveries go in one batch, and a rejection — which a batch cannot pin
+    /// on a record — ends the step with a [`Rejection`] naming none: the task then retries
+    /// carefully. In careful mode each record is applied alone, so a rejection names it:
+    /// under `on_rejected = "refuse"` it ends the step; under `"dead-letter"` each record
+    /// runs under a savepoint, and a rejected one is rolled back to it, stored in
+    /// `parsley.dead_letters` and delivered without effect, in this step.
+    async fn project(
+        &self,
+        conn: &mut PgConnection,
+        plan: &ModelPlan,
+        deliveries: &[Delivery<RecordData>],
+    ) -> anyhow::Result<(usize, usize)> {
+        let (skipped, effective): (Vec<_>, Vec<_>) = deliveries.iter().partition(|d| d.payload.skipped);
+        if effective.is_empty() {
+            return Ok((skipped.len(), 0));
+        }
+        let ctx = StepContext { model: &plan.name, task: self.task };
+        if self.careful_until.is_none() {
+            let views: Vec<Delivered<'_>> = effective.iter().map(|d| view(plan, d)).collect();
+            return match self.projection.apply_batch(conn, ctx, &views).await {
+                Ok(()) => Ok((skipped.len(), 0)),
+                Err(ProjectionError::Rejected { reason }) => {
+                    Err(anyhow::Error::new(Rejection { record: None, reason }))
+                }
+                Err(ProjectionError::Transient(e)) => Err(e.context("the projection failed")),
+            };
+        }
+        let dead_letter = plan.on_rejected == OnRejected::DeadLetter;
+        let mut dead_lettered = 0;
+        for d in effective {
+            let record = view(plan, d);
+            if dead_letter {
+                sqlx::query("SAVEPOINT parsley_record").execute(&mut *conn).await.context("setting a savepoint")?;
+            }
+            match self.projection.apply_batch(conn, ctx, std::slice::from_ref(&record)).await {
+                Ok(()) if dead_letter => {
+                    sqlx::query("RELEASE SAVEPOINT parsley_record")
+                        .execute(&mut *conn)
+                        .await
+                        .context("releasing a savepoint")?;
+                }
+                Ok(()) => {}
+                Err(ProjectionError::Rejected { reason }) if dead_letter => {
+                    sqlx::query("ROLLBACK TO SAVEPOINT parsley_record")
+                        .execute(&mut *conn)
+                        .await
+                        .context("rolling back to a savepoint")?;
+                    store::insert_dead_letter(conn, &plan.name, self.task, d, &reason).await?;
+                    tracing::warn!(model = %plan.name, task = self.task, record = %record.coordinate(), %reason,
+                        "the projection rejected a record; dead-lettered, delivered without effect");
+                    dead_lettered += 1;
+                }
+                Err(ProjectionError::Rejected { reason }) => {
+                    let at = Some((d.channel, d.position, record.coordinate()));
+                    return Err(anyhow::Error::new(Rejection { record: at, reason }));
+                }
+                Err(ProjectionError::Transient(e)) => {
+                    return Err(e.context(format!("the projection failed on {}", record.coordinate())))
+                }
+            }
+        }
+        Ok((skipped.len(), dead_lettered))
+    }
+
+    /// The projection rejected one record for good (applied alone, so the record is
+    /// certain). The step rolled back: the record is not delivered, and the refusal is
+    /// recorded in a transaction of its own. A restart derives it again — the record is fed
+    /// and delivered again, and the projection rejects it again — until an operator skips
+    /// the record or the projection changes.
+    async fn refuse_rejected(
+        &mut self,
+        channel: ChannelId,
+        position: Position,
+        coordinate: &str,
+        reason: &str,
+    ) -> StepOutcome {
+        self.needs_restore = true;
+        let diagnosis = if reason.contains(coordinate) {
+            format!("the projection rejected the record: {reason}")
+        } else {
+            format!("the projection rejected {coordinate}: {reason}")
+        };
+        let refusal = Refusal::at(RefusalReason::ProjectionRejected, channel, Some(position), diagnosis);
+        if let Err(e) = self.persist_start_refusal(refusal).await {
+            return self.fail(e, &[]).await;
+        }
+        self.stopped_outcome().unwrap_or_else(|| StepOutcome::Failed { error: "the refusal was not recorded".into() })
     }
 
     /// A step failed: record it (own transaction), back off, and restore before retrying.
@@ -680,6 +971,7 @@ impl<P: Projection> TaskRunner<P> {
             }
         }
         self.metric_set("parsley_projector_held_records", self.engine.held_count() as f64);
+        self.metric_set("parsley_projector_held_bytes", self.engine.held_bytes() as f64);
         self.metric_set("parsley_projector_head_hold_age_seconds", oldest.as_secs_f64());
         self.metric_set("parsley_projector_clock_width", self.engine.delivered_past().len() as f64);
     }

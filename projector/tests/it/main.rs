@@ -9,6 +9,8 @@ mod fencing;
 mod log_start;
 mod prune;
 mod refusals;
+mod rejections;
 mod restart;
+mod robustness;
 mod store;
 mod support;

@@ -15,7 +15,7 @@ pub use parsley_infra::testing::{
 };
 use parsley_projector::config::{Apply, Config, InitialPosition, ModelConfig, TopicConfig};
 use parsley_projector::metrics::{Metrics, METRICS};
-use parsley_projector::projection::{Delivered, Projection, StepContext};
+use parsley_projector::projection::{Delivered, Projection, ProjectionError, StepContext};
 use parsley_projector::status::{model_report, ModelReport};
 use parsley_projector::{migrations, DocumentProjection, ModelProjector};
 use sqlx::{PgConnection, PgPool, Row as _};
@@ -70,6 +70,9 @@ pub fn config(model: &str, topics: &[(&str, Apply)]) -> Config {
         max_step_ms: 150,
         step_linger_ms: 5,
         tasks: None,
+        on_rejected: Default::default(),
+        max_held_records: 100_000,
+        max_held_bytes: 256 * 1024 * 1024,
     });
     c.validate().unwrap();
     c
@@ -99,7 +102,7 @@ impl Projection for Recording {
         conn: &mut PgConnection,
         step: StepContext<'_>,
         record: &Delivered<'_>,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), ProjectionError> {
         self.apply_batch(conn, step, std::slice::from_ref(record)).await
     }
 
@@ -108,7 +111,7 @@ impl Projection for Recording {
         conn: &mut PgConnection,
         step: StepContext<'_>,
         records: &[Delivered<'_>],
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), ProjectionError> {
         self.inner.apply_batch(conn, step, records).await?;
         for r in records {
             sqlx::query(
