@@ -249,6 +249,8 @@ impl<P: Clone> Engine<P> {
     pub fn with_weigher(mut self, weigh: fn(&P) -> usize) -> Self {
         self.weigh = weigh;
         self.held_bytes = self.channels.values().flat_map(|c| c.held.iter()).map(|r| self.weight_of(r)).sum();
+        // Restored state weighed anew may pass the byte bound: refuse as `restore` would.
+        let _ = self.check_held_limits(None);
         self
     }
 

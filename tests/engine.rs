@@ -464,4 +464,10 @@ fn holding_past_the_byte_bound_counts_payload_weights_and_causes() {
     assert!(feed(&mut e, PAYMENTS, 1, &[(ORDERS, 0)], label).is_empty());
     assert_eq!(e.refusal().map(|r| r.reason), Some(RefusalReason::HeldLimitExceeded));
     assert!(e.refusal().unwrap().diagnosis.contains("116 held bytes"), "{}", e.refusal().unwrap().diagnosis);
+    // Restored and weighed again, the same state refuses again.
+    let config = EngineConfig { max_held_bytes: Some(100), ..EngineConfig::default() };
+    let again: Task = Engine::restore(config, [ORDERS, PAYMENTS], e.snapshot()).unwrap();
+    assert!(again.refusal().is_none(), "unweighed, only the causes count: 56 bytes");
+    let again = again.with_weigher(|label: &&'static str| label.len());
+    assert_eq!(again.refusal().map(|r| r.reason), Some(RefusalReason::HeldLimitExceeded));
 }

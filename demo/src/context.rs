@@ -46,6 +46,8 @@ pub struct Demo {
     /// The topic applied with `merge`.
     pub payments: Topic,
     pub gateway: http::Client,
+    /// The gateway's admin listener (`/v1/status`, `/metrics`).
+    pub admin: http::Client,
     /// Makes this run's keys unique (`make demo` passes a timestamp).
     pub run: String,
 }
@@ -97,6 +99,10 @@ impl Demo {
         let topic = |i: usize| Topic { name: described[i].name.clone(), id: TopicId::from_bytes(described[i].id) };
         Ok(Demo {
             gateway: http::Client::new(&gateway_listen(&declared.config)?, Duration::from_secs(15)),
+            admin: http::Client::new(
+                &gateway_setting(&declared.config, "admin_listen", "PARSLEY_GATEWAY_ADMIN_LISTEN", "127.0.0.1:9091")?,
+                Duration::from_secs(15),
+            ),
             bootstrap,
             model: declared.model,
             orders: topic(0),
@@ -186,7 +192,7 @@ impl Demo {
 
     /// `GET /v1/status` for the demo's model.
     pub async fn status(&self) -> anyhow::Result<ModelStatus> {
-        let r = self.gateway.get("/v1/status", &[]).await?;
+        let r = self.admin.get("/v1/status", &[]).await?;
         ensure!(r.status == 200, "GET /v1/status answered {}: {}", r.status, String::from_utf8_lossy(&r.body));
         let body = r.json()?;
         let model = body["models"]
@@ -199,7 +205,7 @@ impl Demo {
     /// The gateway's `parsley_gateway_gate_checks_total` for the model: one per gate
     /// transaction, so a read that waited counts more than one.
     pub async fn gate_checks(&self) -> anyhow::Result<u64> {
-        let r = self.gateway.get("/metrics", &[]).await?;
+        let r = self.admin.get("/metrics", &[]).await?;
         ensure!(r.status == 200, "GET /metrics answered {}", r.status);
         let series = format!("parsley_gateway_gate_checks_total{{model=\"{}\"}} ", self.model);
         let text = String::from_utf8_lossy(&r.body);
@@ -238,17 +244,23 @@ impl Demo {
 /// The gateway's address from `[gateway] listen` (default `127.0.0.1:8080`), overridden by
 /// `PARSLEY_GATEWAY_LISTEN` like the gateway does.
 pub fn gateway_listen(config: &Config) -> anyhow::Result<String> {
-    if let Ok(v) = std::env::var("PARSLEY_GATEWAY_LISTEN") {
+    gateway_setting(config, "listen", "PARSLEY_GATEWAY_LISTEN", "127.0.0.1:8080")
+}
+
+/// An address setting of `[gateway]`, overridden by the environment variable `env` like
+/// the gateway does.
+fn gateway_setting(config: &Config, key: &str, env: &str, default: &str) -> anyhow::Result<String> {
+    if let Ok(v) = std::env::var(env) {
         if !v.trim().is_empty() {
             return Ok(v.trim().to_string());
         }
     }
-    match config.gateway.as_ref().and_then(|g| g.get("listen")) {
-        None => Ok("127.0.0.1:8080".to_string()),
+    match config.gateway.as_ref().and_then(|g| g.get(key)) {
+        None => Ok(default.to_string()),
         Some(toml_value) => toml_value
             .as_str()
             .map(str::to_string)
-            .ok_or_else(|| anyhow!("gateway.listen must be a string \"host:port\"")),
+            .ok_or_else(|| anyhow!("gateway.{key} must be a string \"host:port\"")),
     }
 }
 

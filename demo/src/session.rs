@@ -11,7 +11,7 @@ use anyhow::{anyhow, bail, ensure, Context as _};
 use parsley::channel::ChannelId;
 use parsley::CausalPast;
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
-use rdkafka::message::{Headers as _, Message as _};
+use rdkafka::message::Message as _;
 use rdkafka::{Offset, TopicPartitionList};
 use serde_json::{json, Value};
 
@@ -161,8 +161,11 @@ async fn stamped_causes(demo: &Demo, topic: &Topic, at: Coordinate) -> anyhow::R
         })?
         .context("reading the record back")?;
     ensure!(message.offset() == at.offset, "read offset {} instead of {}", message.offset(), at.offset);
-    let headers = message.headers().context("the record has no headers, so no parsley.causes")?;
-    let values: Vec<Option<&[u8]>> = headers.iter().filter(|h| h.key == "parsley.causes").map(|h| h.value).collect();
+    // Header names read as bytes: rdkafka's own accessors panic on a name that is not UTF-8.
+    let headers = parsley_infra::headers::message_headers(&message);
+    ensure!(!headers.is_empty(), "the record has no headers, so no parsley.causes");
+    let values: Vec<Option<&[u8]>> =
+        headers.iter().filter(|(name, _)| name == b"parsley.causes").map(|(_, v)| v.as_deref()).collect();
     parsley::codec::decode_headers(&values, METADATA_BUDGET).map_err(|e| anyhow!("the stamped parsley.causes: {e}"))
 }
 

@@ -106,7 +106,7 @@ async fn bench() -> anyhow::Result<()> {
     // The model as a configuration file declares it: the configuration's defaults apply.
     let step = std::env::var("BENCH_STEP_MS").map(|v| format!("max_step_ms = {v}\n")).unwrap_or_default();
     let mut config = Config::parse(&format!(
-        "[gateway]\nlisten = \"127.0.0.1:0\"\nread_wait_ms = {READ_WAIT_MS}\n\n\
+        "[gateway]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"\"\nread_wait_ms = {READ_WAIT_MS}\n\n\
          [[models]]\nname = \"{run}\"\n{step}topics = [{{ name = \"{topic}\" }}]\n"
     ))?;
     config.kafka.bootstrap = bootstrap.clone();
