@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::ops::Deref;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Context as _;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
@@ -19,7 +19,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use rdkafka::producer::FutureProducer;
-use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
@@ -94,11 +93,14 @@ impl AppState {
     /// clients connect in the background.
     pub fn new(config: GatewayConfig) -> anyhow::Result<AppState> {
         let url = config.shared.database_url()?.to_string();
-        let pool = PgPoolOptions::new()
-            .max_connections(config.settings.max_connections)
-            .acquire_timeout(Duration::from_millis(config.shared.database.acquire_timeout_ms))
-            .connect_lazy(&url)
-            .with_context(|| format!("invalid database URL {}", parsley_infra::pg::redact(&url)))?;
+        // Every session (the pool's and the LISTEN connection opened from it) under the
+        // [database] bounds.
+        let pool = parsley_infra::pg::connect_lazy_bounded(
+            &url,
+            config.settings.max_connections,
+            config.shared.database.acquire_timeout(),
+            &config.shared.database.session_bounds(),
+        )?;
         let producer: FutureProducer = parsley_infra::kafka::producer_config(&config.shared.kafka.bootstrap)
             .set("message.timeout.ms", config.settings.produce_timeout_ms.to_string())
             .create()

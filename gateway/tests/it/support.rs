@@ -104,6 +104,9 @@ pub fn config(n: &Names, gateway: &str) -> Config {
         max_step_ms: 50,
         step_linger_ms: 5,
         tasks: None,
+        on_rejected: Default::default(),
+        max_held_records: 100_000,
+        max_held_bytes: 256 * 1024 * 1024,
     });
     c.validate().unwrap();
     c
