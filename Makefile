@@ -13,12 +13,12 @@ test:
 # the causes decoder and encoder, the gateway's write-body parser and token opener, the
 # projector's stored-header framing. CASES=<n> per property (default 100000).
 fuzz:
-	@bash scripts/fuzz.sh
+	@CASES=$(or $(CASES),100000) bash scripts/fuzz.sh
 
 # A long simulator sweep: SEEDS=<n> seeds per scenario (default 20000, five scenarios),
 # in release mode (see docs/verification.md).
 soak:
-	@SIM_SEEDS=$${SEEDS:-20000} cargo test --release -p parsley --test simulation -- _sweep
+	@SIM_SEEDS=$(or $(SEEDS),20000) cargo test --release -p parsley --test simulation -- _sweep
 
 services-up:
 	@bash scripts/services.sh up

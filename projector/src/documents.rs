@@ -5,19 +5,24 @@
 //!
 //! A step's deliveries are folded in memory, in delivery order, and written with at most
 //! three statements (read the documents merge patches need, upsert, delete), so the cost
-//! per step does not grow with a statement per record. A record without a key, with a key
-//! that is not UTF-8, or with a value that is not JSON fails the step: the task stays on
-//! that record and reports it.
+//! per step does not grow with a statement per record.
+//!
+//! A record the table cannot take is *rejected* ([`ProjectionError::Rejected`]), named by
+//! its coordinate, before any statement runs: no key, a key that is not UTF-8, a NUL
+//! character in the key (Postgres `text` cannot store it), a value that is not JSON, or a
+//! `\u0000` escape anywhere in the value (Postgres `jsonb` cannot store it). What only the
+//! database can see (a key too long for the index, `54000`) is classified from its
+//! SQLSTATE ([`ProjectionError::database`]).
 
 use std::collections::BTreeMap;
 
-use anyhow::{anyhow, Context as _};
+use anyhow::anyhow;
 use serde_json::{Map, Value};
 use sqlx::{PgConnection, Row as _};
 use uuid::Uuid;
 
 use crate::config::Apply;
-use crate::projection::{Delivered, Projection, StepContext};
+use crate::projection::{Delivered, Projection, ProjectionError, StepContext};
 use crate::store::uuid_of;
 
 /// Applies RFC 7396 JSON merge patch `patch` to `target`.
@@ -64,23 +69,59 @@ enum Op {
     Merge(Value),
 }
 
-fn op_of(apply: Apply, record: &Delivered<'_>) -> anyhow::Result<Op> {
+/// The record's key as document key text, or why the table cannot take it.
+fn key_of<'a>(record: &Delivered<'a>) -> Result<&'a str, ProjectionError> {
+    let key = record.key.ok_or_else(|| {
+        ProjectionError::rejected(format!(
+            "{} has no key; the document projection keys documents by record key",
+            record.coordinate()
+        ))
+    })?;
+    let key = std::str::from_utf8(key).map_err(|_| {
+        ProjectionError::rejected(format!("the key of {} is not UTF-8; document keys are text", record.coordinate()))
+    })?;
+    if key.contains('\0') {
+        return Err(ProjectionError::rejected(format!(
+            "the key of {} contains a NUL character, which Postgres text cannot store",
+            record.coordinate()
+        )));
+    }
+    Ok(key)
+}
+
+fn op_of(apply: Apply, record: &Delivered<'_>) -> Result<Op, ProjectionError> {
     let Some(bytes) = record.value else { return Ok(Op::Delete) };
     let value: Value = serde_json::from_slice(bytes).map_err(|e| {
-        anyhow!(
+        ProjectionError::rejected(format!(
             "the value of {} is not JSON ({} bytes; {} at line {} column {}); the document projection needs JSON values",
             record.coordinate(),
             bytes.len(),
             e.classify_name(),
             e.line(),
             e.column()
-        )
+        ))
     })?;
+    if contains_nul(&value) {
+        return Err(ProjectionError::rejected(format!(
+            "the value of {} contains a \\u0000 escape (a NUL character), which Postgres jsonb cannot store",
+            record.coordinate()
+        )));
+    }
     Ok(match (apply, value) {
         (_, Value::Null) => Op::Delete,
         (Apply::Replace, v) => Op::Replace(v),
         (Apply::Merge, v) => Op::Merge(v),
     })
+}
+
+/// Whether a NUL character appears in any string or member name of `value`.
+fn contains_nul(value: &Value) -> bool {
+    match value {
+        Value::String(s) => s.contains('\0'),
+        Value::Array(items) => items.iter().any(contains_nul),
+        Value::Object(members) => members.iter().any(|(name, v)| name.contains('\0') || contains_nul(v)),
+        Value::Null | Value::Bool(_) | Value::Number(_) => false,
+    }
 }
 
 trait ClassifyName {
@@ -115,7 +156,7 @@ impl Projection for DocumentProjection {
         conn: &mut PgConnection,
         step: StepContext<'_>,
         record: &Delivered<'_>,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), ProjectionError> {
         self.apply_batch(conn, step, std::slice::from_ref(record)).await
     }
 
@@ -124,23 +165,23 @@ impl Projection for DocumentProjection {
         conn: &mut PgConnection,
         step: StepContext<'_>,
         records: &[Delivered<'_>],
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), ProjectionError> {
         if records.is_empty() {
             return Ok(());
         }
-        // Parse every record first: a bad one fails the step before any statement runs.
+        // Parse every record first: a bad one is rejected before any statement runs.
         let mut ops: Vec<(&str, Op, (Uuid, i32, i64))> = Vec::with_capacity(records.len());
         for r in records {
+            // Not the record's fault: the projection was built for other topics.
             let apply = *self
                 .apply_by_topic
                 .get(r.topic)
-                .with_context(|| format!("{}: topic {:?} has no document rule", r.coordinate(), r.topic))?;
-            let key = r.key.with_context(|| {
-                format!("{} has no key; the document projection keys documents by record key", r.coordinate())
-            })?;
-            let key = std::str::from_utf8(key)
-                .map_err(|_| anyhow!("the key of {} is not UTF-8; document keys are text", r.coordinate()))?;
-            ops.push((key, op_of(apply, r)?, (uuid_of(&r.channel.topic), r.channel.partition as i32, r.position)));
+                .ok_or_else(|| anyhow!("{}: topic {:?} has no document rule", r.coordinate(), r.topic))?;
+            ops.push((
+                key_of(r)?,
+                op_of(apply, r)?,
+                (uuid_of(&r.channel.topic), r.channel.partition as i32, r.position),
+            ));
         }
 
         // Which keys need their stored document: those whose first operation is a merge.
@@ -156,7 +197,7 @@ impl Projection for DocumentProjection {
                 .bind(&wanted)
                 .fetch_all(&mut *conn)
                 .await
-                .context("reading documents to merge into")?;
+                .map_err(|e| ProjectionError::database(e, "reading documents to merge into"))?;
             for row in rows {
                 stored.insert(row.get(0), row.get(1));
             }
@@ -226,7 +267,7 @@ impl Projection for DocumentProjection {
                 .bind(&deleted)
                 .execute(&mut *conn)
                 .await
-                .context("deleting documents")?;
+                .map_err(|e| ProjectionError::database(e, "deleting documents"))?;
         }
         if !keys.is_empty() {
             sqlx::query(
@@ -249,7 +290,7 @@ impl Projection for DocumentProjection {
             .bind(&counts)
             .execute(&mut *conn)
             .await
-            .context("writing documents")?;
+            .map_err(|e| ProjectionError::database(e, "writing documents"))?;
         }
         Ok(())
     }
@@ -287,24 +328,55 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_non_json_value_is_an_error_naming_the_coordinate_not_the_bytes() {
-        let causes = parsley::CausalPast::new();
-        let record = Delivered {
+    fn record<'a>(causes: &'a parsley::CausalPast, key: Option<&'a [u8]>, value: Option<&'a [u8]>) -> Delivered<'a> {
+        Delivered {
             topic: "orders",
             channel: parsley::ChannelId::new(parsley::TopicId::from_bytes([1; 16]), 2),
             position: 7,
-            key: Some(b"k"),
-            value: Some(b"secret-not-json"),
+            key,
+            value,
             headers: &[],
             timestamp_ms: None,
-            causes: &causes,
-        };
-        let err = match op_of(Apply::Replace, &record) {
-            Err(e) => e.to_string(),
-            Ok(_) => panic!("not JSON, yet parsed"),
-        };
+            causes,
+        }
+    }
+
+    /// The rejection of `(key, value)`, or `None` when the document projection takes it.
+    fn rejection(key: Option<&[u8]>, value: Option<&[u8]>) -> Option<String> {
+        let causes = parsley::CausalPast::new();
+        let r = record(&causes, key, value);
+        match key_of(&r).and_then(|_| op_of(Apply::Replace, &r)) {
+            Ok(_) => None,
+            Err(e @ ProjectionError::Rejected { .. }) => Some(e.to_string()),
+            Err(e) => panic!("expected a rejection, got {e}"),
+        }
+    }
+
+    #[test]
+    fn a_non_json_value_is_rejected_naming_the_coordinate_not_the_bytes() {
+        let err = rejection(Some(b"k"), Some(b"secret-not-json")).expect("not JSON, yet parsed");
         assert!(err.contains("orders/2@7") && err.contains("not JSON"), "{err}");
         assert!(!err.contains("secret"), "payload bytes leaked into: {err}");
+    }
+
+    #[test]
+    fn records_the_table_cannot_take_are_rejected_before_any_statement() {
+        type Case<'a> = (Option<&'a [u8]>, Option<&'a [u8]>, &'a str);
+        let cases: [Case<'_>; 8] = [
+            (None, Some(b"{}"), "has no key"),
+            (Some(b"\xff\xfe"), Some(b"{}"), "not UTF-8"),
+            (Some(b"a\0b"), Some(b"{}"), "NUL character"),
+            (Some(b"k"), Some(br#"{"a":"x\u0000y"}"#), "\\u0000"),
+            (Some(b"k"), Some(br#"{"a\u0000":1}"#), "\\u0000"),
+            (Some(b"k"), Some(br#"[[{"deep":["\u0000"]}]]"#), "\\u0000"),
+            (Some(b"k"), Some(b"{\"a\":\"x\0y\"}"), "not JSON"),
+            (Some(b"k"), Some(br#""\ud800""#), "not JSON"),
+        ];
+        for (key, value, expected) in cases {
+            let err = rejection(key, value).unwrap_or_else(|| panic!("{key:?} {value:?} was accepted"));
+            assert!(err.contains(expected) && err.contains("orders/2@7"), "{key:?} {value:?}: {err}");
+        }
+        assert_eq!(rejection(Some(b"k"), Some(br#"{"a":"\u0001 ok","b":[1,null,true]}"#)), None);
+        assert_eq!(rejection(Some("ключ".as_bytes()), None), None, "a tombstone needs no JSON");
     }
 }

@@ -16,6 +16,8 @@
 //! - [`model`]: a model's topics checked against recorded identities and width, and its
 //!   task runners; `run` (until shutdown) and `run_once` (one step per task).
 //! - [`status`]: task status read back from the database; [`metrics`]: Prometheus text.
+//! - [`skip`]: the audited way past the one record a task is refused at (`parsley-projector
+//!   skip`), and how a restore applies skips.
 //!
 //! See `docs/projector.md` for the model, schema, step, fencing and restart.
 
@@ -27,6 +29,7 @@ pub mod migrations;
 pub mod model;
 pub mod projection;
 pub mod record;
+pub mod skip;
 pub mod status;
 pub mod store;
 pub mod task;

@@ -19,6 +19,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         include_str!("../../migrations/20250601000000_create_ordering_state.sql"),
     ),
     ("20250601000100_create_documents.sql", include_str!("../../migrations/20250601000100_create_documents.sql")),
+    (
+        "20261130000000_skips_and_dead_letters.sql",
+        include_str!("../../migrations/20261130000000_skips_and_dead_letters.sql"),
+    ),
 ];
 
 #[derive(Debug)]

@@ -1,11 +1,23 @@
 //! The projection seam: application code that turns delivered records into rows, inside
 //! the step's transaction. The engine has already decided the order; a projection only
-//! writes. A projection error is not a refusal: the step rolls back, the task reports
-//! `failing`, and the same records are retried with backoff — never skipped.
+//! writes.
+//!
+//! A projection fails in one of two ways ([`ProjectionError`]):
+//! - **rejected**: the record itself is unacceptable and a retry would give the same
+//!   answer — a value the projection cannot parse, a string Postgres cannot store, a
+//!   constraint, a data exception. The task refuses `PROJECTION_REJECTED` at that record
+//!   (or, with `on_rejected = "dead-letter"`, stores it in `parsley.dead_letters` and goes
+//!   on).
+//! - **transient**: anything else — a lost connection, a timeout, a serialization failure,
+//!   a bug in the projection. The step rolls back, the task reports `failing`, and the same
+//!   records are retried with backoff, never skipped.
+//!
+//! Database errors are classified by SQLSTATE class ([`rejects_record`]): a projection that
+//! lets `sqlx::Error` convert with `?` is classified without doing anything.
 
+use std::fmt;
 use std::future::Future;
 
-use anyhow::Context as _;
 use parsley::channel::{ChannelId, Position};
 use parsley::CausalPast;
 use sqlx::PgConnection;
@@ -28,8 +40,9 @@ pub struct Delivered<'a> {
     pub key: Option<&'a [u8]>,
     /// `None` for a tombstone.
     pub value: Option<&'a [u8]>,
-    /// Application headers (the `parsley.causes` header is in `causes`).
-    pub headers: &'a [(String, Option<Vec<u8>>)],
+    /// Application headers, names and values as bytes (a name need not be UTF-8); the
+    /// `parsley.causes` header is in `causes`.
+    pub headers: &'a [crate::record::Header],
     pub timestamp_ms: Option<i64>,
     /// The causes the record carried.
     pub causes: &'a CausalPast,
@@ -42,31 +55,215 @@ impl Delivered<'_> {
     }
 }
 
+/// Whether a database error with this SQLSTATE says the record is unacceptable (a retry
+/// gives the same answer): class `22` data exception (e.g. `22P05` an unsupported Unicode
+/// escape such as `\u0000` in `jsonb`, `22021` a byte sequence invalid in the encoding),
+/// class `23` integrity constraint violation, class `54` program limit exceeded (e.g.
+/// `54000` an index row too large for its key). Everything else — connection loss
+/// (`08`), serialization failures and deadlocks (`40001`, `40P01`), lock timeouts (`55P03`),
+/// an administrator's shutdown (`57P01`), insufficient resources (`53`), a statement the
+/// projection got wrong (`42`) — is transient.
+pub fn rejects_record(sqlstate: &str) -> bool {
+    matches!(sqlstate.get(..2), Some("22" | "23" | "54"))
+}
+
+/// A database message without the input value some messages quote at their end (class
+/// `22`: `invalid input syntax for type integer: "abc"`): everything from the first `: "`
+/// is withheld when the message ends with a quote. Identifiers quoted inside a message
+/// (`constraint "c"`, `encoding "UTF8": 0x00`) stay.
+pub fn withhold_value(message: &str) -> String {
+    match message.find(": \"") {
+        Some(at) if message.ends_with('"') => format!("{}: (value withheld)", &message[..at]),
+        _ => message.to_string(),
+    }
+}
+
+/// Why a projection did not apply a step's records.
+#[derive(Debug)]
+pub enum ProjectionError {
+    /// The record is unacceptable, whatever the retry: the task refuses
+    /// `PROJECTION_REJECTED` at it (or dead-letters it). `reason` says what is wrong —
+    /// the record's coordinate when the projection knows it, the database's message when
+    /// the database said no — and never quotes the payload.
+    Rejected { reason: String },
+    /// A failure a retry may change (or a projection bug): the step rolls back and is
+    /// retried with backoff.
+    Transient(anyhow::Error),
+}
+
+impl ProjectionError {
+    pub fn rejected(reason: impl Into<String>) -> Self {
+        ProjectionError::Rejected { reason: reason.into() }
+    }
+
+    /// Classifies a database error met while `what` (e.g. "writing documents"): rejected
+    /// when its SQLSTATE class says the data is unacceptable ([`rejects_record`]), with the
+    /// database's message and code — never its detail line, and never the value some
+    /// messages end with ([`withhold_value`]): both may quote the data.
+    pub fn database(error: sqlx::Error, what: &str) -> Self {
+        if let sqlx::Error::Database(db) = &error {
+            if let Some(code) = db.code().filter(|c| rejects_record(c)) {
+                let constraint = db.constraint().map(|c| format!(", constraint {c:?}")).unwrap_or_default();
+                return ProjectionError::rejected(format!(
+                    "{what}: the database rejected the data: {} (SQLSTATE {code}{constraint})",
+                    withhold_value(db.message())
+                ));
+            }
+        }
+        ProjectionError::Transient(anyhow::Error::new(error).context(what.to_string()))
+    }
+
+    pub fn is_rejected(&self) -> bool {
+        matches!(self, ProjectionError::Rejected { .. })
+    }
+
+    /// Adds context to a transient error; a rejection keeps its reason.
+    pub fn context(self, what: impl fmt::Display + Send + Sync + 'static) -> Self {
+        match self {
+            ProjectionError::Transient(e) => ProjectionError::Transient(e.context(what)),
+            rejected => rejected,
+        }
+    }
+}
+
+impl fmt::Display for ProjectionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProjectionError::Rejected { reason } => write!(f, "rejected: {reason}"),
+            ProjectionError::Transient(e) => write!(f, "{e:#}"),
+        }
+    }
+}
+
+impl std::error::Error for ProjectionError {}
+
+impl From<anyhow::Error> for ProjectionError {
+    fn from(e: anyhow::Error) -> Self {
+        ProjectionError::Transient(e)
+    }
+}
+
+impl From<sqlx::Error> for ProjectionError {
+    fn from(e: sqlx::Error) -> Self {
+        ProjectionError::database(e, "a projection statement")
+    }
+}
+
 /// Writes application rows for delivered records.
 ///
 /// `apply` receives one record; `apply_batch` receives every delivery of a step in order,
 /// and may be overridden to write them with fewer statements. Both run inside the step's
 /// transaction (`conn`), which also commits the ordering state: return an error and
-/// nothing of the step is kept.
+/// nothing of the step is kept. A rejection from a batch cannot say which record is at
+/// fault: the task retries the records one at a time (each in its own `apply_batch` call)
+/// and refuses at the one rejected alone.
 pub trait Projection: Send + Sync + 'static {
     fn apply(
         &self,
         conn: &mut PgConnection,
         step: StepContext<'_>,
         record: &Delivered<'_>,
-    ) -> impl Future<Output = anyhow::Result<()>> + Send;
+    ) -> impl Future<Output = Result<(), ProjectionError>> + Send;
 
     fn apply_batch(
         &self,
         conn: &mut PgConnection,
         step: StepContext<'_>,
         records: &[Delivered<'_>],
-    ) -> impl Future<Output = anyhow::Result<()>> + Send {
+    ) -> impl Future<Output = Result<(), ProjectionError>> + Send {
         async move {
             for record in records {
-                self.apply(conn, step, record).await.with_context(|| format!("projecting {}", record.coordinate()))?;
+                self.apply(conn, step, record)
+                    .await
+                    .map_err(|e| e.context(format!("projecting {}", record.coordinate())))?;
             }
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlstates_are_classified_by_class() {
+        let cases = [
+            ("22P05", true),  // unsupported Unicode escape sequence (\u0000 in jsonb)
+            ("22021", true),  // invalid byte sequence for encoding (a NUL in text)
+            ("22P02", true),  // invalid text representation
+            ("22001", true),  // string data right truncation
+            ("22012", true),  // division by zero
+            ("23505", true),  // unique violation
+            ("23514", true),  // check violation
+            ("23502", true),  // not-null violation
+            ("23503", true),  // foreign key violation
+            ("54000", true),  // program limit exceeded: index row size
+            ("54001", true),  // statement too complex (stack depth)
+            ("40001", false), // serialization failure
+            ("40P01", false), // deadlock detected
+            ("55P03", false), // lock not available (lock_timeout)
+            ("57P01", false), // admin shutdown
+            ("57014", false), // query canceled (statement_timeout)
+            ("08006", false), // connection failure
+            ("53200", false), // out of memory
+            ("53300", false), // too many connections
+            ("42P01", false), // undefined table: a projection bug, not the record
+            ("42601", false), // syntax error
+            ("21000", false), // cardinality violation: a batch touching a row twice
+            ("XX000", false), // internal error
+            ("P0001", false), // raise_exception
+            ("2", false),
+            ("", false),
+        ];
+        for (code, rejected) in cases {
+            assert_eq!(rejects_record(code), rejected, "SQLSTATE {code:?}");
+        }
+    }
+
+    #[test]
+    fn quoted_values_are_withheld_from_database_messages() {
+        let cases = [
+            (
+                "invalid input syntax for type integer: \"secret\"",
+                "invalid input syntax for type integer: (value withheld)",
+            ),
+            (
+                "invalid input syntax for type json: \"a: \"b\"\"",
+                "invalid input syntax for type json: (value withheld)",
+            ),
+            ("invalid byte sequence for encoding \"UTF8\": 0x00", "invalid byte sequence for encoding \"UTF8\": 0x00"),
+            (
+                "duplicate key value violates unique constraint \"documents_pkey\"",
+                "duplicate key value violates unique constraint \"documents_pkey\"",
+            ),
+            (
+                "index row size 8016 exceeds btree version 4 maximum 2704 for index \"documents_pkey\"",
+                "index row size 8016 exceeds btree version 4 maximum 2704 for index \"documents_pkey\"",
+            ),
+            ("unsupported Unicode escape sequence", "unsupported Unicode escape sequence"),
+        ];
+        for (message, shown) in cases {
+            assert_eq!(withhold_value(message), shown);
+        }
+    }
+
+    #[test]
+    fn errors_without_a_sqlstate_are_transient() {
+        for e in [sqlx::Error::PoolTimedOut, sqlx::Error::WorkerCrashed, sqlx::Error::RowNotFound] {
+            let classified = ProjectionError::database(e, "writing");
+            assert!(matches!(classified, ProjectionError::Transient(_)), "{classified}");
+        }
+        let io = sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset"));
+        assert!(!ProjectionError::from(io).is_rejected());
+        assert!(!ProjectionError::from(anyhow::anyhow!("boom")).is_rejected());
+    }
+
+    #[test]
+    fn context_is_added_to_transient_errors_only() {
+        let t = ProjectionError::from(anyhow::anyhow!("boom")).context("projecting t/0@1");
+        assert_eq!(t.to_string(), "projecting t/0@1: boom");
+        let r = ProjectionError::rejected("the value of t/0@1 is not JSON").context("projecting t/0@1");
+        assert_eq!(r.to_string(), "rejected: the value of t/0@1 is not JSON");
     }
 }

@@ -1,7 +1,8 @@
 //! Task status from the database, for `parsley-projector status` and tests: each task's
 //! state (running, failing with its last error, refused with reason, diagnosis, channel and
 //! position), its held queues with the blockers of each head (computed by restoring the
-//! task's engine from the stored state and asking it), and the size of its clock.
+//! task's engine from the stored state and asking it), the size of its clock, the records
+//! operators skipped and the records dead-lettered.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -14,7 +15,10 @@ use parsley::Engine;
 use sqlx::PgConnection;
 
 use crate::record::RecordData;
-use crate::store::{self, LoadError, TaskStatusKind};
+use crate::store::{self, DeadLetter, LoadError, RecordFound, Skip, TaskStatusKind};
+
+/// How many of a task's latest dead letters a report lists (all are counted).
+pub const LATEST_DEAD_LETTERS: usize = 5;
 
 /// The status of one task.
 #[derive(Clone, Debug)]
@@ -32,6 +36,11 @@ pub struct TaskReport {
     pub clock_width: usize,
     /// Why the stored state could not be read, when it could not.
     pub unreadable: Option<Refusal>,
+    /// Every record an operator skipped in this task, oldest first.
+    pub skips: Vec<Skip>,
+    /// How many records the task dead-lettered, and the latest few, newest first.
+    pub dead_letters: usize,
+    pub latest_dead_letters: Vec<DeadLetter>,
 }
 
 /// The status of one model.
@@ -71,8 +80,11 @@ pub async fn models(conn: &mut PgConnection) -> anyhow::Result<Vec<String>> {
 pub async fn model_report(conn: &mut PgConnection, model: &str) -> anyhow::Result<Option<ModelReport>> {
     let Some(row) = store::load_model(conn, model).await? else { return Ok(None) };
     let topics: BTreeMap<TopicId, String> = row.topics.iter().map(|(n, id)| (*id, n.clone())).collect();
+    let mut skips = store::skips(conn, model).await?;
+    let mut dead_letters = store::dead_letters(conn, model, LATEST_DEAD_LETTERS).await?;
     let mut tasks = Vec::new();
     for t in store::load_tasks(conn, model).await? {
+        let (dead_count, latest_dead) = dead_letters.remove(&t.task).unwrap_or_default();
         let mut report = TaskReport {
             task: t.task,
             epoch: t.epoch,
@@ -85,16 +97,27 @@ pub async fn model_report(conn: &mut PgConnection, model: &str) -> anyhow::Resul
             held_total: 0,
             clock_width: 0,
             unreadable: None,
+            skips: skips.iter().filter(|(task, _)| *task == t.task).map(|(_, s)| s.clone()).collect(),
+            dead_letters: dead_count,
+            latest_dead_letters: latest_dead,
         };
+        skips.retain(|(task, _)| *task != t.task);
         match store::load_state(conn, model, t.task, row.format_version).await {
             Err(LoadError::Database(e)) => return Err(e),
             Err(LoadError::Refused(r)) => report.unreadable = Some(r),
-            Ok(state) => {
+            Ok(mut state) => {
+                // Skipped held records wait for nothing, as the task's restore has them.
+                let skipped = report.skips.iter().map(|s| (s.channel, s.position)).collect();
+                crate::skip::mark_skipped_held(&mut state, &skipped);
                 // The received set as stored: every channel with a baseline or a held record.
                 let received: BTreeSet<ChannelId> =
                     state.fed_up_to.keys().copied().chain(state.held.iter().map(|h| h.channel)).collect();
                 report.clock_width = state.delivered.len();
-                match Engine::<RecordData>::restore(EngineConfig { metadata_budget: usize::MAX, ..EngineConfig::default() }, received, state) {
+                match Engine::<RecordData>::restore(
+                    EngineConfig { metadata_budget: usize::MAX, ..EngineConfig::default() },
+                    received,
+                    state,
+                ) {
                     Ok(engine) => {
                         let s = engine.status();
                         report.channels = s.channels;
@@ -158,6 +181,40 @@ pub fn render(report: &ModelReport) -> String {
         if let Some(r) = &t.unreadable {
             let _ = writeln!(out, "    stored state unreadable: {r}");
         }
+        for s in &t.skips {
+            let found = match &s.found {
+                RecordFound::Read { key, causes_headers } => format!(
+                    "record read: key {}, {} parsley.causes header(s)",
+                    key.as_ref().map_or_else(|| "null".to_string(), |k| format!("{} bytes", k.len())),
+                    causes_headers.len()
+                ),
+                RecordFound::Gone => "record gone (below the log start) when skipped".to_string(),
+                RecordFound::Absent => "no data record at that position".to_string(),
+            };
+            let cleared = s.refusal_reason.as_deref().map(|r| format!("cleared {r}; ")).unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "    skipped {}@{} by {:?} at {}: {:?} ({cleared}{found})",
+                report.describe(&s.channel),
+                s.position,
+                s.skipped_by,
+                s.skipped_at,
+                s.reason
+            );
+        }
+        if t.dead_letters > 0 {
+            let _ = writeln!(out, "    dead letters: {} (latest first)", t.dead_letters);
+            for d in &t.latest_dead_letters {
+                let _ = writeln!(
+                    out,
+                    "      {}@{} at {}: {}",
+                    report.describe(&d.channel),
+                    d.position,
+                    d.dead_lettered_at,
+                    d.reason
+                );
+            }
+        }
         for c in &t.channels {
             let _ = write!(
                 out,
@@ -182,4 +239,19 @@ pub fn render(report: &ModelReport) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use parsley::refusal::RefusalReason;
+
+    /// Every reason a status can show has its runbook in the operations guide.
+    #[test]
+    fn every_refusal_reason_has_a_runbook() {
+        let guide = include_str!("../../docs/operations.md");
+        for reason in RefusalReason::ALL {
+            let heading = format!("\n### `{reason}`\n");
+            assert!(guide.contains(&heading), "docs/operations.md has no runbook heading {heading:?}");
+        }
+    }
 }

@@ -282,7 +282,7 @@ pub async fn load_state(
             channel,
             position,
             causes,
-            payload: RecordData { key: r.get(3), value: r.get(4), headers, timestamp_ms: r.get(6) },
+            payload: RecordData { key: r.get(3), value: r.get(4), headers, timestamp_ms: r.get(6), skipped: false },
         });
     }
     let frontier = load_past(conn, "frontier", model, task).await.map_err(LoadError::Database)?;
@@ -626,4 +626,260 @@ pub async fn clock_meet(conn: &mut PgConnection, model: &str) -> anyhow::Result<
     .await
     .with_context(|| format!("reading the clock meet of model {model:?}"))?;
     rows.into_iter().map(|r| Ok((channel_of(r.get(0), r.get(1))?, r.get(2), r.get::<i64, _>(3) as u32))).collect()
+}
+
+/// A task's row, locked until the surrounding transaction ends (as a step locks it): the
+/// `skip` command's first statement, so that it and the task's steps never interleave.
+pub async fn lock_task(conn: &mut PgConnection, model: &str, task: u32) -> anyhow::Result<Option<TaskRow>> {
+    sqlx::query(&format!("SELECT {TASK_COLUMNS} FROM parsley.tasks WHERE model = $1 AND task = $2 FOR UPDATE"))
+        .bind(model)
+        .bind(task as i32)
+        .fetch_optional(&mut *conn)
+        .await
+        .with_context(|| format!("locking task {model}/{task}"))?
+        .as_ref()
+        .map(task_row)
+        .transpose()
+}
+
+/// Whether a committed step accounted for `channel@position` and no longer holds it: the
+/// task delivered it (or, for a position without a record, passed it).
+pub async fn is_delivered(
+    conn: &mut PgConnection,
+    model: &str,
+    task: u32,
+    channel: &ChannelId,
+    position: Position,
+) -> anyhow::Result<bool> {
+    let row: Option<(i64, bool)> = sqlx::query_as(
+        "SELECT c.fed_up_to, EXISTS (SELECT 1 FROM parsley.held h WHERE h.model = c.model AND h.task = c.task
+                                       AND h.topic_id = c.topic_id AND h.partition = c.partition AND h.position = $5)
+         FROM parsley.channels c WHERE c.model = $1 AND c.task = $2 AND c.topic_id = $3 AND c.partition = $4",
+    )
+    .bind(model)
+    .bind(task as i32)
+    .bind(uuid_of(&channel.topic))
+    .bind(channel.partition as i32)
+    .bind(position)
+    .fetch_optional(&mut *conn)
+    .await
+    .with_context(|| format!("reading the position of task {model}/{task} on {channel}"))?;
+    Ok(row.is_some_and(|(fed_up_to, held)| position <= fed_up_to && !held))
+}
+
+/// What `parsley.skips` records of one skipped record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Skip {
+    pub channel: ChannelId,
+    pub position: Position,
+    pub skipped_by: String,
+    /// `skipped_at` as the database prints it (filled in when read back).
+    pub skipped_at: String,
+    pub reason: String,
+    /// The refusal the skip cleared: its reason's name and its diagnosis.
+    pub refusal_reason: Option<String>,
+    pub refusal_diagnosis: Option<String>,
+    pub found: RecordFound,
+}
+
+/// What the `skip` command found in Kafka at the skipped position.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RecordFound {
+    /// The record: its key and every `parsley.causes` header value as read.
+    Read { key: Option<Vec<u8>>, causes_headers: Vec<Option<Vec<u8>>> },
+    /// Below the log start: retention removed it.
+    Gone,
+    /// No data record at the position (a transaction marker, an aborted or compacted record).
+    Absent,
+}
+
+impl RecordFound {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            RecordFound::Read { .. } => "read",
+            RecordFound::Gone => "gone",
+            RecordFound::Absent => "absent",
+        }
+    }
+}
+
+/// Records a skip (inside the `skip` command's transaction, after [`lock_task`]). Returns
+/// `false` when the record was skipped before (nothing written).
+pub async fn insert_skip(conn: &mut PgConnection, model: &str, task: u32, skip: &Skip) -> anyhow::Result<bool> {
+    let (key, causes_headers) = match &skip.found {
+        RecordFound::Read { key, causes_headers } => {
+            let framed: Vec<crate::record::Header> =
+                causes_headers.iter().map(|v| (parsley::codec::CAUSES_HEADER.as_bytes().to_vec(), v.clone())).collect();
+            (key.clone(), Some(encode_headers(&framed)))
+        }
+        RecordFound::Gone | RecordFound::Absent => (None, None),
+    };
+    let done = sqlx::query(
+        "INSERT INTO parsley.skips (model, task, topic_id, partition, position, skipped_by, reason, refusal_reason,
+           refusal_diagnosis, record_found, record_key, causes_headers)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+         ON CONFLICT (model, task, topic_id, partition, position) DO NOTHING",
+    )
+    .bind(model)
+    .bind(task as i32)
+    .bind(uuid_of(&skip.channel.topic))
+    .bind(skip.channel.partition as i32)
+    .bind(skip.position)
+    .bind(&skip.skipped_by)
+    .bind(&skip.reason)
+    .bind(&skip.refusal_reason)
+    .bind(&skip.refusal_diagnosis)
+    .bind(skip.found.as_str())
+    .bind(key)
+    .bind(causes_headers)
+    .execute(&mut *conn)
+    .await
+    .with_context(|| format!("recording the skip of {}@{} in task {model}/{task}", skip.channel, skip.position))?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// The skipped positions of a task, for a restore: every skipped record is fed without
+/// causes and delivered without effect.
+pub async fn skipped_positions(
+    conn: &mut PgConnection,
+    model: &str,
+    task: u32,
+) -> anyhow::Result<std::collections::BTreeSet<(ChannelId, Position)>> {
+    sqlx::query("SELECT topic_id, partition, position FROM parsley.skips WHERE model = $1 AND task = $2")
+        .bind(model)
+        .bind(task as i32)
+        .fetch_all(&mut *conn)
+        .await
+        .with_context(|| format!("reading the skips of task {model}/{task}"))?
+        .into_iter()
+        .map(|r| Ok((channel_of(r.get(0), r.get(1))?, r.get::<i64, _>(2))))
+        .collect()
+}
+
+/// How many skips a task has; a restore compares it, under the row lock, with what it read.
+pub async fn count_skips(conn: &mut PgConnection, model: &str, task: u32) -> anyhow::Result<usize> {
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM parsley.skips WHERE model = $1 AND task = $2")
+        .bind(model)
+        .bind(task as i32)
+        .fetch_one(&mut *conn)
+        .await
+        .with_context(|| format!("counting the skips of task {model}/{task}"))?;
+    Ok(n as usize)
+}
+
+/// Every skip of a model, oldest first, by task.
+pub async fn skips(conn: &mut PgConnection, model: &str) -> anyhow::Result<Vec<(u32, Skip)>> {
+    let rows = sqlx::query(
+        "SELECT task, topic_id, partition, position, skipped_by, skipped_at::text, reason, refusal_reason,
+                refusal_diagnosis, record_found, record_key, causes_headers
+         FROM parsley.skips WHERE model = $1 ORDER BY task, skipped_at, topic_id, partition, position",
+    )
+    .bind(model)
+    .fetch_all(&mut *conn)
+    .await
+    .with_context(|| format!("reading the skips of model {model:?}"))?;
+    let mut out = Vec::with_capacity(rows.len());
+    for r in rows {
+        let channel = channel_of(r.get(1), r.get(2))?;
+        let position: i64 = r.get(3);
+        let found = match r.get::<&str, _>(9) {
+            "read" => {
+                let framed: Option<Vec<u8>> = r.get(11);
+                let causes_headers = decode_headers(framed.as_deref().unwrap_or_default())
+                    .with_context(|| format!("the causes headers of the skip of {channel}@{position}"))?
+                    .into_iter()
+                    .map(|(_, v)| v)
+                    .collect();
+                RecordFound::Read { key: r.get(10), causes_headers }
+            }
+            "gone" => RecordFound::Gone,
+            _ => RecordFound::Absent,
+        };
+        out.push((
+            r.get::<i32, _>(0) as u32,
+            Skip {
+                channel,
+                position,
+                skipped_by: r.get(4),
+                skipped_at: r.get(5),
+                reason: r.get(6),
+                refusal_reason: r.get(7),
+                refusal_diagnosis: r.get(8),
+                found,
+            },
+        ));
+    }
+    Ok(out)
+}
+
+/// Stores a record the projection rejected under the dead-letter policy, inside the step
+/// that delivers it without effect.
+pub async fn insert_dead_letter(
+    conn: &mut PgConnection,
+    model: &str,
+    task: u32,
+    record: &HeldRecord<RecordData>,
+    reason: &str,
+) -> anyhow::Result<()> {
+    sqlx::query(
+        "INSERT INTO parsley.dead_letters (model, task, topic_id, partition, position, record_key, record_value,
+           headers, timestamp_ms, causes, reason)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+    )
+    .bind(model)
+    .bind(task as i32)
+    .bind(uuid_of(&record.channel.topic))
+    .bind(record.channel.partition as i32)
+    .bind(record.position)
+    .bind(&record.payload.key)
+    .bind(&record.payload.value)
+    .bind(encode_headers(&record.payload.headers))
+    .bind(record.payload.timestamp_ms)
+    .bind(record.causes.encode())
+    .bind(reason)
+    .execute(&mut *conn)
+    .await
+    .with_context(|| format!("storing the dead letter {}@{}", record.channel, record.position))?;
+    Ok(())
+}
+
+/// One dead letter, as read back (without its bytes, for status).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeadLetter {
+    pub channel: ChannelId,
+    pub position: Position,
+    pub reason: String,
+    pub dead_lettered_at: String,
+}
+
+/// Per task of a model: how many dead letters it has, and the latest `latest` of them,
+/// newest first.
+pub async fn dead_letters(
+    conn: &mut PgConnection,
+    model: &str,
+    latest: usize,
+) -> anyhow::Result<BTreeMap<u32, (usize, Vec<DeadLetter>)>> {
+    let rows = sqlx::query(
+        "SELECT task, topic_id, partition, position, reason, dead_lettered_at::text, total FROM (
+           SELECT d.*, row_number() OVER w AS n, count(*) OVER (PARTITION BY task) AS total
+           FROM parsley.dead_letters d WHERE model = $1
+           WINDOW w AS (PARTITION BY task ORDER BY dead_lettered_at DESC, topic_id, partition, position DESC)
+         ) d WHERE n <= $2 ORDER BY task, n",
+    )
+    .bind(model)
+    .bind(latest as i64)
+    .fetch_all(&mut *conn)
+    .await
+    .with_context(|| format!("reading the dead letters of model {model:?}"))?;
+    let mut out: BTreeMap<u32, (usize, Vec<DeadLetter>)> = BTreeMap::new();
+    for r in rows {
+        let entry = out.entry(r.get::<i32, _>(0) as u32).or_insert((r.get::<i64, _>(6) as usize, Vec::new()));
+        entry.1.push(DeadLetter {
+            channel: channel_of(r.get(1), r.get(2))?,
+            position: r.get(3),
+            reason: r.get(4),
+            dead_lettered_at: r.get(5),
+        });
+    }
+    Ok(out)
 }

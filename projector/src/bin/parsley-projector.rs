@@ -1,5 +1,6 @@
 //! The projector binary: `run` the configured models until SIGINT/SIGTERM, print their
-//! `status` from the database, or apply the schema `migrate`ions.
+//! `status` from the database, `skip` the record a task is refused at, or apply the schema
+//! `migrate`ions.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -9,6 +10,8 @@ use anyhow::{bail, Context as _};
 use parsley_infra::process;
 use parsley_projector::config::Config;
 use parsley_projector::metrics::{self, Metrics, METRICS};
+use parsley_projector::skip::{self, SkipRequest};
+use parsley_projector::store::RecordFound;
 use parsley_projector::{migrations, status, DocumentProjection, ModelProjector};
 use sqlx::PgPool;
 
@@ -18,6 +21,10 @@ usage: parsley-projector <command> [--config PATH] [options]
 commands:
   run [--model NAME]...            run the configured models (all, or those named) until SIGINT/SIGTERM
   status [--model NAME]...         print every task's state from the database
+  skip --model NAME --topic TOPIC --partition N --position P --reason TEXT [--by WHO]
+                                   move the task refused at that record past it: the record is
+                                   delivered without effect (recorded in parsley.skips, with
+                                   WHO, default the OS user); the task runs again at once
   migrate                          bring the database schema up to date and exit
 
 The configuration file is --config, else $PARSLEY_CONFIG, else config/parsley.toml.
@@ -28,7 +35,11 @@ struct Args {
     command: String,
     config: PathBuf,
     models: Vec<String>,
+    /// `skip`'s options, by name (`--topic`, `--partition`, `--position`, `--reason`, `--by`).
+    skip: Vec<(String, String)>,
 }
+
+const SKIP_OPTIONS: [&str; 5] = ["--topic", "--partition", "--position", "--reason", "--by"];
 
 fn parse_args() -> anyhow::Result<Args> {
     let mut args = std::env::args().skip(1);
@@ -39,15 +50,45 @@ fn parse_args() -> anyhow::Result<Args> {
     }
     let mut config = std::env::var_os("PARSLEY_CONFIG").map(PathBuf::from);
     let mut models = Vec::new();
+    let mut skip = Vec::new();
     while let Some(arg) = args.next() {
         let mut value = |name: &str| args.next().with_context(|| format!("{name} needs a value"));
         match arg.as_str() {
             "--config" => config = Some(PathBuf::from(value("--config")?)),
             "--model" => models.push(value("--model")?),
+            option if SKIP_OPTIONS.contains(&option) && command == "skip" => {
+                if skip.iter().any(|(name, _)| name == option) {
+                    bail!("{option} is given twice");
+                }
+                skip.push((option.to_string(), value(option)?));
+            }
             other => bail!("unknown argument {other:?}\n\n{USAGE}"),
         }
     }
-    Ok(Args { command, config: config.unwrap_or_else(|| PathBuf::from("config/parsley.toml")), models })
+    Ok(Args { command, config: config.unwrap_or_else(|| PathBuf::from("config/parsley.toml")), models, skip })
+}
+
+/// `skip`'s request from its options; the recorded "who" is `--by`, else the OS user.
+fn skip_request(args: &Args) -> anyhow::Result<SkipRequest> {
+    let option = |name: &str| {
+        args.skip
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+            .with_context(|| format!("skip needs {name}\n\n{USAGE}"))
+    };
+    let [model] = args.models.as_slice() else { bail!("skip needs exactly one --model\n\n{USAGE}") };
+    let partition = option("--partition")?;
+    let position = option("--position")?;
+    let os_user = ["USER", "LOGNAME", "USERNAME"].iter().find_map(|v| std::env::var(v).ok().filter(|u| !u.is_empty()));
+    Ok(SkipRequest {
+        model: model.clone(),
+        topic: option("--topic")?,
+        partition: partition.parse().with_context(|| format!("--partition {partition:?} is not a partition number"))?,
+        position: position.parse().with_context(|| format!("--position {position:?} is not a position"))?,
+        reason: option("--reason")?,
+        by: option("--by").ok().or(os_user).unwrap_or_else(|| "unknown".to_string()),
+    })
 }
 
 fn main() -> std::process::ExitCode {
@@ -64,6 +105,25 @@ async fn main_async() -> anyhow::Result<()> {
             let pool = connect(&config, false).await?;
             print_status(&pool, &args.models).await
         }
+        "skip" => {
+            let request = skip_request(&args)?;
+            let pool = connect(&config, false).await?;
+            let done = skip::skip(&config.kafka, &pool, &request).await?;
+            let found = match &done.found {
+                RecordFound::Read { .. } => "read from Kafka (its key and parsley.causes headers are recorded)",
+                RecordFound::Gone => "gone: retention removed it (recorded as such)",
+                RecordFound::Absent => "absent: no data record at that position (recorded as such)",
+            };
+            println!(
+                "skipped {} of model {} (task {}), refused {}; the record was {found}. The task runs again and \
+                 delivers it without effect.",
+                request.coordinate(),
+                request.model,
+                request.partition,
+                done.refusal_reason.as_deref().unwrap_or("?"),
+            );
+            Ok(())
+        }
         "migrate" => {
             let pool = connect(&config, false).await?;
             migrations::run(&pool).await?;
@@ -79,10 +139,11 @@ async fn connect(config: &Config, retry: bool) -> anyhow::Result<PgPool> {
     let url = config.database_url()?;
     let mut wait = Duration::from_millis(500);
     loop {
-        match parsley_infra::pg::connect(
+        match parsley_infra::pg::connect_bounded(
             url,
             config.database.max_connections,
-            Duration::from_millis(config.database.acquire_timeout_ms),
+            config.database.acquire_timeout(),
+            &config.database.session_bounds(),
         )
         .await
         {

@@ -1,10 +1,9 @@
 //! Refusals and failures through the real broker, each visible in the task's status:
 //! malformed metadata, metadata over budget, retention past unread positions, a recreated
-//! topic, a changed partition count, topics that are not co-partitioned — and a projection
-//! failure (not a refusal): the task fails on the bad record, retries it, never skips it.
+//! topic, a changed partition count, topics that are not co-partitioned. Records the
+//! projection rejects, and transient projection failures, are in `rejections.rs`.
 
 use parsley::refusal::RefusalReason;
-use parsley_projector::config::Apply;
 use parsley_projector::status::render;
 use parsley_projector::store::TaskStatusKind;
 use parsley_projector::task::StepOutcome;
@@ -179,36 +178,4 @@ async fn topics_that_are_not_co_partitioned_are_refused_with_a_clear_message() {
             && refusal.diagnosis.contains(&format!("{}=3", n.payments))
     );
     assert!(projector.tasks().is_empty());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_projection_failure_retries_the_same_record_and_never_skips_it() {
-    let n = Names::new("failing");
-    create_topics(&[&n.orders, &n.payments], 1).await;
-    let pool = pool().await;
-    let p = producer();
-    produce(&p, &n.orders, 0, "o1", Some(br#"{"ok":1}"#), None).await;
-    let bad_at = produce(&p, &n.orders, 0, "o2", Some(b"not json"), None).await;
-    produce(&p, &n.orders, 0, "o3", Some(br#"{"ok":3}"#), None).await;
-
-    let config = config(&n.model, &[(&n.orders, Apply::Replace), (&n.payments, Apply::Merge)]);
-    let mut projector = start(&config, &pool, Recording::new(&config)).await;
-    drive_until(&mut projector, "the task to fail repeatedly on the bad record", || async {
-        let r = report(&pool, &n.model).await;
-        let t = r.task(0).unwrap();
-        t.status == TaskStatusKind::Failing && t.failures >= 3
-    })
-    .await;
-    let r = report(&pool, &n.model).await;
-    let t = r.task(0).unwrap();
-    let error = t.last_error.clone().unwrap();
-    assert!(error.contains(&format!("{}/0@{bad_at}", n.orders)) && error.contains("not JSON"), "{error}");
-    assert!(!error.contains("not json"), "the payload must not appear in the status: {error}");
-    assert!(t.refusal.is_none(), "an application failure is not a refusal");
-    assert!(render(&r).contains("FAILING"));
-    assert!(document(&pool, &n.model, "o1").await.is_some(), "the record before the bad one commits");
-    assert_eq!(document(&pool, &n.model, "o3").await, None, "the bad record is never skipped");
-    assert_eq!(applied(&pool, &n.model).await.len(), 1);
-    let channel = t.channels.iter().find(|c| r.describe(&c.channel) == format!("{}/0", n.orders)).unwrap();
-    assert_eq!(channel.fed_up_to, Some(bad_at - 1), "the task stays on the bad record");
 }

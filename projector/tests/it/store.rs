@@ -23,6 +23,7 @@ fn data(i: u8) -> RecordData {
         value: if i.is_multiple_of(2) { Some(vec![i; 3]) } else { None },
         headers: vec![("h".into(), Some(vec![i])), ("null".into(), None)],
         timestamp_ms: Some(1_700_000_000_000 + i64::from(i)),
+        skipped: false,
     }
 }
 
