@@ -28,7 +28,7 @@ use tower_http::trace::TraceLayer;
 
 use crate::config::GatewayConfig;
 use crate::facts::KafkaFacts;
-use crate::metrics::{Metrics, METRICS};
+use crate::metrics::{Metric, Metrics, METRICS};
 use crate::notify::{self, ClockNotifier};
 use crate::problem::{ApiError, Problem};
 use crate::server::{self, ServerLimits};
@@ -197,7 +197,7 @@ pub fn catch_panics(
             .map(|s| s.to_string())
             .or_else(|| panic.downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "a panic without a message".to_string());
-        metrics.add("parsley_gateway_panics_total", &[], 1.0);
+        metrics.add(Metric::PanicsTotal, &[], 1.0);
         ApiError::Internal(anyhow::anyhow!("a request handler panicked: {message}")).into_response()
     })
 }
@@ -208,7 +208,7 @@ async fn limit_in_flight(State(state): State<AppState>, req: Request, next: Next
     match Arc::clone(&state.in_flight).try_acquire_owned() {
         Ok(_permit) => next.run(req).await,
         Err(_) => {
-            state.metrics.add("parsley_gateway_overloaded_total", &[("limit", "max_in_flight")], 1.0);
+            state.metrics.add(Metric::OverloadedTotal, &[("limit", "max_in_flight")], 1.0);
             ApiError::Overloaded {
                 detail: format!(
                     "{} requests are in flight (gateway.max_in_flight); retry later",
@@ -271,10 +271,10 @@ async fn observe(State(state): State<AppState>, req: Request, next: Next) -> Res
         }
     };
     let status = response.status();
-    state.metrics.add("parsley_gateway_requests_total", &[("route", &route), ("status", status.as_str())], 1.0);
-    state.metrics.observe("parsley_gateway_request_seconds", &[("route", &route)], started.elapsed().as_secs_f64());
+    state.metrics.add(Metric::RequestsTotal, &[("route", &route), ("status", status.as_str())], 1.0);
+    state.metrics.observe(Metric::RequestSeconds, &[("route", &route)], started.elapsed().as_secs_f64());
     if let Some(kind) = problem_kind(&response) {
-        state.metrics.add("parsley_gateway_problems_total", &[("type", &kind)], 1.0);
+        state.metrics.add(Metric::ProblemsTotal, &[("type", &kind)], 1.0);
     }
     response
 }
@@ -694,7 +694,7 @@ max_key_bytes = 16
         }
         let (status, _, _) = call_on(app(s.clone()), Method::GET, "/healthz", &[], "").await;
         assert_eq!(status, StatusCode::OK, "health is not limited");
-        assert_eq!(s.metrics.value("parsley_gateway_overloaded_total", &[("limit", "max_in_flight")]), Some(3.0));
+        assert_eq!(s.metrics.value(Metric::OverloadedTotal, &[("limit", "max_in_flight")]), Some(3.0));
         drop(held);
         problem_on(app(s), Method::GET, "/v1/models/nope/documents/k", &[], "", 404, "unknown-model").await;
     }
@@ -712,7 +712,7 @@ max_key_bytes = 16
         assert!(!p.to_string().contains("hunter2"), "the panic is logged, not shown: {p}");
         let (status, _, _) = call_on(router, Method::GET, "/fine", &[], "").await;
         assert_eq!(status, StatusCode::OK, "the service carries on");
-        assert_eq!(s.metrics.value("parsley_gateway_panics_total", &[]), Some(1.0));
+        assert_eq!(s.metrics.value(Metric::PanicsTotal, &[]), Some(1.0));
     }
 
     #[tokio::test]
@@ -738,12 +738,10 @@ max_key_bytes = 16
         let s = state();
         let req = axum::http::Request::builder().uri("/v1/models/nope/documents/k").body(Body::empty()).unwrap();
         let _ = app(s.clone()).oneshot(req).await.unwrap();
-        assert_eq!(s.metrics.value("parsley_gateway_problems_total", &[("type", "unknown-model")]), Some(1.0));
+        assert_eq!(s.metrics.value(Metric::ProblemsTotal, &[("type", "unknown-model")]), Some(1.0));
         assert_eq!(
-            s.metrics.value(
-                "parsley_gateway_requests_total",
-                &[("route", "/v1/models/{model}/documents/{key}"), ("status", "404")]
-            ),
+            s.metrics
+                .value(Metric::RequestsTotal, &[("route", "/v1/models/{model}/documents/{key}"), ("status", "404")]),
             Some(1.0)
         );
     }

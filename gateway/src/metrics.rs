@@ -1,73 +1,114 @@
-//! Prometheus metrics of the gateway: its metric list over the shared registry
-//! ([`parsley_infra::metrics`]), rendered at `/metrics` by the router.
+//! Prometheus metrics of the gateway: its metric names ([`Metric`], each declared once)
+//! over the shared registry ([`parsley_infra::metrics`]), whose exposition the router
+//! answers `/metrics` with.
 
 pub use parsley_infra::metrics::Kind;
 use parsley_infra::metrics::Registry;
 
-/// Every metric the gateway exports: name, kind, help.
-pub const METRICS: &[(&str, Kind, &str)] = &[
-    ("parsley_gateway_requests_total", Kind::Counter, "HTTP requests answered, by route and status."),
-    ("parsley_gateway_request_seconds", Kind::Histogram, "Time to answer an HTTP request, by route."),
-    ("parsley_gateway_problems_total", Kind::Counter, "Problem documents returned, by problem type."),
-    ("parsley_gateway_writes_total", Kind::Counter, "Records acknowledged by the broker, by topic."),
-    ("parsley_gateway_write_ack_seconds", Kind::Histogram, "Time from produce to acknowledgement."),
-    ("parsley_gateway_reads_total", Kind::Counter, "Gated reads served, by model and whether they had to wait."),
-    ("parsley_gateway_read_wait_seconds", Kind::Histogram, "Time a read waited for coverage (served or not)."),
-    ("parsley_gateway_not_covered_total", Kind::Counter, "Reads answered 503 not-yet-covered, by model."),
-    ("parsley_gateway_gate_checks_total", Kind::Counter, "Gate transactions run, by model."),
-    ("parsley_gateway_token_pairs_pruned_total", Kind::Counter, "Token pairs pruned, by reason."),
-    ("parsley_gateway_clock_notifications_total", Kind::Counter, "Clock notifications received."),
-    ("parsley_gateway_listener_reconnects_total", Kind::Counter, "Times the clock listener lost its connection."),
-    ("parsley_gateway_panics_total", Kind::Counter, "Request handlers that panicked (answered 500 internal)."),
-    (
-        "parsley_gateway_overloaded_total",
-        Kind::Counter,
-        "Requests refused 503 overloaded, by the limit reached (max_in_flight, max_waiting_reads).",
-    ),
-    (
-        "parsley_gateway_width_changed_total",
-        Kind::Counter,
-        "Writes refused 409 because the topic's partition count differs from a model's recorded width, by topic.",
-    ),
-];
+parsley_infra::metric_names! {
+    /// Every metric the gateway exports, each declared once: `Metric::RequestsTotal.name()` is
+    /// `parsley_gateway_requests_total`. Declaration order is the exposition order.
+    pub enum Metric {
+        RequestsTotal = ("parsley_gateway_requests_total", Counter, "HTTP requests answered, by route and status."),
+        RequestSeconds = ("parsley_gateway_request_seconds", Histogram, "Time to answer an HTTP request, by route."),
+        ProblemsTotal = ("parsley_gateway_problems_total", Counter, "Problem documents returned, by problem type."),
+        WritesTotal = ("parsley_gateway_writes_total", Counter, "Records acknowledged by the broker, by topic."),
+        WriteAckSeconds = ("parsley_gateway_write_ack_seconds", Histogram, "Time from produce to acknowledgement."),
+        ReadsTotal = (
+            "parsley_gateway_reads_total",
+            Counter,
+            "Gated reads served, by model and whether they had to wait.",
+        ),
+        ReadWaitSeconds = (
+            "parsley_gateway_read_wait_seconds",
+            Histogram,
+            "Time a read waited for coverage (served or not).",
+        ),
+        NotCoveredTotal = (
+            "parsley_gateway_not_covered_total",
+            Counter,
+            "Reads answered 503 not-yet-covered, by model.",
+        ),
+        GateChecksTotal = ("parsley_gateway_gate_checks_total", Counter, "Gate transactions run, by model."),
+        TokenPairsPrunedTotal = ("parsley_gateway_token_pairs_pruned_total", Counter, "Token pairs pruned, by reason."),
+        ClockNotificationsTotal = (
+            "parsley_gateway_clock_notifications_total",
+            Counter,
+            "Clock notifications received.",
+        ),
+        ListenerReconnectsTotal = (
+            "parsley_gateway_listener_reconnects_total",
+            Counter,
+            "Times the clock listener lost its connection.",
+        ),
+        PanicsTotal = (
+            "parsley_gateway_panics_total",
+            Counter,
+            "Request handlers that panicked (answered 500 internal).",
+        ),
+        OverloadedTotal = (
+            "parsley_gateway_overloaded_total",
+            Counter,
+            "Requests refused 503 overloaded, by the limit reached (max_in_flight, max_waiting_reads).",
+        ),
+        WidthChangedTotal = (
+            "parsley_gateway_width_changed_total",
+            Counter,
+            "Writes refused 409 because the topic's partition count differs from a model's recorded width, by topic.",
+        ),
+    }
+}
 
-/// The gateway's metrics: the shared registry, created with [`METRICS`]
+/// Every metric the gateway exports, in exposition order: what [`Metrics::new`] is given.
+pub const METRICS: &[Metric] = Metric::ALL;
+
+/// The gateway's metrics: the shared registry over [`Metric`], created with [`METRICS`]
 /// (`Metrics::new(METRICS)`) and shared through `Arc`.
-pub type Metrics = Registry;
+pub type Metrics = Registry<Metric>;
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Every metric the gateway's code names is declared (the registry renders only
-    /// declared metrics, so an undeclared name would be counted and never shown).
+    /// Names are unique and well formed, and every gateway histogram is a duration: the
+    /// registry picks a histogram's buckets by its name, and the gateway's always had the
+    /// seconds buckets.
     #[test]
-    fn every_metric_used_is_declared() {
-        let sources = [
-            include_str!("app.rs"),
-            include_str!("notify.rs"),
-            include_str!("ops.rs"),
-            include_str!("read.rs"),
-            include_str!("session.rs"),
-            include_str!("write.rs"),
-        ];
-        let mut used = 0;
-        for source in sources {
-            for (at, _) in source.match_indices("\"parsley_gateway_") {
-                let name = source[at + 1..].split('"').next().unwrap_or_default();
-                assert!(METRICS.iter().any(|(n, _, _)| *n == name), "{name} is used but not declared in METRICS");
-                used += 1;
-            }
+    fn the_declarations_are_well_formed() {
+        parsley_infra::metrics::check_declarations(METRICS, true).unwrap();
+        assert_eq!(METRICS, Metric::ALL, "every declared metric is exported");
+        for m in METRICS {
+            assert!(m.name().starts_with("parsley_gateway_"), "{m:?}");
         }
-        assert!(used >= METRICS.len(), "the scan found the names ({used})");
     }
 
-    /// The registry picks a histogram's buckets by its name; every gateway histogram is a
-    /// duration, with the seconds buckets it always had.
+    /// The exposition lists every declared metric, with its kind and help.
     #[test]
-    fn histograms_are_durations() {
-        for (name, kind, _) in METRICS {
-            assert!(*kind != Kind::Histogram || name.ends_with("_seconds"), "{name}");
+    fn the_exposition_lists_every_declared_metric() {
+        let text = Metrics::new(METRICS).render();
+        for m in Metric::ALL {
+            let (name, kind, help) = (m.name(), m.kind().as_str(), m.help());
+            assert!(text.contains(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n")), "{name}:\n{text}");
         }
+        assert_eq!(text.lines().filter(|l| l.starts_with("# TYPE ")).count(), Metric::ALL.len());
+    }
+
+    /// docs/gateway.md's metrics paragraph names exactly the declared metrics.
+    #[test]
+    fn the_documented_metrics_are_the_declared_ones() {
+        let doc = include_str!("../../docs/gateway.md");
+        let paragraph = doc.split("- **Metrics**:").nth(1).expect("the metrics paragraph");
+        let paragraph = paragraph.split("\n- **").next().unwrap_or_default();
+        let mut documented: Vec<&str> = paragraph
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(|code| code.split('{').next().unwrap_or_default())
+            .filter(|code| code.starts_with("parsley_gateway_"))
+            .collect();
+        let mut declared: Vec<&str> = Metric::ALL.iter().map(|m| m.name()).collect();
+        documented.sort_unstable();
+        declared.sort_unstable();
+        assert_eq!(documented, declared, "docs/gateway.md's metric list");
     }
 }

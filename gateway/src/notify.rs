@@ -13,7 +13,7 @@ use sqlx::postgres::PgListener;
 use sqlx::PgPool;
 use tokio::sync::watch;
 
-use crate::metrics::Metrics;
+use crate::metrics::{Metric, Metrics};
 
 /// Per-model wake-up counters.
 #[derive(Debug)]
@@ -101,18 +101,18 @@ pub async fn listen(
             };
             match next {
                 Ok(Some(n)) => {
-                    metrics.add("parsley_gateway_clock_notifications_total", &[], 1.0);
+                    metrics.add(Metric::ClockNotificationsTotal, &[], 1.0);
                     notifier.notified(n.payload());
                 }
                 Ok(None) => {
                     // The connection was lost and re-established: notifications in between
                     // are gone.
-                    metrics.add("parsley_gateway_listener_reconnects_total", &[], 1.0);
+                    metrics.add(Metric::ListenerReconnectsTotal, &[], 1.0);
                     tracing::warn!("clock listener reconnected; re-checking every waiting read");
                     notifier.wake_all();
                 }
                 Err(e) => {
-                    metrics.add("parsley_gateway_listener_reconnects_total", &[], 1.0);
+                    metrics.add(Metric::ListenerReconnectsTotal, &[], 1.0);
                     tracing::warn!(error = %e, "clock listener failed; reconnecting");
                     notifier.wake_all();
                     break;

@@ -76,7 +76,8 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
 }
 
 pub async fn metrics(State(state): State<AppState>) -> Response {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render()).into_response()
+    let exposition = state.metrics.exposition();
+    ([(header::CONTENT_TYPE, exposition.content_type)], exposition.body).into_response()
 }
 
 /// Every configured model's report, read in one read-only snapshot from SQL aggregates: no

@@ -35,6 +35,7 @@ use sqlx::{Postgres, Row as _, Transaction};
 
 use crate::app::AppState;
 use crate::database;
+use crate::metrics::Metric;
 use crate::problem::{ApiError, Problem};
 use crate::session::{self, SESSION_HEADER};
 
@@ -229,21 +230,13 @@ async fn gated_read(
     let mut waiting = None;
     loop {
         woken.borrow_and_update();
-        state.metrics.add("parsley_gateway_gate_checks_total", &[("model", &model.name)], 1.0);
+        state.metrics.add(Metric::GateChecksTotal, &[("model", &model.name)], 1.0);
         match attempt(state, model, &target, &demand, &token).await? {
             Ok(served) => {
                 let waited = started.elapsed();
-                state.metrics.observe(
-                    "parsley_gateway_read_wait_seconds",
-                    &[("model", &model.name)],
-                    waited.as_secs_f64(),
-                );
+                state.metrics.observe(Metric::ReadWaitSeconds, &[("model", &model.name)], waited.as_secs_f64());
                 let waited_label = if waited > Duration::from_millis(1) { "yes" } else { "no" };
-                state.metrics.add(
-                    "parsley_gateway_reads_total",
-                    &[("model", &model.name), ("waited", waited_label)],
-                    1.0,
-                );
+                state.metrics.add(Metric::ReadsTotal, &[("model", &model.name), ("waited", waited_label)], 1.0);
                 let token = session::reseal(state, &caller, served.refreshed, now)?;
                 return Ok(respond(&target, served.body, token));
             }
@@ -263,7 +256,7 @@ async fn gated_read(
                 }
                 if waiting.is_none() {
                     waiting = Some(state.wait_slot(&model.name).ok_or_else(|| {
-                        state.metrics.add("parsley_gateway_overloaded_total", &[("limit", "max_waiting_reads")], 1.0);
+                        state.metrics.add(Metric::OverloadedTotal, &[("limit", "max_waiting_reads")], 1.0);
                         ApiError::Overloaded {
                             detail: format!(
                                 "{} reads of model {:?} are already waiting for the projector (gateway.max_waiting_reads); retry later",
@@ -275,9 +268,9 @@ async fn gated_read(
                 }
                 let now_i = Instant::now();
                 if now_i >= deadline {
-                    state.metrics.add("parsley_gateway_not_covered_total", &[("model", &model.name)], 1.0);
+                    state.metrics.add(Metric::NotCoveredTotal, &[("model", &model.name)], 1.0);
                     state.metrics.observe(
-                        "parsley_gateway_read_wait_seconds",
+                        Metric::ReadWaitSeconds,
                         &[("model", &model.name)],
                         started.elapsed().as_secs_f64(),
                     );
@@ -448,7 +441,7 @@ async fn discarded(state: &AppState, uncovered: &Uncovered) -> Vec<Discarded> {
         if let Some((from_token, why)) = found {
             out.push(Discarded { channel: gap.channel, from_token });
             if from_token {
-                state.metrics.add("parsley_gateway_token_pairs_pruned_total", &[("reason", why)], 1.0);
+                state.metrics.add(Metric::TokenPairsPrunedTotal, &[("reason", why)], 1.0);
             }
         }
     }

@@ -10,6 +10,7 @@ use axum::http::{HeaderMap, HeaderValue};
 use parsley::{CausalPast, ChannelId, Position};
 
 use crate::app::AppState;
+use crate::metrics::Metric;
 use crate::problem::ApiError;
 use crate::token::{self, Session, TokenError};
 
@@ -108,7 +109,7 @@ pub async fn sanitize(state: &AppState, past: &CausalPast) -> Result<CausalPast,
         return Ok(past.clone());
     }
     for (channel, why) in &pruned {
-        state.metrics.add("parsley_gateway_token_pairs_pruned_total", &[("reason", why)], 1.0);
+        state.metrics.add(Metric::TokenPairsPrunedTotal, &[("reason", why)], 1.0);
         tracing::debug!(%channel, reason = why, "token pair pruned");
     }
     Ok(past.clone().retain(|c, _| !pruned.iter().any(|(p, _)| *p == c)))

@@ -28,6 +28,7 @@ use crate::app::AppState;
 use crate::body::{self, WriteBody};
 use crate::database;
 use crate::facts::TopicFact;
+use crate::metrics::Metric;
 use crate::problem::ApiError;
 use crate::session::{self, kafka_unavailable, SESSION_HEADER};
 
@@ -93,12 +94,12 @@ pub async fn post_record(
         .send(record, Timeout::After(settings.produce_timeout()))
         .await
         .map_err(|(e, _)| write_failed(&state, &topic, e))?;
-    state.metrics.observe("parsley_gateway_write_ack_seconds", &[], started.elapsed().as_secs_f64());
+    state.metrics.observe(Metric::WriteAckSeconds, &[], started.elapsed().as_secs_f64());
     let partition = u32::try_from(delivery.partition)
         .map_err(|_| ApiError::Internal(anyhow::anyhow!("the broker acknowledged partition {}", delivery.partition)))?;
     let channel = ChannelId::new(fact.id, partition);
     state.facts.note_acknowledged(channel, delivery.offset);
-    state.metrics.add("parsley_gateway_writes_total", &[("topic", &topic)], 1.0);
+    state.metrics.add(Metric::WritesTotal, &[("topic", &topic)], 1.0);
     let expected = partition_for_key(key.as_bytes(), fact.partitions);
     if expected != partition {
         // The producer saw another partition count than the cache: the topic may have
@@ -146,7 +147,7 @@ async fn check_width(state: &AppState, fact: TopicFact, written: Option<(u32, i6
     match mismatch(&fact, &state.widths) {
         None => Ok(fact),
         Some((model, task_count)) => {
-            state.metrics.add("parsley_gateway_width_changed_total", &[("topic", &fact.name)], 1.0);
+            state.metrics.add(Metric::WidthChangedTotal, &[("topic", &fact.name)], 1.0);
             tracing::warn!(topic = %fact.name, partitions = fact.partitions, model, task_count, ?written, "write to a topic whose width changed");
             Err(ApiError::WidthChanged { topic: fact.name, partitions: fact.partitions, model, task_count, written })
         }

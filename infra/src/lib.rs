@@ -10,8 +10,9 @@
 //!   — the other module allowed to use `unsafe`.
 //! - [`pg`]: the Postgres pool, every session bounded (lock, statement and idle-in-transaction
 //!   timeouts, server keepalives).
-//! - [`metrics`]: the Prometheus registry both services export (each with its own metric
-//!   list), rendered in the text exposition format.
+//! - [`metrics`]: the Prometheus registry both services export (each declares its metric
+//!   names once, as an enum, with [`metric_names!`]), rendered in the text exposition
+//!   format, and the bare `GET /metrics` listener.
 //! - [`process`]: the binaries' start-up scaffolding (logging, runtime, shutdown signal).
 //! - `testing` (feature `test-support`, tests only): the integration tests' helpers for the
 //!   real services — environment, unique names, topics, producers.

@@ -1,12 +1,23 @@
 //! A small Prometheus registry rendered in the text exposition format (version 0.0.4),
-//! shared by the projector and the gateway: each service passes its own list of metric
-//! definitions and keeps a thin `Metrics` wrapper over [`Registry`]. Hand-rolled to keep the
-//! dependency tree lean (see docs/DECISIONS.md); updates happen a few times per step or
-//! request, not per record, so one mutex is plenty.
+//! shared by the projector and the gateway, and the one `GET /metrics` answer both serve.
+//!
+//! Metric names are types: each service declares its metrics once with [`metric_names!`]
+//! (an enum whose variants carry name, kind and help), and the registry's updates take that
+//! enum, so a misspelt metric fails to compile instead of counting a series nobody renders.
+//! Hand-rolled to keep the dependency tree lean (see docs/DECISIONS.md); updates happen a few
+//! times per step or request, not per record, so one mutex is plenty.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::marker::PhantomData;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -16,7 +27,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    fn as_str(&self) -> &'static str {
+    pub fn as_str(&self) -> &'static str {
         match self {
             Kind::Counter => "counter",
             Kind::Gauge => "gauge",
@@ -25,9 +36,101 @@ impl Kind {
     }
 }
 
-/// One metric a service exports: name, kind, help. A histogram's buckets follow from its
-/// name (see [`Registry::observe`]).
-pub type Definition = (&'static str, Kind, &'static str);
+/// A service's metric names: implemented by the enum [`metric_names!`] declares. `name`,
+/// `kind` and `help` are what the exposition says about the metric.
+pub trait MetricName: Copy + Eq + std::fmt::Debug + Send + Sync + 'static {
+    fn name(self) -> &'static str;
+    fn kind(self) -> Kind;
+    fn help(self) -> &'static str;
+}
+
+/// Declares a service's metrics, each once: an enum whose variants are the metrics, with
+/// `ALL` (declaration order, which is the exposition order), `name()`, `kind()` and `help()`,
+/// and [`MetricName`] for the registry.
+///
+/// ```
+/// parsley_infra::metric_names! {
+///     /// The metrics of an example service.
+///     pub enum Metric {
+///         /// Requests answered.
+///         RequestsTotal = ("example_requests_total", Counter, "Requests answered."),
+///     }
+/// }
+/// assert_eq!(Metric::RequestsTotal.name(), "example_requests_total");
+/// assert_eq!(Metric::ALL, &[Metric::RequestsTotal]);
+/// ```
+#[macro_export]
+macro_rules! metric_names {
+    (
+        $(#[$meta:meta])*
+        $vis:vis enum $Enum:ident {
+            $( $(#[$vmeta:meta])* $Variant:ident = ($name:literal, $kind:ident, $help:literal $(,)?) ),* $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        $vis enum $Enum {
+            $( $(#[$vmeta])* $Variant ),*
+        }
+
+        impl $Enum {
+            /// Every metric, in declaration order (the exposition's order).
+            pub const ALL: &'static [$Enum] = &[ $( $Enum::$Variant ),* ];
+
+            /// The exposition name.
+            pub const fn name(self) -> &'static str {
+                match self { $( $Enum::$Variant => $name ),* }
+            }
+
+            pub const fn kind(self) -> $crate::metrics::Kind {
+                match self { $( $Enum::$Variant => $crate::metrics::Kind::$kind ),* }
+            }
+
+            /// The exposition's `# HELP` text.
+            pub const fn help(self) -> &'static str {
+                match self { $( $Enum::$Variant => $help ),* }
+            }
+        }
+
+        impl $crate::metrics::MetricName for $Enum {
+            fn name(self) -> &'static str {
+                $Enum::name(self)
+            }
+            fn kind(self) -> $crate::metrics::Kind {
+                $Enum::kind(self)
+            }
+            fn help(self) -> &'static str {
+                $Enum::help(self)
+            }
+        }
+    };
+}
+
+/// What is wrong with a service's declarations, if anything: a name declared twice, a name
+/// that is not a Prometheus metric name, or a histogram whose buckets its name does not pick
+/// as intended (`expect_seconds`: every histogram must be a duration). For each service's
+/// tests.
+pub fn check_declarations<M: MetricName>(all: &[M], expect_seconds: bool) -> Result<(), String> {
+    let mut seen = std::collections::BTreeSet::new();
+    for m in all {
+        let name = m.name();
+        if !seen.insert(name) {
+            return Err(format!("{name} is declared twice"));
+        }
+        let valid = name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid {
+            return Err(format!("{name:?} is not a metric name"));
+        }
+        if m.help().is_empty() {
+            return Err(format!("{name} has no help text"));
+        }
+        if expect_seconds && m.kind() == Kind::Histogram && !name.ends_with("_seconds") {
+            return Err(format!("{name} is a histogram but not a duration (…_seconds)"));
+        }
+    }
+    Ok(())
+}
 
 const SECONDS_BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
 const RECORDS_BUCKETS: &[f64] = &[1.0, 10.0, 100.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0];
@@ -57,11 +160,12 @@ struct Series {
     histograms: BTreeMap<(&'static str, String), Histogram>,
 }
 
-/// The metrics of one service: the series of the metrics in its definition list.
+/// The metrics of one service: the series of the metrics `M` it exports.
 #[derive(Debug)]
-pub struct Registry {
-    definitions: &'static [Definition],
+pub struct Registry<M: MetricName> {
+    exported: &'static [M],
     series: Mutex<Series>,
+    _names: PhantomData<M>,
 }
 
 fn labels(pairs: &[(&str, &str)]) -> String {
@@ -76,11 +180,21 @@ fn labels(pairs: &[(&str, &str)]) -> String {
     out
 }
 
-impl Registry {
-    /// An empty registry exporting `definitions`, in that order, ready to share between
-    /// tasks. Updates to a name not in the list are kept but never rendered.
-    pub fn new(definitions: &'static [Definition]) -> Arc<Registry> {
-        Arc::new(Registry { definitions, series: Mutex::default() })
+/// The `Content-Type` of the text exposition format.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4";
+
+/// The answer to `GET /metrics`: what both services serve, on their own routes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Exposition {
+    pub content_type: &'static str,
+    pub body: String,
+}
+
+impl<M: MetricName> Registry<M> {
+    /// An empty registry exporting `exported` (normally every metric, `M::ALL`), in that
+    /// order, ready to share between tasks.
+    pub fn new(exported: &'static [M]) -> Arc<Registry<M>> {
+        Arc::new(Registry { exported, series: Mutex::default(), _names: PhantomData })
     }
 
     fn lock(&self) -> MutexGuard<'_, Series> {
@@ -89,18 +203,19 @@ impl Registry {
     }
 
     /// Adds `v` to a counter (or gauge).
-    pub fn add(&self, name: &'static str, l: &[(&str, &str)], v: f64) {
-        *self.lock().values.entry((name, labels(l))).or_insert(0.0) += v;
+    pub fn add(&self, metric: M, l: &[(&str, &str)], v: f64) {
+        *self.lock().values.entry((metric.name(), labels(l))).or_insert(0.0) += v;
     }
 
     /// Sets a gauge to `v`.
-    pub fn set(&self, name: &'static str, l: &[(&str, &str)], v: f64) {
-        self.lock().values.insert((name, labels(l)), v);
+    pub fn set(&self, metric: M, l: &[(&str, &str)], v: f64) {
+        self.lock().values.insert((metric.name(), labels(l)), v);
     }
 
     /// Records `v` in a histogram: seconds buckets for a name ending in `_seconds`, records
     /// buckets otherwise.
-    pub fn observe(&self, name: &'static str, l: &[(&str, &str)], v: f64) {
+    pub fn observe(&self, metric: M, l: &[(&str, &str)], v: f64) {
+        let name = metric.name();
         let buckets = buckets_of(name);
         let mut r = self.lock();
         let h = r
@@ -117,20 +232,21 @@ impl Registry {
     }
 
     /// The current value of a counter or gauge (tests, status).
-    pub fn value(&self, name: &'static str, l: &[(&str, &str)]) -> Option<f64> {
-        self.lock().values.get(&(name, labels(l))).copied()
+    pub fn value(&self, metric: M, l: &[(&str, &str)]) -> Option<f64> {
+        self.lock().values.get(&(metric.name(), labels(l))).copied()
     }
 
     /// The text exposition format, version 0.0.4.
     pub fn render(&self) -> String {
         let r = self.lock();
         let mut out = String::new();
-        for (name, kind, help) in self.definitions {
+        for metric in self.exported {
+            let (name, kind, help) = (metric.name(), metric.kind(), metric.help());
             let _ = writeln!(out, "# HELP {name} {help}");
             let _ = writeln!(out, "# TYPE {name} {}", kind.as_str());
-            if *kind == Kind::Histogram {
-                for ((n, l), h) in r.histograms.range((*name, String::new())..) {
-                    if n != name {
+            if kind == Kind::Histogram {
+                for ((n, l), h) in r.histograms.range((name, String::new())..) {
+                    if *n != name {
                         break;
                     }
                     let sep = if l.is_empty() { "" } else { "," };
@@ -142,8 +258,8 @@ impl Registry {
                     let _ = writeln!(out, "{name}_count{{{l}}} {}", h.count);
                 }
             } else {
-                for ((n, l), v) in r.values.range((*name, String::new())..) {
-                    if n != name {
+                for ((n, l), v) in r.values.range((name, String::new())..) {
+                    if *n != name {
                         break;
                     }
                     let _ = writeln!(out, "{name}{{{l}}} {v}");
@@ -152,35 +268,86 @@ impl Registry {
         }
         out
     }
+
+    /// The answer to `GET /metrics`: the text exposition and its content type. The
+    /// gateway's router and [`serve`] both answer with it.
+    pub fn exposition(&self) -> Exposition {
+        Exposition { content_type: CONTENT_TYPE, body: self.render() }
+    }
+}
+
+/// Serves `GET /metrics` (and nothing else: `404`) on a bare HTTP/1.1 listener until
+/// `shutdown` turns true: the projector's endpoint, for a process that has no router.
+pub async fn serve<M: MetricName>(
+    listener: TcpListener,
+    registry: Arc<Registry<M>>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let accepted = tokio::select! {
+            _ = shutdown.wait_for(|stop| *stop) => return,
+            a = listener.accept() => a,
+        };
+        let Ok((mut socket, _)) = accepted else { continue };
+        let registry = Arc::clone(&registry);
+        tokio::spawn(async move {
+            let mut buf = [0u8; 2048];
+            let n = match tokio::time::timeout(Duration::from_secs(5), socket.read(&mut buf)).await {
+                Ok(Ok(n)) => n,
+                _ => return,
+            };
+            let request = String::from_utf8_lossy(&buf[..n]);
+            let response = if request.starts_with("GET /metrics ") || request.starts_with("GET /metrics?") {
+                let Exposition { content_type, body } = registry.exposition();
+                format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+            } else {
+                "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_string()
+            };
+            let _ = socket.write_all(response.as_bytes()).await;
+            let _ = socket.shutdown().await;
+        });
+    }
+}
+
+/// Binds `address` for [`serve`].
+pub async fn bind(address: &str) -> anyhow::Result<(TcpListener, SocketAddr)> {
+    let listener =
+        TcpListener::bind(address).await.with_context(|| format!("binding the metrics address {address}"))?;
+    let local = listener.local_addr().context("reading the metrics address")?;
+    Ok((listener, local))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const DEFINITIONS: &[Definition] = &[
-        ("t_requests_total", Kind::Counter, "Requests answered, by route and status."),
-        ("t_held_records", Kind::Gauge, "Records held."),
-        ("t_wait_seconds", Kind::Histogram, "Time waited."),
-        ("t_step_records", Kind::Histogram, "Records per step."),
-    ];
+    crate::metric_names! {
+        enum T {
+            Requests = ("t_requests_total", Counter, "Requests answered, by route and status."),
+            Held = ("t_held_records", Gauge, "Records held."),
+            Wait = ("t_wait_seconds", Histogram, "Time waited."),
+            StepRecords = ("t_step_records", Histogram, "Records per step."),
+        }
+    }
 
     /// The exact text the projector's and the gateway's own registries rendered for these
     /// updates before they were merged here: the services' `/metrics` output must not change.
     #[test]
     fn renders_every_kind_byte_for_byte() {
-        let m = Registry::new(DEFINITIONS);
-        m.add("t_requests_total", &[("route", "/a"), ("status", "200")], 1.0);
-        m.add("t_requests_total", &[("route", "/a"), ("status", "200")], 2.0);
-        m.add("t_requests_total", &[("route", "q\"\\\n")], 1.0);
-        m.set("t_held_records", &[("task", "0")], 3.0);
-        m.set("t_held_records", &[("task", "0")], 5.0);
-        m.add("t_held_records", &[("task", "1")], 1.5);
-        m.observe("t_wait_seconds", &[("route", "/a")], 0.003);
-        m.observe("t_wait_seconds", &[("route", "/a")], 12.0);
-        m.observe("t_step_records", &[], 42.0);
-        m.observe("t_step_records", &[], 1.0);
-        m.add("t_undeclared_total", &[], 1.0);
+        let m = Registry::new(T::ALL);
+        m.add(T::Requests, &[("route", "/a"), ("status", "200")], 1.0);
+        m.add(T::Requests, &[("route", "/a"), ("status", "200")], 2.0);
+        m.add(T::Requests, &[("route", "q\"\\\n")], 1.0);
+        m.set(T::Held, &[("task", "0")], 3.0);
+        m.set(T::Held, &[("task", "0")], 5.0);
+        m.add(T::Held, &[("task", "1")], 1.5);
+        m.observe(T::Wait, &[("route", "/a")], 0.003);
+        m.observe(T::Wait, &[("route", "/a")], 12.0);
+        m.observe(T::StepRecords, &[], 42.0);
+        m.observe(T::StepRecords, &[], 1.0);
         let expected = r#"# HELP t_requests_total Requests answered, by route and status.
 # TYPE t_requests_total counter
 t_requests_total{route="/a",status="200"} 3
@@ -222,8 +389,53 @@ t_step_records_sum{} 43
 t_step_records_count{} 2
 "#;
         assert_eq!(m.render(), expected);
-        assert_eq!(m.value("t_requests_total", &[("route", "/a"), ("status", "200")]), Some(3.0));
-        assert_eq!(m.value("t_held_records", &[("task", "0")]), Some(5.0));
-        assert_eq!(m.value("t_held_records", &[("task", "2")]), None);
+        assert_eq!(m.value(T::Requests, &[("route", "/a"), ("status", "200")]), Some(3.0));
+        assert_eq!(m.value(T::Held, &[("task", "0")]), Some(5.0));
+        assert_eq!(m.value(T::Held, &[("task", "2")]), None);
+    }
+
+    /// Only the exported metrics are rendered, in the order given.
+    #[test]
+    fn renders_the_exported_metrics_in_their_order() {
+        let m = Registry::new(&[T::Held, T::Requests]);
+        m.add(T::Requests, &[], 1.0);
+        m.observe(T::Wait, &[], 1.0);
+        let text = m.render();
+        let types: Vec<&str> = text.lines().filter(|l| l.starts_with("# TYPE")).collect();
+        assert_eq!(types, ["# TYPE t_held_records gauge", "# TYPE t_requests_total counter"]);
+        assert!(!text.contains("t_wait_seconds"), "{text}");
+        assert_eq!(m.exposition(), Exposition { content_type: CONTENT_TYPE, body: text });
+    }
+
+    #[test]
+    fn declarations_are_checked() {
+        assert_eq!(check_declarations(T::ALL, false), Ok(()));
+        let err = check_declarations(T::ALL, true).unwrap_err();
+        assert!(err.contains("t_step_records"), "{err}");
+        let err = check_declarations(&[T::Held, T::Held], false).unwrap_err();
+        assert!(err.contains("declared twice"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn serves_metrics_over_http() {
+        let m = Registry::new(T::ALL);
+        m.add(T::Requests, &[("model", "m"), ("task", "0")], 1.0);
+        let (listener, addr) = bind("127.0.0.1:0").await.unwrap();
+        let (tx, rx) = watch::channel(false);
+        let server = tokio::spawn(serve(listener, Arc::clone(&m), rx));
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).await.unwrap();
+        assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
+        assert!(body.contains("Content-Type: text/plain; version=0.0.4\r\n"), "{body}");
+        assert!(body.contains("t_requests_total{model=\"m\",task=\"0\"} 1"));
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /nope HTTP/1.1\r\n\r\n").await.unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).await.unwrap();
+        assert!(body.starts_with("HTTP/1.1 404"), "{body}");
+        tx.send(true).unwrap();
+        server.await.unwrap();
     }
 }

@@ -19,7 +19,7 @@ use tokio::sync::watch;
 
 use crate::config::{Config, InitialPosition, KafkaConfig, ModelConfig, OnRejected};
 use crate::kafka;
-use crate::metrics::Metrics;
+use crate::metrics::{Metric, Metrics};
 use crate::projection::Projection;
 use crate::store;
 use crate::task::{RunnerSpec, StepOutcome, TaskRunner, TaskState};
@@ -319,7 +319,7 @@ async fn supervise<P: Projection>(first: TaskRunner<P>, mut shutdown: watch::Rec
             Ok(RunEnded::Shutdown) => return,
             Ok(RunEnded::RefusalLifted) => {
                 // The new runner sets it again if the refusal recurs.
-                spec.metrics.set("parsley_projector_task_refused", &labels, 0.0);
+                spec.metrics.set(Metric::TaskRefused, &labels, 0.0);
                 continue;
             }
             Ok(RunEnded::StartFailed(e)) => {
@@ -335,9 +335,9 @@ async fn supervise<P: Projection>(first: TaskRunner<P>, mut shutdown: watch::Rec
                 let wait = spec.plan.initial_backoff.saturating_mul(1 << shift).min(spec.plan.max_backoff);
                 tracing::error!(model = %model, task, panics = n, retry_in_ms = wait.as_millis() as u64,
                     error = %message, "task runner panicked; starting it again after the backoff");
-                spec.metrics.add("parsley_projector_panics_total", &labels, 1.0);
-                spec.metrics.add("parsley_projector_failures_total", &labels, 1.0);
-                spec.metrics.set("parsley_projector_task_failing", &labels, 1.0);
+                spec.metrics.add(Metric::PanicsTotal, &labels, 1.0);
+                spec.metrics.add(Metric::FailuresTotal, &labels, 1.0);
+                spec.metrics.set(Metric::TaskFailing, &labels, 1.0);
                 let at = epoch.load(Ordering::SeqCst);
                 if let Err(e) = store::record_failure(&spec.pool, &model, task, at, &message).await {
                     tracing::warn!(model = %model, task, error = %format!("{e:#}"), "could not record the panic");

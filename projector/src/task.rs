@@ -25,7 +25,7 @@ use sqlx::{PgConnection, PgPool};
 
 use crate::config::{InitialPosition, OnRejected};
 use crate::kafka;
-use crate::metrics::Metrics;
+use crate::metrics::{Metric, Metrics};
 use crate::model::ModelPlan;
 use crate::projection::{Delivered, Projection, ProjectionError, StepContext};
 use crate::record::{self, Consumed, RecordData};
@@ -286,14 +286,14 @@ impl<P: Projection> TaskRunner<P> {
         labels(&self.plan, &self.task.to_string())
     }
 
-    fn metric_add(&self, name: &'static str, v: f64) {
+    fn metric_add(&self, metric: Metric, v: f64) {
         let l = self.label_values();
-        self.metrics.add(name, &[(l[0].0, &l[0].1), (l[1].0, &l[1].1)], v);
+        self.metrics.add(metric, &[(l[0].0, &l[0].1), (l[1].0, &l[1].1)], v);
     }
 
-    fn metric_set(&self, name: &'static str, v: f64) {
+    fn metric_set(&self, metric: Metric, v: f64) {
         let l = self.label_values();
-        self.metrics.set(name, &[(l[0].0, &l[0].1), (l[1].0, &l[1].1)], v);
+        self.metrics.set(metric, &[(l[0].0, &l[0].1), (l[1].0, &l[1].1)], v);
     }
 
     fn become_refused(&mut self, refusal: Refusal) {
@@ -302,15 +302,15 @@ impl<P: Projection> TaskRunner<P> {
             channel = ?refusal.channel.map(|c| self.plan.describe(&c)), position = ?refusal.position,
             diagnosis = %refusal.diagnosis, "task refused"
         );
-        self.metric_set("parsley_projector_task_refused", 1.0);
-        self.metric_set("parsley_projector_task_failing", 0.0);
+        self.metric_set(Metric::TaskRefused, 1.0);
+        self.metric_set(Metric::TaskFailing, 0.0);
         self.consumer = None;
         self.state = TaskState::Refused(refusal);
     }
 
     fn become_fenced(&mut self) {
         tracing::warn!(model = %self.plan.name, task = self.task, epoch = self.epoch, "another owner took the task; stopping it here");
-        self.metric_add("parsley_projector_fenced_total", 1.0);
+        self.metric_add(Metric::FencedTotal, 1.0);
         self.consumer = None;
         self.state = TaskState::Fenced;
     }
@@ -411,7 +411,7 @@ impl<P: Projection> TaskRunner<P> {
     fn metric_reason(&self, refusal: &Refusal) {
         let l = self.label_values();
         self.metrics.add(
-            "parsley_projector_refusals_total",
+            Metric::RefusalsTotal,
             &[(l[0].0, &l[0].1), (l[1].0, &l[1].1), ("reason", refusal.reason.as_str())],
             1.0,
         );
@@ -461,11 +461,11 @@ impl<P: Projection> TaskRunner<P> {
                 return self.fail(e, &[]).await;
             }
         } else if let Some(holding) = self.log_start_check_due() {
-            self.metric_add("parsley_projector_log_start_checks_total", 1.0);
+            self.metric_add(Metric::LogStartChecksTotal, 1.0);
             if let Err(e) = self.observe_log_starts(&holding).await {
                 // Not a failed step: nothing was fed, and the next check comes an interval
                 // later (a broker that cannot answer would stall every step otherwise).
-                self.metric_add("parsley_projector_kafka_errors_total", 1.0);
+                self.metric_add(Metric::KafkaErrorsTotal, 1.0);
                 tracing::warn!(model = %self.plan.name, task = self.task, error = %format!("{e:#}"),
                     "the periodic log-start check failed; trying again after the interval");
             }
@@ -507,7 +507,7 @@ impl<P: Projection> TaskRunner<P> {
                 Err(_) => break,
                 Ok(Ok(message)) => batch.push(Consumed::from_message(&message)),
                 Ok(Err(e)) => {
-                    self.metric_add("parsley_projector_kafka_errors_total", 1.0);
+                    self.metric_add(Metric::KafkaErrorsTotal, 1.0);
                     if let KafkaError::MessageConsumption(
                         RDKafkaErrorCode::AutoOffsetReset | RDKafkaErrorCode::OffsetOutOfRange,
                     ) = e
@@ -576,13 +576,13 @@ impl<P: Projection> TaskRunner<P> {
         let counts = match kafka::partition_counts(&consumer, names, self.plan.kafka_timeout()).await {
             Ok(counts) => counts,
             Err(e) => {
-                self.metric_add("parsley_projector_kafka_errors_total", 1.0);
+                self.metric_add(Metric::KafkaErrorsTotal, 1.0);
                 tracing::warn!(model = %self.plan.name, task = self.task, error = %format!("{e:#}"),
                     "the periodic width check failed; trying again after the interval");
                 return;
             }
         };
-        self.metric_add("parsley_projector_width_checks_total", 1.0);
+        self.metric_add(Metric::WidthChecksTotal, 1.0);
         for (topic, count) in self.plan.topics.iter().zip(counts) {
             let Some(count) = count else { continue };
             if let Err(r) = check_task_width(Some(self.plan.task_count), count) {
@@ -602,7 +602,7 @@ impl<P: Projection> TaskRunner<P> {
         let positions = match consumer.position() {
             Ok(p) => p,
             Err(e) => {
-                self.metric_add("parsley_projector_kafka_errors_total", 1.0);
+                self.metric_add(Metric::KafkaErrorsTotal, 1.0);
                 tracing::warn!(model = %self.plan.name, task = self.task, error = %e, "reading the consumer's position failed");
                 return false;
             }
@@ -650,23 +650,23 @@ impl<P: Projection> TaskRunner<P> {
         let learned = match kafka::upstream_facts(&consumer, upstream, self.plan.kafka_timeout()).await {
             Ok(learned) => learned,
             Err(e) => {
-                self.metric_add("parsley_projector_kafka_errors_total", 1.0);
+                self.metric_add(Metric::KafkaErrorsTotal, 1.0);
                 tracing::warn!(model = %self.plan.name, task = self.task, error = %format!("{e:#}"),
                     "learning the facts of upstream channels failed; pruning again after the interval");
                 return false;
             }
         };
         if !learned.errors.is_empty() {
-            self.metric_add("parsley_projector_kafka_errors_total", learned.errors.len() as f64);
+            self.metric_add(Metric::KafkaErrorsTotal, learned.errors.len() as f64);
             tracing::warn!(model = %self.plan.name, task = self.task, errors = ?learned.errors,
                 "some upstream facts are unknown; their pairs are kept until a later prune");
         }
-        self.metric_add("parsley_projector_prune_checks_total", 1.0);
+        self.metric_add(Metric::PruneChecksTotal, 1.0);
         let before = self.engine.frontier().len() + self.engine.delivered_past().len();
         self.engine.prune(|c| learned.facts.get(c).copied().unwrap_or(ChannelFact::Unknown));
         let pruned = before - (self.engine.frontier().len() + self.engine.delivered_past().len());
         if pruned > 0 {
-            self.metric_add("parsley_projector_pairs_pruned_total", pruned as f64);
+            self.metric_add(Metric::PairsPrunedTotal, pruned as f64);
             tracing::info!(model = %self.plan.name, task = self.task, pruned, "pruned upstream pairs");
         }
         pruned > 0
@@ -762,16 +762,16 @@ impl<P: Projection> TaskRunner<P> {
                 self.needs_restore = false;
                 self.needs_drain = false;
                 let commit_seconds = step_started.elapsed().as_secs_f64();
-                self.metrics.observe("parsley_projector_step_commit_seconds", &[("model", &plan.name)], commit_seconds);
-                self.metrics.observe("parsley_projector_step_records", &[("model", &plan.name)], fed as f64);
-                self.metric_add("parsley_projector_steps_total", 1.0);
-                self.metric_add("parsley_projector_records_received_total", fed as f64);
-                self.metric_add("parsley_projector_records_replayed_total", replayed as f64);
-                self.metric_add("parsley_projector_records_delivered_total", deliveries.len() as f64);
+                self.metrics.observe(Metric::StepCommitSeconds, &[("model", &plan.name)], commit_seconds);
+                self.metrics.observe(Metric::StepRecords, &[("model", &plan.name)], fed as f64);
+                self.metric_add(Metric::StepsTotal, 1.0);
+                self.metric_add(Metric::RecordsReceivedTotal, fed as f64);
+                self.metric_add(Metric::RecordsReplayedTotal, replayed as f64);
+                self.metric_add(Metric::RecordsDeliveredTotal, deliveries.len() as f64);
                 if self.stored_status == TaskStatusKind::Failing && changes.refusal.is_none() {
                     tracing::info!(model = %plan.name, task = self.task, "task recovered");
                     self.stored_status = TaskStatusKind::Running;
-                    self.metric_set("parsley_projector_task_failing", 0.0);
+                    self.metric_set(Metric::TaskFailing, 0.0);
                 }
                 if !matches!(self.state, TaskState::Refused(_)) {
                     self.state = TaskState::Running;
@@ -817,10 +817,10 @@ impl<P: Projection> TaskRunner<P> {
         }
         tx.commit().await.context("committing a step")?;
         if skipped > 0 {
-            self.metric_add("parsley_projector_skips_total", skipped as f64);
+            self.metric_add(Metric::SkipsTotal, skipped as f64);
         }
         if dead_lettered > 0 {
-            self.metric_add("parsley_projector_dead_letters_total", dead_lettered as f64);
+            self.metric_add(Metric::DeadLettersTotal, dead_lettered as f64);
         }
         Ok(true)
     }
@@ -937,8 +937,8 @@ impl<P: Projection> TaskRunner<P> {
         let backoff = self.plan.initial_backoff.saturating_mul(1 << shift).min(self.plan.max_backoff);
         tracing::warn!(model = %self.plan.name, task = self.task, failures, backoff_ms = backoff.as_millis() as u64,
             error = %message, "step failed; rolled back, retrying the same records");
-        self.metric_add("parsley_projector_failures_total", 1.0);
-        self.metric_set("parsley_projector_task_failing", 1.0);
+        self.metric_add(Metric::FailuresTotal, 1.0);
+        self.metric_set(Metric::TaskFailing, 1.0);
         match store::record_failure(&self.pool, &self.plan.name, self.task, self.epoch, &message).await {
             Ok(true) => self.stored_status = TaskStatusKind::Failing,
             Ok(false) => {
@@ -970,9 +970,9 @@ impl<P: Projection> TaskRunner<P> {
                 }
             }
         }
-        self.metric_set("parsley_projector_held_records", self.engine.held_count() as f64);
-        self.metric_set("parsley_projector_held_bytes", self.engine.held_bytes() as f64);
-        self.metric_set("parsley_projector_head_hold_age_seconds", oldest.as_secs_f64());
-        self.metric_set("parsley_projector_clock_width", self.engine.delivered_past().len() as f64);
+        self.metric_set(Metric::HeldRecords, self.engine.held_count() as f64);
+        self.metric_set(Metric::HeldBytes, self.engine.held_bytes() as f64);
+        self.metric_set(Metric::HeadHoldAgeSeconds, oldest.as_secs_f64());
+        self.metric_set(Metric::ClockWidth, self.engine.delivered_past().len() as f64);
     }
 }

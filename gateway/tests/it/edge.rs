@@ -7,6 +7,7 @@
 use std::time::{Duration, Instant};
 
 use axum::http::{Method, StatusCode};
+use parsley_gateway::metrics::Metric;
 use rdkafka::admin::NewPartitions;
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::message::{Headers as _, Message as _};
@@ -199,5 +200,5 @@ async fn reads_beyond_max_waiting_reads_are_refused_at_once() {
     // The slot is free again: the next uncovered read waits its turn.
     let r = s.send(Method::GET, &uri, Some(&token), None).await;
     problem(&r, 503, "not-yet-covered");
-    assert_eq!(s.state.metrics.value("parsley_gateway_overloaded_total", &[("limit", "max_waiting_reads")]), Some(1.0));
+    assert_eq!(s.state.metrics.value(Metric::OverloadedTotal, &[("limit", "max_waiting_reads")]), Some(1.0));
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{bail, Context as _};
 use parsley_infra::process;
 use parsley_projector::config::Config;
-use parsley_projector::metrics::{self, Metrics, METRICS};
+use parsley_projector::metrics::{self, Metric, Metrics, METRICS};
 use parsley_projector::skip::{self, SkipRequest};
 use parsley_projector::store::RecordFound;
 use parsley_projector::{migrations, status, DocumentProjection, ModelProjector};
@@ -224,7 +224,7 @@ async fn run(config: Config, only: &[String]) -> anyhow::Result<()> {
             }
         };
         if let Some(r) = projector.refusal() {
-            metrics.set("parsley_projector_task_refused", &[("model", &model.name), ("task", "all")], 1.0);
+            metrics.set(Metric::TaskRefused, &[("model", &model.name), ("task", "all")], 1.0);
             tracing::error!(model = %model.name, reason = %r.reason, diagnosis = %r.diagnosis,
                 "model refused; see `parsley-projector status`");
         } else {

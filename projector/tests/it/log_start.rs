@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use parsley::refusal::RefusalReason;
 use parsley_projector::config::Config;
-use parsley_projector::metrics::{Metrics, METRICS};
+use parsley_projector::metrics::{Metric, Metrics, METRICS};
 use parsley_projector::status::render;
 use parsley_projector::store::TaskStatusKind;
 use parsley_projector::task::{StepOutcome, TaskState};
@@ -19,7 +19,7 @@ use crate::support::*;
 
 /// The periodic checks task 0 of `model` has made.
 fn checks(metrics: &Metrics, model: &str) -> f64 {
-    metrics.value("parsley_projector_log_start_checks_total", &[("model", model), ("task", "0")]).unwrap_or(0.0)
+    metrics.value(Metric::LogStartChecksTotal, &[("model", model), ("task", "0")]).unwrap_or(0.0)
 }
 
 fn with_check_ms(names: &Names, ms: u64) -> Config {

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use parsley::channel::{ChannelId, Position, TopicId};
 use parsley_projector::config::{Apply, Config};
-use parsley_projector::metrics::{Metrics, METRICS};
+use parsley_projector::metrics::{Metric, Metrics, METRICS};
 use parsley_projector::store::CLOCK_NOTIFY_CHANNEL;
 use sqlx::postgres::PgListener;
 use sqlx::{PgPool, Row as _};
@@ -36,7 +36,7 @@ async fn rows(pool: &PgPool, table: &str, model: &str) -> BTreeMap<ChannelId, Po
 
 /// The prunes task 0 of `model` has made.
 fn prunes(metrics: &Metrics, model: &str) -> f64 {
-    metrics.value("parsley_projector_prune_checks_total", &[("model", model), ("task", "0")]).unwrap_or(0.0)
+    metrics.value(Metric::PruneChecksTotal, &[("model", model), ("task", "0")]).unwrap_or(0.0)
 }
 
 /// A model receiving `{base}.m` only, next to upstream topics `{base}.u1` and `{base}.u2`.
@@ -103,7 +103,7 @@ async fn upstream_pairs_are_pruned_once_their_topic_is_gone_or_retention_passed_
     .await;
     assert_eq!(rows(&pool, "clock", &t.model).await, live);
     assert_eq!(rows(&pool, "frontier", &t.model).await, live);
-    assert_eq!(metrics.value("parsley_projector_pairs_pruned_total", &[("model", &t.model), ("task", "0")]), None);
+    assert_eq!(metrics.value(Metric::PairsPrunedTotal, &[("model", &t.model), ("task", "0")]), None);
 
     // U1 deleted, U2's retention past the named position: both pairs go, M's stays.
     let mut listener = PgListener::connect(&database_url()).await.unwrap();
@@ -116,7 +116,7 @@ async fn upstream_pairs_are_pruned_once_their_topic_is_gone_or_retention_passed_
     })
     .await;
     assert_eq!(rows(&pool, "frontier", &t.model).await, own_only);
-    let pruned = metrics.value("parsley_projector_pairs_pruned_total", &[("model", &t.model), ("task", "0")]);
+    let pruned = metrics.value(Metric::PairsPrunedTotal, &[("model", &t.model), ("task", "0")]);
     assert_eq!(pruned, Some(4.0), "two clock and two frontier pairs");
     // The pruning step notified the gateway that task 0's clock changed. Other tests' models
     // notify on the same channel concurrently: wait for this model's notification.

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use parsley::refusal::{Refusal, RefusalReason};
 use parsley::CausalPast;
 use parsley_projector::config::{Config, OnRejected};
-use parsley_projector::metrics::{Metrics, METRICS};
+use parsley_projector::metrics::{Metric, Metrics, METRICS};
 use parsley_projector::projection::{Delivered, Projection, ProjectionError, StepContext};
 use parsley_projector::record::decode_headers;
 use parsley_projector::skip::{skip, SkipError, SkipRequest};
@@ -450,7 +450,7 @@ async fn skip_by_the_command_line_lets_a_running_projector_go_on_without_a_resta
     .unwrap();
     assert!(clock > bad_at, "the skipped position is in the delivered past (clock {clock})");
     let labels = [("model", n.model.as_str()), ("task", "0")];
-    assert_eq!(metrics.value("parsley_projector_skips_total", &labels), Some(1.0));
+    assert_eq!(metrics.value(Metric::SkipsTotal, &labels), Some(1.0));
 
     stop.send(true).unwrap();
     running.await.unwrap().unwrap();
@@ -515,7 +515,7 @@ async fn the_dead_letter_policy_stores_the_rejected_record_and_goes_on() {
     let reason: String = row.get(5);
     assert!(reason.contains(&format!("{}/0@{bad_at}", n.orders)) && reason.contains("not JSON"), "{reason}");
     let labels = [("model", n.model.as_str()), ("task", "0")];
-    assert_eq!(metrics.value("parsley_projector_dead_letters_total", &labels), Some(1.0));
+    assert_eq!(metrics.value(Metric::DeadLettersTotal, &labels), Some(1.0));
     let text = render(&report(&pool, &n.model).await);
     assert!(text.contains("dead letters: 1") && text.contains(&format!("{}/0@{bad_at}", n.orders)), "{text}");
     drop(projector);

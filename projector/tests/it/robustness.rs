@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use parsley::refusal::RefusalReason;
 use parsley::Position;
 use parsley_infra::headers::produce::produce_with_raw_headers;
-use parsley_projector::metrics::{Metrics, METRICS};
+use parsley_projector::metrics::{Metric, Metrics, METRICS};
 use parsley_projector::projection::{Delivered, Projection, ProjectionError, StepContext};
 use parsley_projector::record::{decode_headers, Header};
 use parsley_projector::status::render;
@@ -271,8 +271,8 @@ async fn a_panic_in_a_step_is_failing_with_its_message_and_the_task_recovers_wit
     assert!(t.epoch > 1, "each panic starts the task again (a new epoch)");
     assert!(t.refusal.is_none(), "a panic is not a refusal");
     let labels = [("model", n.model.as_str()), ("task", "0")];
-    assert!(metrics.value("parsley_projector_panics_total", &labels).unwrap_or(0.0) >= 2.0);
-    assert_eq!(metrics.value("parsley_projector_task_failing", &labels), Some(1.0));
+    assert!(metrics.value(Metric::PanicsTotal, &labels).unwrap_or(0.0) >= 2.0);
+    assert_eq!(metrics.value(Metric::TaskFailing, &labels), Some(1.0));
     assert_eq!(document(&pool, &n.model, "poison").await, None);
 
     // The cause of the panic goes away: the same process recovers, nothing lost or repeated.
@@ -286,7 +286,7 @@ async fn a_panic_in_a_step_is_failing_with_its_message_and_the_task_recovers_wit
     eventually("a later record to apply", || async { document(&pool, &n.model, "after").await.is_some() }).await;
     let positions: Vec<i64> = applied(&pool, &n.model).await.into_iter().map(|(_, _, p)| p).collect();
     assert_eq!(positions, vec![0, 1, 2], "each record applied once, in order");
-    assert_eq!(metrics.value("parsley_projector_task_failing", &labels), Some(0.0));
+    assert_eq!(metrics.value(Metric::TaskFailing, &labels), Some(0.0));
     running.stop().await;
 }
 
@@ -324,7 +324,7 @@ async fn a_refused_task_starts_again_once_its_row_is_cleared_and_refuses_again_i
     .await;
     let again = report(&pool, &n.model).await.task(0).unwrap().refusal.clone().unwrap();
     assert_eq!((again.reason, again.channel, again.position), (refusal.reason, refusal.channel, refusal.position));
-    assert_eq!(metrics.value("parsley_projector_task_refused", &labels), Some(1.0));
+    assert_eq!(metrics.value(Metric::TaskRefused, &labels), Some(1.0));
 
     // The cause is fixed, then the row cleared: the same process delivers and goes on.
     projection.armed.store(false, Ordering::SeqCst);
@@ -334,7 +334,7 @@ async fn a_refused_task_starts_again_once_its_row_is_cleared_and_refuses_again_i
     eventually("a later record to apply", || async { document(&pool, &n.model, "next").await.is_some() }).await;
     let t = report(&pool, &n.model).await.task(0).unwrap().clone();
     assert_eq!((t.status, t.refusal), (TaskStatusKind::Running, None));
-    assert_eq!(metrics.value("parsley_projector_task_refused", &labels), Some(0.0));
+    assert_eq!(metrics.value(Metric::TaskRefused, &labels), Some(0.0));
     running.stop().await;
 }
 
@@ -435,7 +435,7 @@ async fn a_locked_task_row_fails_the_step_within_lock_timeout_and_the_task_recov
     assert!(took < Duration::from_secs(4), "the wait is bounded, took {took:?}");
     assert!(matches!(projector.tasks()[0].state(), TaskState::Failing { .. }));
     let labels = [("model", n.model.as_str()), ("task", "0")];
-    assert_eq!(metrics.value("parsley_projector_task_failing", &labels), Some(1.0));
+    assert_eq!(metrics.value(Metric::TaskFailing, &labels), Some(1.0));
     assert_eq!(document(&pool, &n.model, "k2").await, None);
 
     holder.rollback().await.unwrap();
@@ -462,9 +462,8 @@ async fn partitions_added_while_running_refuse_every_task() {
     produce(&p, &n.orders, 0, "a", Some(b"{}"), None).await;
     produce(&p, &n.orders, 1, "b", Some(b"{}"), None).await;
     drive_until(&mut projector, "both records to apply and a width check per task", || async {
-        let checked = |task: &str| {
-            metrics.value("parsley_projector_width_checks_total", &[("model", &n.model), ("task", task)]).unwrap_or(0.0)
-        };
+        let checked =
+            |task: &str| metrics.value(Metric::WidthChecksTotal, &[("model", &n.model), ("task", task)]).unwrap_or(0.0);
         applied(&pool, &n.model).await.len() == 2 && checked("0") >= 1.0 && checked("1") >= 1.0
     })
     .await;
@@ -635,9 +634,9 @@ async fn an_idle_task_commits_its_read_position_once_not_on_every_poll() {
     })
     .await;
     let labels = [("model", n.model.as_str()), ("task", "0")];
-    let steps = metrics.value("parsley_projector_steps_total", &labels).unwrap();
+    let steps = metrics.value(Metric::StepsTotal, &labels).unwrap();
     drive(&mut projector, 5).await;
-    assert_eq!(metrics.value("parsley_projector_steps_total", &labels).unwrap(), steps, "idle polls commit nothing");
+    assert_eq!(metrics.value(Metric::StepsTotal, &labels).unwrap(), steps, "idle polls commit nothing");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
