@@ -14,6 +14,8 @@
 //! - [`engine`]: the per-task engine: receive, hold, drain, deliver, prune, restore.
 //! - [`startup`]: pure checks a host runs before it starts a task.
 //! - [`gate`]: the read gate and token refresh the gateway runs on clock rows.
+//! - [`host`]: the start and step sequence of one task as a pure state machine, which the
+//!   projector's task runner and the simulator's tasks both drive.
 //! - [`refusal`]: named refusals.
 //! - [`murmur2`]: Kafka's default key partitioner.
 //! - `sim` (feature `sim`): the deterministic simulator, its ground-truth oracle and the
@@ -27,6 +29,7 @@ pub mod codec;
 pub mod decide;
 pub mod engine;
 pub mod gate;
+pub mod host;
 pub mod murmur2;
 pub mod past;
 pub mod refusal;
