@@ -110,7 +110,7 @@ async fn bench() -> anyhow::Result<()> {
          [[models]]\nname = \"{run}\"\n{step}topics = [{{ name = \"{topic}\" }}]\n"
     ))?;
     config.kafka.bootstrap = bootstrap.clone();
-    config.database.url = Some(database_url.clone());
+    config.database.url = Some(database_url.clone().into());
     config.projector.owner = Some(unique("owner"));
     config.projector.metrics_address = String::new();
     config.validate()?;

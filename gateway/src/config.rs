@@ -335,7 +335,7 @@ impl std::fmt::Debug for GatewayConfig {
         let models: Vec<&str> = self.shared.models.iter().map(|m| m.name.as_str()).collect();
         f.debug_struct("GatewayConfig")
             .field("kafka.bootstrap", &self.shared.kafka.bootstrap)
-            .field("database.url", &self.shared.database.url.as_deref().map(parsley_infra::pg::redact))
+            .field("database.url", &self.shared.database.url.as_ref().map(|u| parsley_infra::pg::redact(u.expose())))
             .field("models", &models)
             .field("settings", &self.settings)
             .field("keys", &self.keys)

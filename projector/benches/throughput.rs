@@ -82,7 +82,7 @@ async fn bench() -> anyhow::Result<()> {
 
     let mut config = Config::parse("")?;
     config.kafka.bootstrap = bootstrap.clone();
-    config.database.url = Some(database_url);
+    config.database.url = Some(database_url.into());
     config.projector.metrics_address = String::new();
 
     let naive = naive_run(&config, &pool, &topic, &format!("{run}-naive"), records, step, true).await?;

@@ -87,7 +87,7 @@ pub fn config(n: &Names, gateway: &str) -> Config {
     let admin = if gateway.contains("admin_listen") { "" } else { "admin_listen = \"127.0.0.1:0\"\n" };
     let mut c = Config::parse(&format!("[gateway]\n{admin}{gateway}\n")).unwrap();
     c.kafka.bootstrap = bootstrap();
-    c.database.url = Some(database_url());
+    c.database.url = Some(database_url().into());
     c.projector.owner = Some(unique("owner"));
     c.projector.metrics_address = String::new();
     c.projector.initial_backoff_ms = 50;

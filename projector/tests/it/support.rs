@@ -53,7 +53,7 @@ pub fn causes(pairs: &[(TopicId, u32, i64)]) -> Vec<u8> {
 pub fn config(model: &str, topics: &[(&str, Apply)]) -> Config {
     let mut c = Config::parse("").unwrap();
     c.kafka.bootstrap = bootstrap();
-    c.database.url = Some(database_url());
+    c.database.url = Some(database_url().into());
     c.projector.owner = Some(unique("owner"));
     c.projector.metrics_address = String::new();
     c.projector.initial_backoff_ms = 50;

@@ -1,0 +1,879 @@
+//! Configuration: one TOML file shared by the projector, the gateway and the demo, then
+//! environment overrides (one rule for every key: [`crate::env`]).
+//!
+//! Every table refuses unknown keys, and every check names the key it failed on, so a typo
+//! stops the process at start with a message instead of silently taking a default. The
+//! `[gateway]` table belongs to the gateway, which parses it itself (with the same override
+//! rule); here it is only carried through. The database URL is a [`Secret`]: it may hold a
+//! password, and `Debug` never prints it. Every key, its default and its override are listed
+//! in `docs/configuration.md`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use parsley_infra::pg::SessionBounds;
+use serde::Deserialize;
+
+use crate::env::{self, Env};
+use crate::secret::Secret;
+
+pub use crate::env::{
+    ENV_DATABASE_URL, ENV_DATABASE_URL_FALLBACK, ENV_KAFKA_BOOTSTRAP, ENV_METRICS_ADDRESS, ENV_OWNER,
+};
+
+/// The table of the file that belongs to the gateway (parsed by the gateway, carried here).
+pub const GATEWAY_SECTION: &str = "gateway";
+
+/// librdkafka consumer properties the projector fixes; `kafka.consumer` may not set them.
+pub const FIXED_CONSUMER_PROPERTIES: [&str; 6] = [
+    "bootstrap.servers",
+    "isolation.level",
+    "enable.auto.commit",
+    "enable.auto.offset.store",
+    "auto.offset.reset",
+    "group.id",
+];
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub kafka: KafkaConfig,
+    #[serde(default)]
+    pub database: DatabaseConfig,
+    #[serde(default)]
+    pub projector: ProjectorSettings,
+    #[serde(default)]
+    pub models: Vec<ModelConfig>,
+    /// The gateway's own table: parsed (strictly) by the gateway, carried through here.
+    #[serde(default)]
+    pub gateway: Option<toml::Table>,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaConfig {
+    /// Bootstrap servers, `host:port[,host:port...]`.
+    #[serde(default = "default_bootstrap")]
+    pub bootstrap: String,
+    /// Extra librdkafka consumer properties (e.g. `fetch.wait.max.ms`). The properties in
+    /// [`FIXED_CONSUMER_PROPERTIES`] are refused.
+    #[serde(default)]
+    pub consumer: BTreeMap<String, String>,
+    /// Timeout of metadata, watermark and admin requests, in milliseconds.
+    #[serde(default = "default_kafka_timeout_ms")]
+    pub request_timeout_ms: u64,
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        KafkaConfig {
+            bootstrap: default_bootstrap(),
+            consumer: BTreeMap::new(),
+            request_timeout_ms: default_kafka_timeout_ms(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseConfig {
+    /// Postgres URL. Usually from the environment (it may hold a password): a [`Secret`],
+    /// never printed.
+    #[serde(default)]
+    pub url: Option<Secret<String>>,
+    #[serde(default = "default_max_connections")]
+    pub max_connections: u32,
+    /// How long to wait for a connection from the pool, in milliseconds.
+    #[serde(default = "default_acquire_timeout_ms")]
+    pub acquire_timeout_ms: u64,
+    /// Longest wait of any statement for a lock (`lock_timeout`), in milliseconds; 0 leaves
+    /// the server's setting.
+    #[serde(default = "default_lock_timeout_ms")]
+    pub lock_timeout_ms: u64,
+    /// Longest statement (`statement_timeout`), in milliseconds; 0 leaves the server's setting.
+    #[serde(default = "default_statement_timeout_ms")]
+    pub statement_timeout_ms: u64,
+    /// Longest pause inside an open transaction (`idle_in_transaction_session_timeout`), in
+    /// milliseconds; 0 leaves the server's setting.
+    #[serde(default = "default_idle_in_transaction_timeout_ms")]
+    pub idle_in_transaction_timeout_ms: u64,
+    /// Idle seconds before the server probes a connection (`tcp_keepalives_idle`); 0 leaves
+    /// the server's setting.
+    #[serde(default = "default_keepalives_idle_s")]
+    pub keepalives_idle_s: u64,
+}
+
+impl Default for DatabaseConfig {
+    fn default() -> Self {
+        DatabaseConfig {
+            url: None,
+            max_connections: default_max_connections(),
+            acquire_timeout_ms: default_acquire_timeout_ms(),
+            lock_timeout_ms: default_lock_timeout_ms(),
+            statement_timeout_ms: default_statement_timeout_ms(),
+            idle_in_transaction_timeout_ms: default_idle_in_transaction_timeout_ms(),
+            keepalives_idle_s: default_keepalives_idle_s(),
+        }
+    }
+}
+
+impl DatabaseConfig {
+    /// The bounds of every session the projector and the gateway open.
+    pub fn session_bounds(&self) -> SessionBounds {
+        let millis = |ms: u64| (ms > 0).then(|| Duration::from_millis(ms));
+        SessionBounds {
+            lock_timeout: millis(self.lock_timeout_ms),
+            statement_timeout: millis(self.statement_timeout_ms),
+            idle_in_transaction_timeout: millis(self.idle_in_transaction_timeout_ms),
+            keepalives_idle: (self.keepalives_idle_s > 0).then(|| Duration::from_secs(self.keepalives_idle_s)),
+        }
+    }
+
+    pub fn acquire_timeout(&self) -> Duration {
+        Duration::from_millis(self.acquire_timeout_ms)
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ProjectorSettings {
+    /// This instance's name in `parsley.tasks.owner`. Default: `<hostname>-<pid>`.
+    #[serde(default)]
+    pub owner: Option<String>,
+    /// Address of the Prometheus endpoint (`GET /metrics`); empty to disable.
+    #[serde(default = "default_metrics_address")]
+    pub metrics_address: String,
+    /// Largest `parsley.causes` value accepted, in bytes.
+    #[serde(default = "default_metadata_budget")]
+    pub metadata_budget: usize,
+    /// First wait after a failed step, in milliseconds; doubles per failure.
+    #[serde(default = "default_initial_backoff_ms")]
+    pub initial_backoff_ms: u64,
+    /// Longest wait between retries of a failing step, in milliseconds.
+    #[serde(default = "default_max_backoff_ms")]
+    pub max_backoff_ms: u64,
+    /// How often a running task that holds records compares the log start of the channels
+    /// holding them with what it has settled, in milliseconds; 0 disables the check (it
+    /// still runs at start and when a fetch is out of range).
+    #[serde(default = "default_log_start_check_ms")]
+    pub log_start_check_ms: u64,
+    /// How often a task whose clock or frontier names channels of topics the model does
+    /// not receive (upstream channels) learns their facts (topic still there, log start)
+    /// and prunes the pairs they make dead, in milliseconds; 0 disables pruning.
+    #[serde(default = "default_prune_interval_ms")]
+    pub prune_interval_ms: u64,
+    /// How often a refused task re-reads its row, in milliseconds: when the row no longer
+    /// says `refused` (an operator's `skip`, or a fix), the task restarts, and derives the
+    /// refusal again if its cause remains.
+    #[serde(default = "default_refused_recheck_ms")]
+    pub refused_recheck_ms: u64,
+    /// How often each task compares the partition count of its received topics with the
+    /// model's task count (`TASK_WIDTH_CHANGED` when partitions were added), in
+    /// milliseconds; 0 disables the check while running (start still checks).
+    #[serde(default = "default_width_check_ms")]
+    pub width_check_ms: u64,
+}
+
+impl Default for ProjectorSettings {
+    fn default() -> Self {
+        ProjectorSettings {
+            owner: None,
+            metrics_address: default_metrics_address(),
+            metadata_budget: default_metadata_budget(),
+            initial_backoff_ms: default_initial_backoff_ms(),
+            max_backoff_ms: default_max_backoff_ms(),
+            log_start_check_ms: default_log_start_check_ms(),
+            prune_interval_ms: default_prune_interval_ms(),
+            refused_recheck_ms: default_refused_recheck_ms(),
+            width_check_ms: default_width_check_ms(),
+        }
+    }
+}
+
+impl ProjectorSettings {
+    pub fn initial_backoff(&self) -> Duration {
+        Duration::from_millis(self.initial_backoff_ms)
+    }
+    pub fn max_backoff(&self) -> Duration {
+        Duration::from_millis(self.max_backoff_ms)
+    }
+    /// The interval of the periodic log-start check; `None` when disabled.
+    pub fn log_start_check(&self) -> Option<Duration> {
+        (self.log_start_check_ms > 0).then(|| Duration::from_millis(self.log_start_check_ms))
+    }
+    /// The interval of upstream pruning; `None` when disabled.
+    pub fn prune_interval(&self) -> Option<Duration> {
+        (self.prune_interval_ms > 0).then(|| Duration::from_millis(self.prune_interval_ms))
+    }
+    /// How often a refused task re-reads its row.
+    pub fn refused_recheck(&self) -> Duration {
+        Duration::from_millis(self.refused_recheck_ms)
+    }
+    /// The interval of the run-time width check; `None` when disabled.
+    pub fn width_check(&self) -> Option<Duration> {
+        (self.width_check_ms > 0).then(|| Duration::from_millis(self.width_check_ms))
+    }
+}
+
+/// Where a channel with no prior state starts.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum InitialPosition {
+    /// The log start: everything still retained.
+    #[default]
+    Earliest,
+    /// The last stable offset: only what is committed from now on.
+    Latest,
+}
+
+/// How the document projection applies a topic's records.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Apply {
+    /// The record's JSON value replaces the document.
+    #[default]
+    Replace,
+    /// The record's JSON value is a merge patch (RFC 7396) applied to the document.
+    Merge,
+}
+
+/// What a task does with a record its projection rejects for good (a value it cannot
+/// parse, a string the database cannot store, a constraint; see `projection.rs`).
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnRejected {
+    /// Refuse `PROJECTION_REJECTED` at the record until an operator skips it
+    /// (`parsley-projector skip`) or the projection is fixed.
+    #[default]
+    Refuse,
+    /// Store the record in `parsley.dead_letters` and deliver it without effect, in the
+    /// same step, and go on.
+    DeadLetter,
+}
+
+/// Which projection a model runs.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ProjectionKind {
+    /// JSON documents keyed by record key (`projection.documents`).
+    #[default]
+    Documents,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// Unique model name: letters, digits, `_`, `-`, `.`; at most 63 bytes.
+    pub name: String,
+    #[serde(default)]
+    pub projection: ProjectionKind,
+    /// The received topics, co-partitioned (equal partition counts).
+    pub topics: Vec<TopicConfig>,
+    /// Default initial position of the model's topics.
+    #[serde(default)]
+    pub initial_position: InitialPosition,
+    /// Most records fed to a task in one step.
+    #[serde(default = "default_max_step_records")]
+    pub max_step_records: usize,
+    /// Longest a step waits for records before it commits what it has, in milliseconds.
+    #[serde(default = "default_max_step_ms")]
+    pub max_step_ms: u64,
+    /// Once a step has records, it commits as soon as the consumer has had nothing new for
+    /// this long, in milliseconds (0: no wait beyond what is already fetched). Under load
+    /// records keep arriving and steps fill to `max_step_records`; a lone write is applied
+    /// without waiting out `max_step_ms`.
+    #[serde(default = "default_step_linger_ms")]
+    pub step_linger_ms: u64,
+    /// The tasks this instance runs; all of them when absent.
+    #[serde(default)]
+    pub tasks: Option<Vec<u32>>,
+    /// What a task does with a record the projection rejects: refuse, or dead-letter it.
+    #[serde(default)]
+    pub on_rejected: OnRejected,
+    /// Most records one task may hold waiting for their causes; one more refuses
+    /// `HELD_LIMIT_EXCEEDED`. 0: unbounded.
+    #[serde(default = "default_max_held_records")]
+    pub max_held_records: usize,
+    /// Most bytes one task's held records may weigh (key, value, headers, causes and a
+    /// fixed overhead per record); more refuses `HELD_LIMIT_EXCEEDED`. 0: unbounded.
+    #[serde(default = "default_max_held_bytes")]
+    pub max_held_bytes: usize,
+}
+
+impl ModelConfig {
+    pub fn max_step_time(&self) -> Duration {
+        Duration::from_millis(self.max_step_ms)
+    }
+
+    pub fn step_linger(&self) -> Duration {
+        Duration::from_millis(self.step_linger_ms)
+    }
+
+    /// The engine's held-record bounds (`None`: unbounded).
+    pub fn held_limits(&self) -> (Option<usize>, Option<usize>) {
+        (
+            (self.max_held_records > 0).then_some(self.max_held_records),
+            (self.max_held_bytes > 0).then_some(self.max_held_bytes),
+        )
+    }
+
+    pub fn topic(&self, name: &str) -> Option<&TopicConfig> {
+        self.topics.iter().find(|t| t.name == name)
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TopicConfig {
+    pub name: String,
+    #[serde(default)]
+    pub apply: Apply,
+    /// Overrides the model's `initial_position` for this topic.
+    #[serde(default)]
+    pub initial_position: Option<InitialPosition>,
+}
+
+impl TopicConfig {
+    pub fn initial_position(&self, model: &ModelConfig) -> InitialPosition {
+        self.initial_position.unwrap_or(model.initial_position)
+    }
+}
+
+fn default_bootstrap() -> String {
+    parsley_infra::env::LOCAL_KAFKA_BOOTSTRAP.to_string()
+}
+fn default_kafka_timeout_ms() -> u64 {
+    10_000
+}
+fn default_max_connections() -> u32 {
+    8
+}
+fn default_acquire_timeout_ms() -> u64 {
+    5_000
+}
+fn default_lock_timeout_ms() -> u64 {
+    10_000
+}
+fn default_statement_timeout_ms() -> u64 {
+    30_000
+}
+fn default_idle_in_transaction_timeout_ms() -> u64 {
+    60_000
+}
+fn default_keepalives_idle_s() -> u64 {
+    30
+}
+/// The shortest enabled session timeout: below it, ordinary statements would fail.
+pub const MIN_SESSION_TIMEOUT_MS: u64 = 100;
+fn default_metrics_address() -> String {
+    "127.0.0.1:9464".to_string()
+}
+fn default_metadata_budget() -> usize {
+    parsley::codec::DEFAULT_METADATA_BUDGET
+}
+fn default_initial_backoff_ms() -> u64 {
+    100
+}
+fn default_max_backoff_ms() -> u64 {
+    30_000
+}
+fn default_log_start_check_ms() -> u64 {
+    30_000
+}
+/// The shortest enabled log-start check interval: each check is a watermark request per
+/// holding channel, and more often than this would mean nearly every step.
+pub const MIN_LOG_START_CHECK_MS: u64 = 100;
+fn default_prune_interval_ms() -> u64 {
+    300_000
+}
+/// The shortest enabled prune interval: each prune lists and describes the cluster's topics
+/// and queries the log start of every upstream channel.
+pub const MIN_PRUNE_INTERVAL_MS: u64 = 100;
+fn default_refused_recheck_ms() -> u64 {
+    5_000
+}
+/// The shortest refused-task recheck: each is one small query per refused task.
+pub const MIN_REFUSED_RECHECK_MS: u64 = 100;
+fn default_width_check_ms() -> u64 {
+    30_000
+}
+/// The shortest enabled width check: each is a metadata request per task.
+pub const MIN_WIDTH_CHECK_MS: u64 = 100;
+fn default_max_held_records() -> usize {
+    100_000
+}
+fn default_max_held_bytes() -> usize {
+    256 * 1024 * 1024
+}
+/// The smallest enabled `max_held_bytes`: one record with the largest default causes value.
+pub const MIN_MAX_HELD_BYTES: usize = 64 * 1024;
+fn default_max_step_records() -> usize {
+    2_000
+}
+fn default_step_linger_ms() -> u64 {
+    5
+}
+
+fn default_max_step_ms() -> u64 {
+    100
+}
+
+impl Config {
+    /// Parses and validates `text` (no environment overrides).
+    pub fn parse(text: &str) -> anyhow::Result<Config> {
+        Config::parse_with_env(text, &Env::default())
+    }
+
+    /// Parses `text`, applies the overrides `env` holds (every section but `[gateway]`, which
+    /// the gateway reads itself), validates.
+    pub fn parse_with_env(text: &str, env: &Env) -> anyhow::Result<Config> {
+        let config = Config::from_text(text, env).map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads `path`, applies the environment overrides, validates.
+    pub fn load(path: &Path) -> anyhow::Result<Config> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let config = Config::from_text(&text, &Env::process())
+            .map_err(|e| anyhow::anyhow!("invalid configuration in {}: {e}", path.display()))?;
+        config.validate().with_context(|| format!("invalid configuration in {}", path.display()))?;
+        Ok(config)
+    }
+
+    /// Deserializes `text` with the overrides of `env` applied to its tree; without any, the
+    /// text is read directly (errors then point at its lines).
+    fn from_text(text: &str, env: &Env) -> anyhow::Result<Config> {
+        let overrides = env::overrides(env, |section| section != GATEWAY_SECTION)?;
+        if overrides.is_empty() {
+            return toml::from_str(text).map_err(anyhow::Error::new);
+        }
+        let mut tree: toml::Table = toml::from_str(text)?;
+        env::apply(&mut tree, &overrides)?;
+        env::deserialize(toml::Value::Table(tree), &[], &overrides)
+    }
+
+    /// Checks what serde cannot; every message names the key.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.kafka.bootstrap.trim().is_empty() {
+            bail!("kafka.bootstrap must not be empty");
+        }
+        for key in self.kafka.consumer.keys() {
+            if FIXED_CONSUMER_PROPERTIES.contains(&key.as_str()) {
+                bail!("kafka.consumer.\"{key}\" is fixed by the projector and may not be set");
+            }
+        }
+        if self.database.max_connections == 0 {
+            bail!("database.max_connections must be at least 1");
+        }
+        for (key, ms) in [
+            ("lock_timeout_ms", self.database.lock_timeout_ms),
+            ("statement_timeout_ms", self.database.statement_timeout_ms),
+            ("idle_in_transaction_timeout_ms", self.database.idle_in_transaction_timeout_ms),
+        ] {
+            if ms != 0 && ms < MIN_SESSION_TIMEOUT_MS {
+                bail!("database.{key} must be 0 (the server's setting) or at least {MIN_SESSION_TIMEOUT_MS}, not {ms}");
+            }
+            if ms > i32::MAX as u64 {
+                bail!("database.{key} must be at most {} (Postgres' limit), not {ms}", i32::MAX);
+            }
+        }
+        if self.database.keepalives_idle_s > i32::MAX as u64 {
+            bail!("database.keepalives_idle_s must be at most {}, not {}", i32::MAX, self.database.keepalives_idle_s);
+        }
+        if self.projector.metadata_budget < 16 {
+            bail!("projector.metadata_budget must be at least 16 bytes");
+        }
+        if self.projector.initial_backoff_ms == 0 {
+            bail!("projector.initial_backoff_ms must be at least 1");
+        }
+        if self.projector.max_backoff_ms < self.projector.initial_backoff_ms {
+            bail!("projector.max_backoff_ms must be at least projector.initial_backoff_ms");
+        }
+        if self.projector.log_start_check_ms != 0 && self.projector.log_start_check_ms < MIN_LOG_START_CHECK_MS {
+            bail!(
+                "projector.log_start_check_ms must be 0 (disabled) or at least {MIN_LOG_START_CHECK_MS}, not {}",
+                self.projector.log_start_check_ms
+            );
+        }
+        if self.projector.prune_interval_ms != 0 && self.projector.prune_interval_ms < MIN_PRUNE_INTERVAL_MS {
+            bail!(
+                "projector.prune_interval_ms must be 0 (disabled) or at least {MIN_PRUNE_INTERVAL_MS}, not {}",
+                self.projector.prune_interval_ms
+            );
+        }
+        if self.projector.refused_recheck_ms < MIN_REFUSED_RECHECK_MS {
+            bail!(
+                "projector.refused_recheck_ms must be at least {MIN_REFUSED_RECHECK_MS}, not {}",
+                self.projector.refused_recheck_ms
+            );
+        }
+        if self.projector.width_check_ms != 0 && self.projector.width_check_ms < MIN_WIDTH_CHECK_MS {
+            bail!(
+                "projector.width_check_ms must be 0 (disabled) or at least {MIN_WIDTH_CHECK_MS}, not {}",
+                self.projector.width_check_ms
+            );
+        }
+        if !self.projector.metrics_address.is_empty()
+            && self.projector.metrics_address.parse::<std::net::SocketAddr>().is_err()
+        {
+            bail!(
+                "projector.metrics_address {:?} is not an address like 127.0.0.1:9464",
+                self.projector.metrics_address
+            );
+        }
+        let mut names = BTreeSet::new();
+        for (i, m) in self.models.iter().enumerate() {
+            let at = format!("models[{i}]");
+            if !valid_model_name(&m.name) {
+                bail!("{at}.name {:?} must be 1 to 63 letters, digits, '_', '-' or '.'", m.name);
+            }
+            if !names.insert(m.name.as_str()) {
+                bail!("{at}.name {:?} is declared twice", m.name);
+            }
+            if m.topics.is_empty() {
+                bail!("{at}.topics must name at least one topic");
+            }
+            let mut topics = BTreeSet::new();
+            for (j, t) in m.topics.iter().enumerate() {
+                if t.name.trim().is_empty() || t.name.len() > 249 {
+                    bail!("{at}.topics[{j}].name must be a Kafka topic name (1 to 249 characters)");
+                }
+                if !topics.insert(t.name.as_str()) {
+                    bail!("{at}.topics[{j}].name {:?} is declared twice in model {:?}", t.name, m.name);
+                }
+            }
+            if m.max_step_records == 0 {
+                bail!("{at}.max_step_records must be at least 1");
+            }
+            if m.max_step_ms == 0 {
+                bail!("{at}.max_step_ms must be at least 1");
+            }
+            if m.step_linger_ms > m.max_step_ms {
+                bail!("{at}.step_linger_ms ({}) must not exceed max_step_ms ({})", m.step_linger_ms, m.max_step_ms);
+            }
+            if m.max_held_bytes != 0 && m.max_held_bytes < MIN_MAX_HELD_BYTES {
+                bail!(
+                    "{at}.max_held_bytes must be 0 (unbounded) or at least {MIN_MAX_HELD_BYTES}, not {}",
+                    m.max_held_bytes
+                );
+            }
+            if let Some(tasks) = &m.tasks {
+                if tasks.is_empty() {
+                    bail!("{at}.tasks must list at least one task when present");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The model named `name`.
+    pub fn model(&self, name: &str) -> anyhow::Result<&ModelConfig> {
+        self.models.iter().find(|m| m.name == name).with_context(|| {
+            let known: Vec<&str> = self.models.iter().map(|m| m.name.as_str()).collect();
+            format!("no model named {name:?} in the configuration (models: {known:?})")
+        })
+    }
+
+    /// The database URL, or an error naming the key and the variables.
+    pub fn database_url(&self) -> anyhow::Result<&str> {
+        self.database.url.as_ref().map(|u| u.expose().as_str()).filter(|u| !u.trim().is_empty()).with_context(|| {
+            format!("database.url is not set: set it in the file or export {ENV_DATABASE_URL} (or {ENV_DATABASE_URL_FALLBACK})")
+        })
+    }
+
+    /// This instance's owner name.
+    pub fn owner(&self) -> String {
+        self.projector.owner.clone().unwrap_or_else(default_owner)
+    }
+}
+
+/// `<hostname>-<pid>`: distinct per process, readable in status.
+pub fn default_owner() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "projector".to_string());
+    format!("{host}-{}", std::process::id())
+}
+
+/// Model names appear in NOTIFY payloads (`<model>:<task>`) and metric labels.
+pub fn valid_model_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FULL: &str = r#"
+[kafka]
+bootstrap = "k:9092"
+consumer = { "fetch.wait.max.ms" = "50" }
+
+[database]
+url = "postgres://u:p@h/db"
+max_connections = 4
+
+[projector]
+owner = "a"
+metrics_address = "127.0.0.1:9000"
+
+[[models]]
+name = "shop"
+initial_position = "latest"
+max_step_records = 10
+max_step_ms = 20
+topics = [
+  { name = "orders", apply = "replace" },
+  { name = "payments", apply = "merge", initial_position = "earliest" },
+]
+
+[gateway]
+listen = "127.0.0.1:8080"
+"#;
+
+    fn error_of(text: &str) -> String {
+        format!("{:#}", Config::parse(text).unwrap_err())
+    }
+
+    #[test]
+    fn a_full_file_parses() {
+        let c = Config::parse(FULL).unwrap();
+        assert_eq!(c.kafka.bootstrap, "k:9092");
+        let m = c.model("shop").unwrap();
+        assert_eq!(m.topics[1].apply, Apply::Merge);
+        assert_eq!(m.topics[0].initial_position(m), InitialPosition::Latest);
+        assert_eq!(m.topics[1].initial_position(m), InitialPosition::Earliest);
+        assert_eq!(m.max_step_records, 10);
+        assert!(c.gateway.is_some());
+        assert!(c.model("nope").is_err());
+    }
+
+    #[test]
+    fn the_shipped_example_parses() {
+        let text = include_str!("../../config/parsley.toml");
+        let c = Config::parse(text).unwrap();
+        assert_eq!(c.model("shop").unwrap().topics.len(), 2);
+    }
+
+    #[test]
+    fn on_rejected_is_refuse_unless_dead_letter_is_asked_for() {
+        let policy = |line: &str| {
+            Config::parse(&format!("[[models]]\nname = \"m\"\n{line}\ntopics = [{{ name = \"t\" }}]\n"))
+                .map(|c| c.models[0].on_rejected)
+        };
+        assert_eq!(policy("").unwrap(), OnRejected::Refuse);
+        assert_eq!(policy("on_rejected = \"refuse\"").unwrap(), OnRejected::Refuse);
+        assert_eq!(policy("on_rejected = \"dead-letter\"").unwrap(), OnRejected::DeadLetter);
+        let err = format!("{:#}", policy("on_rejected = \"skip\"").unwrap_err());
+        assert!(err.contains("on_rejected") || err.contains("dead-letter"), "{err}");
+    }
+
+    #[test]
+    fn defaults_apply() {
+        let c = Config::parse("[[models]]\nname = \"m\"\ntopics = [{ name = \"t\" }]\n").unwrap();
+        let m = &c.models[0];
+        assert_eq!(m.topics[0].apply, Apply::Replace);
+        assert_eq!(m.initial_position, InitialPosition::Earliest);
+        assert_eq!(m.max_step_records, 2_000);
+        assert_eq!(c.projector.metadata_budget, 256 * 1024);
+        assert_eq!(c.kafka.bootstrap, "127.0.0.1:9092");
+        assert_eq!(c.projector.log_start_check_ms, 30_000);
+        assert_eq!(c.projector.log_start_check(), Some(Duration::from_secs(30)));
+        assert_eq!(c.projector.prune_interval(), Some(Duration::from_secs(300)));
+        assert_eq!(c.projector.refused_recheck(), Duration::from_secs(5));
+        assert_eq!(c.projector.width_check(), Some(Duration::from_secs(30)));
+        assert_eq!(m.held_limits(), (Some(100_000), Some(256 * 1024 * 1024)));
+        assert_eq!(c.database.session_bounds(), SessionBounds::default());
+    }
+
+    #[test]
+    fn zero_leaves_a_bound_off() {
+        let c = Config::parse(
+            "[database]\nlock_timeout_ms = 0\nstatement_timeout_ms = 0\nidle_in_transaction_timeout_ms = 0\n\
+             keepalives_idle_s = 0\n[projector]\nwidth_check_ms = 0\n\
+             [[models]]\nname = \"m\"\nmax_held_records = 0\nmax_held_bytes = 0\ntopics = [{ name = \"t\" }]\n",
+        )
+        .unwrap();
+        assert_eq!(c.database.session_bounds(), SessionBounds::SERVER_DEFAULTS);
+        assert_eq!(c.projector.width_check(), None);
+        assert_eq!(c.models[0].held_limits(), (None, None));
+        let c = Config::parse("[database]\nlock_timeout_ms = 250\nkeepalives_idle_s = 7\n").unwrap();
+        let b = c.database.session_bounds();
+        assert_eq!(b.lock_timeout, Some(Duration::from_millis(250)));
+        assert_eq!(b.keepalives_idle, Some(Duration::from_secs(7)));
+    }
+
+    #[test]
+    fn pruning_is_disabled_by_zero_and_bounded_below() {
+        let interval = |text: &str| Config::parse(text).map(|c| c.projector.prune_interval());
+        assert_eq!(interval("[projector]\nprune_interval_ms = 0\n").unwrap(), None);
+        assert_eq!(interval("[projector]\nprune_interval_ms = 100\n").unwrap(), Some(Duration::from_millis(100)));
+        let err = format!("{:#}", interval("[projector]\nprune_interval_ms = 99\n").unwrap_err());
+        assert!(err.contains("projector.prune_interval_ms") && err.contains("99"), "{err}");
+    }
+
+    #[test]
+    fn the_log_start_check_is_disabled_by_zero_and_bounded_below() {
+        let check = |text: &str| Config::parse(text).map(|c| c.projector.log_start_check());
+        assert_eq!(check("[projector]\nlog_start_check_ms = 0\n").unwrap(), None);
+        assert_eq!(check("[projector]\nlog_start_check_ms = 100\n").unwrap(), Some(Duration::from_millis(100)));
+        let err = format!("{:#}", check("[projector]\nlog_start_check_ms = 99\n").unwrap_err());
+        assert!(err.contains("projector.log_start_check_ms") && err.contains("99"), "{err}");
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let cases: &[(&str, &str)] = &[
+            ("[kafka]\nbootstrapp = \"x\"\n", "bootstrapp"),
+            ("[[models]]\nname = \"m\"\ntopics = [{ name = \"t\", apply = \"upsert\" }]\n", "upsert"),
+            ("[[models]]\nname = \"m\"\ntopics = [{ name = \"t\", aply = \"merge\" }]\n", "aply"),
+            ("[[models]]\nname = \"m\"\ntopics = []\n", "models[0].topics"),
+            ("[[models]]\nname = \"m:x\"\ntopics = [{ name = \"t\" }]\n", "models[0].name"),
+            ("[[models]]\nname = \"m\"\ntopics = [{ name = \"t\" }, { name = \"t\" }]\n", "models[0].topics[1].name"),
+            ("[[models]]\nname = \"m\"\nmax_step_records = 0\ntopics = [{ name = \"t\" }]\n", "models[0].max_step_records"),
+            ("[[models]]\nname = \"m\"\ninitial_position = \"middle\"\ntopics = [{ name = \"t\" }]\n", "middle"),
+            ("[kafka]\nconsumer = { \"isolation.level\" = \"read_uncommitted\" }\n", "kafka.consumer.\"isolation.level\""),
+            ("[projector]\nmetrics_address = \"nowhere\"\n", "projector.metrics_address"),
+            ("[projector]\nmax_backoff_ms = 1\ninitial_backoff_ms = 5\n", "projector.max_backoff_ms"),
+            ("[projector]\nlog_start_check_ms = 5\n", "projector.log_start_check_ms"),
+            ("[projector]\nlog_start_check_ms = -1\n", "log_start_check_ms"),
+            ("[projector]\nprune_interval_ms = 5\n", "projector.prune_interval_ms"),
+            ("[projector]\nrefused_recheck_ms = 0\n", "projector.refused_recheck_ms"),
+            ("[projector]\nwidth_check_ms = 99\n", "projector.width_check_ms"),
+            ("[database]\nlock_timeout_ms = 5\n", "database.lock_timeout_ms"),
+            ("[database]\nstatement_timeout_ms = 99\n", "database.statement_timeout_ms"),
+            ("[database]\nidle_in_transaction_timeout_ms = 3000000000\n", "database.idle_in_transaction_timeout_ms"),
+            ("[database]\nkeepalives_idle_s = 3000000000\n", "database.keepalives_idle_s"),
+            ("[[models]]\nname = \"m\"\nmax_held_bytes = 1000\ntopics = [{ name = \"t\" }]\n", "models[0].max_held_bytes"),
+            ("[[models]]\nname = \"m\"\nmax_held_records = -1\ntopics = [{ name = \"t\" }]\n", "max_held_records"),
+            ("[[models]]\nname = \"m\"\ntopics = [{ name = \"t\" }]\n[[models]]\nname = \"m\"\ntopics = [{ name = \"t\" }]\n", "models[1].name"),
+            ("surprise = 1\n", "surprise"),
+        ];
+        for (text, key) in cases {
+            let err = error_of(text);
+            assert!(err.contains(key), "error for {text:?} does not name {key:?}: {err}");
+        }
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> Env {
+        pairs.iter().copied().collect()
+    }
+
+    #[test]
+    fn environment_overrides_the_file() {
+        let c = Config::parse_with_env(
+            FULL,
+            &env(&[
+                (ENV_KAFKA_BOOTSTRAP, "env:1"),
+                (ENV_DATABASE_URL_FALLBACK, "postgres://fallback"),
+                (ENV_OWNER, "me"),
+                (ENV_METRICS_ADDRESS, ""),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.kafka.bootstrap, "env:1");
+        assert_eq!(c.database_url().unwrap(), "postgres://fallback");
+        assert_eq!(c.owner(), "me");
+        assert_eq!(c.projector.metrics_address, "", "an empty address disables the endpoint");
+        let c = Config::parse_with_env(
+            FULL,
+            &env(&[(ENV_DATABASE_URL, "postgres://preferred"), (ENV_DATABASE_URL_FALLBACK, "postgres://fallback")]),
+        )
+        .unwrap();
+        assert_eq!(c.database_url().unwrap(), "postgres://preferred");
+    }
+
+    #[test]
+    fn every_key_has_its_variable() {
+        let c = Config::parse_with_env(
+            FULL,
+            &env(&[
+                ("PARSLEY_DATABASE__URL", "postgres://generic"),
+                ("PARSLEY_DATABASE__MAX_CONNECTIONS", "9"),
+                ("PARSLEY_KAFKA__REQUEST_TIMEOUT_MS", "777"),
+                ("PARSLEY_PROJECTOR__OWNER", "123"),
+                ("PARSLEY_MODELS__0__MAX_STEP_MS", "40"),
+                ("PARSLEY_MODELS__0__ON_REJECTED", "dead-letter"),
+                ("PARSLEY_MODELS__0__TASKS", "0, 2"),
+                ("PARSLEY_MODELS__0__TOPICS__1__APPLY", "replace"),
+                // The generic form wins over an alias of the same key.
+                (ENV_DATABASE_URL, "postgres://alias"),
+                // Not configuration keys: left alone.
+                ("PARSLEY_CONFIG", "x.toml"),
+                ("PARSLEY_TOKEN_KEYS", "k:v"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.database_url().unwrap(), "postgres://generic");
+        assert_eq!(c.database.max_connections, 9);
+        assert_eq!(c.kafka.request_timeout_ms, 777);
+        assert_eq!(c.owner(), "123", "a string key takes digits as text");
+        let m = &c.models[0];
+        assert_eq!((m.max_step_ms, m.on_rejected, m.tasks.clone()), (40, OnRejected::DeadLetter, Some(vec![0, 2])));
+        assert_eq!(m.topics[1].apply, Apply::Replace);
+        assert_eq!(m.topics[1].initial_position, Some(InitialPosition::Earliest), "the rest of the entry stays");
+        assert_eq!(m.max_step_records, 10, "keys not overridden keep the file's value");
+    }
+
+    #[test]
+    fn an_empty_variable_unsets_an_optional_key() {
+        let c = Config::parse_with_env(FULL, &env(&[("PARSLEY_PROJECTOR__OWNER", "")])).unwrap();
+        assert_eq!(c.projector.owner, None);
+        let c = Config::parse_with_env(FULL, &env(&[("PARSLEY_PROJECTOR__METRICS_ADDRESS", "")])).unwrap();
+        assert_eq!(c.projector.metrics_address, "");
+        // The aliases keep their own rule: a blank PARSLEY_OWNER is ignored.
+        let c = Config::parse_with_env(FULL, &env(&[(ENV_OWNER, " ")])).unwrap();
+        assert_eq!(c.projector.owner.as_deref(), Some("a"));
+    }
+
+    #[test]
+    fn overrides_are_refused_by_name() {
+        let cases: &[(&str, &str, &str)] = &[
+            ("PARSLEY_KAFKA__BOOTSTRAPP", "x", "bootstrapp"),
+            ("PARSLEY_KAFAK__BOOTSTRAP", "x", "kafak"),
+            ("PARSLEY_DATABASE__MAX_CONNECTIONS", "many", "database.max_connections"),
+            ("PARSLEY_PROJECTOR__METADATA_BUDGET", "-1", "projector.metadata_budget"),
+            ("PARSLEY_MODELS__3__MAX_STEP_MS", "5", "models[3]"),
+            ("PARSLEY_MODELS__0__ON_REJECTED", "skip", "on_rejected"),
+            ("PARSLEY_KAFKA__BOOTSTRAP__X", "x", "kafka.bootstrap"),
+            ("PARSLEY_DATABASE____URL", "x", "PARSLEY_DATABASE____URL"),
+        ];
+        for (var, value, key) in cases {
+            let err = match Config::parse_with_env(FULL, &env(&[(var, value)])) {
+                Ok(_) => panic!("{var}={value:?} was accepted"),
+                Err(e) => format!("{e:#}"),
+            };
+            assert!(err.contains(key), "error for {var}={value:?} does not name {key:?}: {err}");
+            assert!(err.contains(var), "error for {var}={value:?} does not name the variable: {err}");
+        }
+        // What the variable set is then validated like the file's value.
+        let err = format!(
+            "{:#}",
+            Config::parse_with_env(FULL, &env(&[("PARSLEY_MODELS__0__MAX_STEP_MS", "0")])).unwrap_err()
+        );
+        assert!(err.contains("models[0].max_step_ms"), "{err}");
+    }
+
+    #[test]
+    fn the_database_url_is_never_printed() {
+        let c = Config::parse(FULL).unwrap();
+        assert_eq!(c.database_url().unwrap(), "postgres://u:p@h/db");
+        let printed = format!("{c:?}");
+        assert!(!printed.contains("u:p@h") && printed.contains("***"), "{printed}");
+    }
+
+    #[test]
+    fn a_missing_database_url_names_the_key() {
+        let c = Config::parse("").unwrap();
+        let err = c.database_url().unwrap_err().to_string();
+        assert!(err.contains("database.url") && err.contains(ENV_DATABASE_URL), "{err}");
+    }
+}
