@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
-use axum::http::{header, StatusCode, Uri};
+use axum::http::{header, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -30,7 +30,7 @@ use crate::config::GatewayConfig;
 use crate::facts::KafkaFacts;
 use crate::metrics::{Metric, Metrics, METRICS};
 use crate::notify::{self, ClockNotifier};
-use crate::problem::{ApiError, Problem};
+use crate::problem::{ApiError, Problem, ProblemType};
 use crate::server::{self, ServerLimits};
 use crate::widths::RecordedWidths;
 use crate::{ops, read, write};
@@ -260,12 +260,8 @@ async fn observe(State(state): State<AppState>, req: Request, next: Next) -> Res
     let response = match tokio::time::timeout(state.config.settings.request_timeout(), next.run(req)).await {
         Ok(r) => r,
         Err(_) => {
-            let mut p = Problem::new(
-                "request-timeout",
-                "Request timed out",
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the gateway could not answer within its request timeout",
-            );
+            let mut p =
+                Problem::new(ProblemType::RequestTimeout, "the gateway could not answer within its request timeout");
             p.retry_after = Some(state.config.settings.retry_after_s);
             p.into_response()
         }
@@ -281,7 +277,7 @@ async fn observe(State(state): State<AppState>, req: Request, next: Next) -> Res
 
 /// The problem kind of a problem response (an extension set when a [`Problem`] is rendered).
 fn problem_kind(response: &Response) -> Option<String> {
-    response.extensions().get::<crate::problem::ProblemKind>().map(|k| k.0.to_string())
+    response.extensions().get::<crate::problem::ProblemKind>().map(|k| k.0.kind().to_string())
 }
 
 /// The gateway's bound listeners: the main one, and the admin one when
@@ -400,7 +396,7 @@ mod tests {
     //! Kafka clients point at a closed port).
 
     use axum::body::Body;
-    use axum::http::{header, Method};
+    use axum::http::{header, Method, StatusCode};
     use parsley::{CausalPast, ChannelId, TopicId};
     use parsley_projector::config::Config;
     use serde_json::Value;

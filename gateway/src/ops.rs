@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use anyhow::Context as _;
 
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use parsley::codec;
@@ -23,7 +23,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::app::AppState;
-use crate::problem::{ApiError, Problem};
+use crate::problem::{ApiError, Problem, ProblemType};
 use crate::{database, read};
 
 pub async fn healthz() -> Json<Value> {
@@ -67,9 +67,7 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
     if database.is_ok() && migrations.is_ok() && kafka.is_ok() {
         Json(json!({"status": "ready", "checks": checks})).into_response()
     } else {
-        let mut p =
-            Problem::new("not-ready", "Not ready", StatusCode::SERVICE_UNAVAILABLE, "a dependency is not ready")
-                .with("checks", checks);
+        let mut p = Problem::new(ProblemType::NotReady, "a dependency is not ready").with("checks", checks);
         p.retry_after = Some(state.config.settings.retry_after_s);
         p.into_response()
     }

@@ -1,7 +1,8 @@
 //! The gateway's one error type, [`ApiError`], and its rendering as an RFC 9457 problem
 //! document (`application/problem+json`). Every client-visible failure has its own `type`
-//! URI; internal failures are logged once here and answered with a generic 500 whose body
-//! says nothing about the internals.
+//! URI, declared once in [`ProblemType`] (name, title, status; docs/gateway.md's table lists
+//! exactly these, a test says so); internal failures are logged once here and answered with
+//! a generic 500 whose body says nothing about the internals.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -14,13 +15,89 @@ use crate::token::TokenError;
 pub const PROBLEM_BASE: &str = "https://parsley.dev/problems/";
 pub const PROBLEM_CONTENT_TYPE: &str = "application/problem+json";
 
-/// One problem document: `type` is [`PROBLEM_BASE`] + `kind`; `extensions` are merged into
-/// the top-level object.
+/// Declares [`ProblemType`]: each problem type once, with its name (the last segment of
+/// its `type` URI, also the metrics label), title and status.
+macro_rules! problem_types {
+    ($( $(#[$meta:meta])* $Variant:ident = ($kind:literal, $title:literal, $status:ident) ),* $(,)?) => {
+        /// Every problem type the gateway answers with.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub enum ProblemType {
+            $( $(#[$meta])* $Variant ),*
+        }
+
+        impl ProblemType {
+            /// Every problem type, in declaration order.
+            pub const ALL: &'static [ProblemType] = &[ $( ProblemType::$Variant ),* ];
+
+            /// The short name: the `type` URI is [`PROBLEM_BASE`] + this.
+            pub const fn kind(self) -> &'static str {
+                match self { $( ProblemType::$Variant => $kind ),* }
+            }
+
+            pub const fn title(self) -> &'static str {
+                match self { $( ProblemType::$Variant => $title ),* }
+            }
+
+            pub const fn status(self) -> StatusCode {
+                match self { $( ProblemType::$Variant => StatusCode::$status ),* }
+            }
+        }
+    };
+}
+
+problem_types! {
+    TokenMalformed = ("token-malformed", "Session token malformed", BAD_REQUEST),
+    TokenInvalid = ("token-invalid", "Session token failed authentication", BAD_REQUEST),
+    TokenExpired = ("token-expired", "Session token expired", BAD_REQUEST),
+    /// The session began longer ago than `token_max_age_s`.
+    TokenWrongSubject = ("token-wrong-subject", "Session token belongs to another subject", FORBIDDEN),
+    TokenAheadOfLog = ("token-ahead-of-log", "Session token ahead of the log", BAD_REQUEST),
+    InvalidSubject = ("invalid-subject", "Invalid subject", BAD_REQUEST),
+    SessionTooLarge = ("session-too-large", "Session outgrew the token limits", UNPROCESSABLE_ENTITY),
+    MetadataBudgetExceeded = ("metadata-budget-exceeded", "Causes exceed the metadata budget", UNPROCESSABLE_ENTITY),
+    ReservedHeader = ("reserved-header", "Reserved header", BAD_REQUEST),
+    InvalidBody = ("invalid-body", "Invalid request body", BAD_REQUEST),
+    BodyTooLarge = ("body-too-large", "Request body too large", PAYLOAD_TOO_LARGE),
+    InvalidQuery = ("invalid-query", "Invalid query parameters", BAD_REQUEST),
+    InvalidKey = ("invalid-key", "Invalid document key", BAD_REQUEST),
+    InvalidPath = ("invalid-path", "Invalid path", BAD_REQUEST),
+    WidthChanged = ("width-changed", "Topic width changed", CONFLICT),
+    Unauthorized = ("unauthorized", "Unauthorized", UNAUTHORIZED),
+    UnknownTopic = ("unknown-topic", "Unknown topic", NOT_FOUND),
+    UnknownModel = ("unknown-model", "Unknown model", NOT_FOUND),
+    /// No such document, coverage proven.
+    NotFound = ("not-found", "Document not found", NOT_FOUND),
+    NoSuchRoute = ("no-such-route", "No such route", NOT_FOUND),
+    NotYetCovered = ("not-yet-covered", "Not yet covered", SERVICE_UNAVAILABLE),
+    WriteFailed = ("write-failed", "Write not acknowledged", SERVICE_UNAVAILABLE),
+    Unavailable = ("unavailable", "Service unavailable", SERVICE_UNAVAILABLE),
+    Overloaded = ("overloaded", "Overloaded", SERVICE_UNAVAILABLE),
+    /// The request exceeded the gateway's response timeout.
+    RequestTimeout = ("request-timeout", "Request timed out", SERVICE_UNAVAILABLE),
+    /// `/readyz` only.
+    NotReady = ("not-ready", "Not ready", SERVICE_UNAVAILABLE),
+    Internal = ("internal", "Internal error", INTERNAL_SERVER_ERROR),
+}
+
+impl ProblemType {
+    /// The problem type named `kind`, if the gateway has one.
+    pub fn from_kind(kind: &str) -> Option<ProblemType> {
+        ProblemType::ALL.iter().copied().find(|t| t.kind() == kind)
+    }
+
+    /// The problem type of a token refusal (named by [`TokenError::kind`]).
+    fn of_token(e: &TokenError) -> ProblemType {
+        // Every kind a token error names is declared (a test checks each); a kind added to
+        // the token module but not here still fails closed, as a malformed token.
+        ProblemType::from_kind(e.kind()).unwrap_or(ProblemType::TokenMalformed)
+    }
+}
+
+/// One problem document: `type` is [`PROBLEM_BASE`] + its kind; title and status are its
+/// type's; `extensions` are merged into the top-level object.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Problem {
-    pub kind: &'static str,
-    pub title: &'static str,
-    pub status: StatusCode,
+    pub problem_type: ProblemType,
     pub detail: String,
     pub extensions: Map<String, Value>,
     /// `Retry-After`, in seconds.
@@ -28,8 +105,21 @@ pub struct Problem {
 }
 
 impl Problem {
-    pub fn new(kind: &'static str, title: &'static str, status: StatusCode, detail: impl Into<String>) -> Problem {
-        Problem { kind, title, status, detail: detail.into(), extensions: Map::new(), retry_after: None }
+    pub fn new(problem_type: ProblemType, detail: impl Into<String>) -> Problem {
+        Problem { problem_type, detail: detail.into(), extensions: Map::new(), retry_after: None }
+    }
+
+    /// The short name (the last segment of the `type` URI; the metrics label).
+    pub fn kind(&self) -> &'static str {
+        self.problem_type.kind()
+    }
+
+    pub fn title(&self) -> &'static str {
+        self.problem_type.title()
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.problem_type.status()
     }
 
     pub fn with(mut self, name: &str, value: Value) -> Problem {
@@ -38,14 +128,14 @@ impl Problem {
     }
 
     pub fn type_uri(&self) -> String {
-        format!("{PROBLEM_BASE}{}", self.kind)
+        format!("{PROBLEM_BASE}{}", self.kind())
     }
 
     pub fn body(&self) -> Value {
         let mut body = Map::new();
         body.insert("type".into(), json!(self.type_uri()));
-        body.insert("title".into(), json!(self.title));
-        body.insert("status".into(), json!(self.status.as_u16()));
+        body.insert("title".into(), json!(self.title()));
+        body.insert("status".into(), json!(self.status().as_u16()));
         body.insert("detail".into(), json!(self.detail));
         for (k, v) in &self.extensions {
             body.insert(k.clone(), v.clone());
@@ -57,13 +147,13 @@ impl Problem {
 /// Response extension naming the problem a response carries (read by the metrics
 /// middleware).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ProblemKind(pub &'static str);
+pub struct ProblemKind(pub ProblemType);
 
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
         let body = serde_json::to_vec(&self.body()).expect("a JSON value serializes");
-        let mut response = (self.status, body).into_response();
-        response.extensions_mut().insert(ProblemKind(self.kind));
+        let mut response = (self.status(), body).into_response();
+        response.extensions_mut().insert(ProblemKind(self.problem_type));
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_CONTENT_TYPE));
         if let Some(s) = self.retry_after {
@@ -133,54 +223,42 @@ pub enum ApiError {
 impl ApiError {
     /// The problem's short name (also the metrics label).
     pub fn kind(&self) -> &'static str {
-        self.problem_ref().0
+        self.problem_type().kind()
     }
 
-    fn problem_ref(&self) -> (&'static str, &'static str, StatusCode) {
-        use StatusCode as S;
+    /// The problem type this error is answered with.
+    pub fn problem_type(&self) -> ProblemType {
+        use ProblemType as P;
         match self {
-            ApiError::Token(e) => match e.kind() {
-                "token-expired" => ("token-expired", "Session token expired", S::BAD_REQUEST),
-                "token-wrong-subject" => {
-                    ("token-wrong-subject", "Session token belongs to another subject", S::FORBIDDEN)
-                }
-                "token-invalid" => ("token-invalid", "Session token failed authentication", S::BAD_REQUEST),
-                _ => ("token-malformed", "Session token malformed", S::BAD_REQUEST),
-            },
-            ApiError::TokenAheadOfLog { .. } => {
-                ("token-ahead-of-log", "Session token ahead of the log", S::BAD_REQUEST)
-            }
-            ApiError::SessionTooLarge { .. } => {
-                ("session-too-large", "Session outgrew the token limits", S::UNPROCESSABLE_ENTITY)
-            }
-            ApiError::InvalidSubject(_) => ("invalid-subject", "Invalid subject", S::BAD_REQUEST),
-            ApiError::Body(BodyError::ReservedHeader(_)) => ("reserved-header", "Reserved header", S::BAD_REQUEST),
-            ApiError::Body(BodyError::Invalid { .. }) => ("invalid-body", "Invalid request body", S::BAD_REQUEST),
-            ApiError::UnknownTopic(..) => ("unknown-topic", "Unknown topic", S::NOT_FOUND),
-            ApiError::UnknownModel(_) => ("unknown-model", "Unknown model", S::NOT_FOUND),
-            ApiError::InvalidBody(_) => ("invalid-body", "Invalid request body", S::BAD_REQUEST),
-            ApiError::BodyTooLarge { .. } => ("body-too-large", "Request body too large", S::PAYLOAD_TOO_LARGE),
-            ApiError::InvalidQuery { .. } => ("invalid-query", "Invalid query parameters", S::BAD_REQUEST),
-            ApiError::InvalidKey(_) => ("invalid-key", "Invalid document key", S::BAD_REQUEST),
-            ApiError::InvalidPath(_) => ("invalid-path", "Invalid path", S::BAD_REQUEST),
-            ApiError::MetadataBudgetExceeded { .. } => {
-                ("metadata-budget-exceeded", "Causes exceed the metadata budget", S::UNPROCESSABLE_ENTITY)
-            }
-            ApiError::NotYetCovered(p) => (p.kind, p.title, p.status),
-            ApiError::Unavailable { .. } => ("unavailable", "Service unavailable", S::SERVICE_UNAVAILABLE),
-            ApiError::WriteFailed { .. } => ("write-failed", "Write not acknowledged", S::SERVICE_UNAVAILABLE),
-            ApiError::WidthChanged { .. } => ("width-changed", "Topic width changed", S::CONFLICT),
-            ApiError::Overloaded { .. } => ("overloaded", "Overloaded", S::SERVICE_UNAVAILABLE),
-            ApiError::Unauthorized(_) => ("unauthorized", "Unauthorized", S::UNAUTHORIZED),
-            ApiError::NoSuchRoute(_) => ("no-such-route", "No such route", S::NOT_FOUND),
-            ApiError::Internal(_) => ("internal", "Internal error", S::INTERNAL_SERVER_ERROR),
+            ApiError::Token(e) => ProblemType::of_token(e),
+            ApiError::TokenAheadOfLog { .. } => P::TokenAheadOfLog,
+            ApiError::SessionTooLarge { .. } => P::SessionTooLarge,
+            ApiError::InvalidSubject(_) => P::InvalidSubject,
+            ApiError::Body(BodyError::ReservedHeader(_)) => P::ReservedHeader,
+            ApiError::Body(BodyError::Invalid { .. }) => P::InvalidBody,
+            ApiError::UnknownTopic(..) => P::UnknownTopic,
+            ApiError::UnknownModel(_) => P::UnknownModel,
+            ApiError::InvalidBody(_) => P::InvalidBody,
+            ApiError::BodyTooLarge { .. } => P::BodyTooLarge,
+            ApiError::InvalidQuery { .. } => P::InvalidQuery,
+            ApiError::InvalidKey(_) => P::InvalidKey,
+            ApiError::InvalidPath(_) => P::InvalidPath,
+            ApiError::MetadataBudgetExceeded { .. } => P::MetadataBudgetExceeded,
+            ApiError::NotYetCovered(p) => p.problem_type,
+            ApiError::Unavailable { .. } => P::Unavailable,
+            ApiError::WriteFailed { .. } => P::WriteFailed,
+            ApiError::WidthChanged { .. } => P::WidthChanged,
+            ApiError::Overloaded { .. } => P::Overloaded,
+            ApiError::Unauthorized(_) => P::Unauthorized,
+            ApiError::NoSuchRoute(_) => P::NoSuchRoute,
+            ApiError::Internal(_) => P::Internal,
         }
     }
 
     /// The problem document for this error. Internal errors are logged here, once.
     pub fn into_problem(self) -> Problem {
-        let (kind, title, status) = self.problem_ref();
-        let p = |detail: String| Problem::new(kind, title, status, detail);
+        let problem_type = self.problem_type();
+        let p = |detail: String| Problem::new(problem_type, detail);
         match self {
             ApiError::Token(e) => {
                 let detail = match &e {
@@ -291,7 +369,7 @@ mod tests {
     fn internal_errors_do_not_leak() {
         let e = ApiError::Internal(anyhow::anyhow!("password=hunter2 at db.internal:5432"));
         let p = e.into_problem();
-        assert_eq!(p.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(p.status(), StatusCode::INTERNAL_SERVER_ERROR);
         let text = p.body().to_string();
         assert!(!text.contains("hunter2") && !text.contains("db.internal"), "{text}");
         assert_eq!(p.body()["type"], json!("https://parsley.dev/problems/internal"));
@@ -307,7 +385,7 @@ mod tests {
         ];
         for (e, kind, status) in cases {
             let p = ApiError::Token(e).into_problem();
-            assert_eq!((p.kind, p.status.as_u16()), (kind, status));
+            assert_eq!((p.kind(), p.status().as_u16()), (kind, status));
         }
     }
 
@@ -317,5 +395,55 @@ mod tests {
         assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(r.headers()[header::RETRY_AFTER], "3");
         assert_eq!(r.headers()[header::CONTENT_TYPE], PROBLEM_CONTENT_TYPE);
+    }
+
+    #[test]
+    fn problem_types_are_declared_once() {
+        let mut kinds: Vec<&str> = ProblemType::ALL.iter().map(|t| t.kind()).collect();
+        kinds.sort_unstable();
+        kinds.dedup();
+        assert_eq!(kinds.len(), ProblemType::ALL.len(), "a kind is declared twice");
+        for t in ProblemType::ALL {
+            assert_eq!(ProblemType::from_kind(t.kind()), Some(*t));
+            assert!(t.kind().bytes().all(|b| b.is_ascii_lowercase() || b == b'-'), "{t:?}");
+            assert!(t.status().is_client_error() || t.status().is_server_error(), "{t:?}");
+        }
+    }
+
+    /// docs/gateway.md's problem table lists exactly the declared problem types, each with
+    /// its status.
+    #[test]
+    fn the_documented_problem_types_are_the_declared_ones() {
+        let doc = include_str!("../../docs/gateway.md");
+        let section = doc.split("## Problem types").nth(1).expect("the problem types section");
+        let mut documented: Vec<(String, u16)> = section
+            .lines()
+            .skip_while(|l| !l.starts_with("| `"))
+            .take_while(|l| l.starts_with("| `"))
+            .map(|l| {
+                let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+                let status = cells[2].parse().unwrap_or_else(|_| panic!("a status in {l:?}"));
+                (cells[1].trim_matches('`').to_string(), status)
+            })
+            .collect();
+        let mut declared: Vec<(String, u16)> =
+            ProblemType::ALL.iter().map(|t| (t.kind().to_string(), t.status().as_u16())).collect();
+        documented.sort();
+        declared.sort();
+        assert_eq!(documented, declared, "docs/gateway.md's problem table");
+    }
+
+    /// Every token refusal has a declared problem type of its own name (none falls back).
+    #[test]
+    fn every_token_error_kind_is_declared() {
+        let errors = [
+            TokenError::Malformed("x".into()),
+            TokenError::Tampered,
+            TokenError::Expired { expires_at: 1, now: 2 },
+            TokenError::WrongSubject,
+        ];
+        for e in errors {
+            assert_eq!(ProblemType::from_kind(e.kind()).map(ProblemType::kind), Some(e.kind()), "{e:?}");
+        }
     }
 }

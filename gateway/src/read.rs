@@ -36,7 +36,7 @@ use sqlx::{Postgres, Row as _, Transaction};
 use crate::app::AppState;
 use crate::database;
 use crate::metrics::Metric;
-use crate::problem::{ApiError, Problem};
+use crate::problem::{ApiError, Problem, ProblemType};
 use crate::session::{self, SESSION_HEADER};
 
 /// Default and largest page of a collection read.
@@ -296,9 +296,7 @@ fn respond(target: &Target, body: Option<Value>, token: HeaderValue) -> Response
                 Target::Page { .. } => "",
             };
             let problem = Problem::new(
-                "not-found",
-                "Document not found",
-                StatusCode::NOT_FOUND,
+                ProblemType::NotFound,
                 "no document with this key exists in a snapshot that covers the session",
             )
             .with("key", json!(key));
@@ -504,7 +502,7 @@ fn not_yet_covered(state: &AppState, model: &str, uncovered: Uncovered, waited: 
     } else {
         format!("model {model:?} has no state in the database yet (is its projector running?); waited {waited_ms} ms")
     };
-    let mut problem = Problem::new("not-yet-covered", "Not yet covered", StatusCode::SERVICE_UNAVAILABLE, detail)
+    let mut problem = Problem::new(ProblemType::NotYetCovered, detail)
         .with("model", json!(model))
         .with("waited_ms", json!(waited_ms))
         .with("gaps", Value::Array(gaps))
