@@ -4,8 +4,9 @@
 //! so does a value or patch whose result is JSON `null`.
 //!
 //! A step's deliveries are folded in memory, in delivery order, and written with at most
-//! three statements (read the documents merge patches need, upsert, delete), so the cost
-//! per step does not grow with a statement per record.
+//! three statements (read the documents merge patches need, upsert, delete; all in
+//! [`parsley_store::documents`]), so the cost per step does not grow with a statement per
+//! record.
 //!
 //! A record the table cannot take is *rejected* ([`ProjectionError::Rejected`]), named by
 //! its coordinate, before any statement runs: no key, a key that is not UTF-8, a NUL
@@ -17,13 +18,13 @@
 use std::collections::BTreeMap;
 
 use anyhow::anyhow;
+use parsley::channel::{ChannelId, Position};
+use parsley_store::documents::{self, DocumentWrite};
 use serde_json::{Map, Value};
-use sqlx::{PgConnection, Row as _};
-use uuid::Uuid;
+use sqlx::PgConnection;
 
 use crate::config::Apply;
 use crate::projection::{Delivered, Projection, ProjectionError, StepContext};
-use crate::store::uuid_of;
 
 /// Applies RFC 7396 JSON merge patch `patch` to `target`.
 pub fn merge_patch(target: &mut Value, patch: &Value) {
@@ -147,7 +148,7 @@ struct Folded {
     applied_since_delete: i64,
     /// A delete happened in this step: the stored row goes, the version restarts.
     reset: bool,
-    last: (Uuid, i32, i64),
+    last: (ChannelId, Position),
 }
 
 impl Projection for DocumentProjection {
@@ -170,18 +171,14 @@ impl Projection for DocumentProjection {
             return Ok(());
         }
         // Parse every record first: a bad one is rejected before any statement runs.
-        let mut ops: Vec<(&str, Op, (Uuid, i32, i64))> = Vec::with_capacity(records.len());
+        let mut ops: Vec<(&str, Op, (ChannelId, Position))> = Vec::with_capacity(records.len());
         for r in records {
             // Not the record's fault: the projection was built for other topics.
             let apply = *self
                 .apply_by_topic
                 .get(r.topic)
                 .ok_or_else(|| anyhow!("{}: topic {:?} has no document rule", r.coordinate(), r.topic))?;
-            ops.push((
-                key_of(r)?,
-                op_of(apply, r)?,
-                (uuid_of(&r.channel.topic), r.channel.partition as i32, r.position),
-            ));
+            ops.push((key_of(r)?, op_of(apply, r)?, (r.channel, r.position)));
         }
 
         // Which keys need their stored document: those whose first operation is a merge.
@@ -192,15 +189,10 @@ impl Projection for DocumentProjection {
         let wanted: Vec<String> = first_is_merge.iter().filter(|(_, m)| **m).map(|(k, _)| k.to_string()).collect();
         let mut stored: BTreeMap<String, Value> = BTreeMap::new();
         if !wanted.is_empty() {
-            let rows = sqlx::query("SELECT key, doc FROM projection.documents WHERE model = $1 AND key = ANY($2)")
-                .bind(step.model)
-                .bind(&wanted)
-                .fetch_all(&mut *conn)
+            let rows = documents::stored(conn, step.model, &wanted)
                 .await
                 .map_err(|e| ProjectionError::database(e, "reading documents to merge into"))?;
-            for row in rows {
-                stored.insert(row.get(0), row.get(1));
-            }
+            stored.extend(rows);
         }
 
         let mut folded: BTreeMap<&str, Folded> = BTreeMap::new();
@@ -238,59 +230,32 @@ impl Projection for DocumentProjection {
         }
 
         let mut deleted: Vec<String> = Vec::new();
-        let mut keys = Vec::new();
-        let mut docs: Vec<Value> = Vec::new();
-        let mut topics = Vec::new();
-        let mut partitions = Vec::new();
-        let mut positions = Vec::new();
-        let mut counts = Vec::new();
+        let mut writes = Vec::new();
         for (key, f) in folded {
             // A key deleted during the step and written again starts over: delete it first.
             if f.reset {
                 deleted.push(key.to_string());
             }
-            match f.doc {
-                None => {}
-                Some(doc) => {
-                    keys.push(key.to_string());
-                    docs.push(doc);
-                    topics.push(f.last.0);
-                    partitions.push(f.last.1);
-                    positions.push(f.last.2);
-                    counts.push(f.applied_since_delete);
-                }
+            if let Some(doc) = f.doc {
+                let (channel, position) = f.last;
+                writes.push(DocumentWrite {
+                    key: key.to_string(),
+                    doc,
+                    channel,
+                    position,
+                    applied: f.applied_since_delete,
+                });
             }
         }
         if !deleted.is_empty() {
-            sqlx::query("DELETE FROM projection.documents WHERE model = $1 AND key = ANY($2)")
-                .bind(step.model)
-                .bind(&deleted)
-                .execute(&mut *conn)
+            documents::delete(conn, step.model, &deleted)
                 .await
                 .map_err(|e| ProjectionError::database(e, "deleting documents"))?;
         }
-        if !keys.is_empty() {
-            sqlx::query(
-                "INSERT INTO projection.documents AS d (model, key, task, doc, topic_id, partition, position, version)
-                 SELECT $1, u.key, $2, u.doc, u.topic_id, u.partition, u.position, u.applied
-                 FROM UNNEST($3::text[], $4::jsonb[], $5::uuid[], $6::int4[], $7::int8[], $8::int8[])
-                      AS u(key, doc, topic_id, partition, position, applied)
-                 ON CONFLICT (model, key) DO UPDATE SET
-                   task = EXCLUDED.task, doc = EXCLUDED.doc, topic_id = EXCLUDED.topic_id,
-                   partition = EXCLUDED.partition, position = EXCLUDED.position,
-                   version = d.version + EXCLUDED.version, updated_at = now()",
-            )
-            .bind(step.model)
-            .bind(step.task as i32)
-            .bind(&keys)
-            .bind(&docs)
-            .bind(&topics)
-            .bind(&partitions)
-            .bind(&positions)
-            .bind(&counts)
-            .execute(&mut *conn)
-            .await
-            .map_err(|e| ProjectionError::database(e, "writing documents"))?;
+        if !writes.is_empty() {
+            documents::write(conn, step.model, step.task, writes)
+                .await
+                .map_err(|e| ProjectionError::database(e, "writing documents"))?;
         }
         Ok(())
     }

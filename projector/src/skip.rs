@@ -18,16 +18,13 @@
 //! and a read whose token names it is covered; its own causes are not waited for (it has no
 //! effect, so nothing is reordered); the projection never sees it.
 
-use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use parsley::channel::{ChannelId, Position, TopicId};
-use parsley::engine::PersistedState;
 use parsley::refusal::RefusalReason;
-use parsley::CausalPast;
 use rdkafka::consumer::Consumer as _;
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
@@ -36,8 +33,11 @@ use sqlx::PgPool;
 
 use crate::config::KafkaConfig;
 use crate::kafka;
-use crate::record::{Consumed, RecordData};
-use crate::store::{self, ModelRow, RecordFound, Skip, TaskRow, TaskStatusKind};
+use crate::record::Consumed;
+use crate::store::{self, ModelRow, RecordFound, Skip, TaskRow, TaskStatus};
+
+/// How a restore applies the skips to a task's stored state (owned by `parsley-store`).
+pub use parsley_store::ordering::mark_skipped_held;
 
 /// The refusals a skip can clear: those about one record's own content. Every other reason
 /// concerns the model's state or its topics, which skipping one record cannot repair.
@@ -211,7 +211,7 @@ fn refused_at(
     };
     let Some(row) = row else { return Err(not_refused("without a row: it never ran".to_string())) };
     let refusal = match (&row.status, &row.refusal) {
-        (TaskStatusKind::Refused, Some(r)) => r,
+        (TaskStatus::Refused, Some(r)) => r,
         (status, _) => return Err(not_refused(status.as_str().to_string())),
     };
     if refusal.channel != Some(*channel) || refusal.position != Some(position) {
@@ -274,24 +274,12 @@ async fn read_record(
     }
 }
 
-/// Applies the skips to a task's stored state before the engine is restored from it: a
-/// skipped record that is held loses its causes (it waits for nothing) and is marked, so
-/// that its delivery is not handed to the projection. A skipped record not yet fed is
-/// marked when it is fed (`task.rs`).
-pub fn mark_skipped_held(state: &mut PersistedState<RecordData>, skipped: &BTreeSet<(ChannelId, Position)>) {
-    for held in &mut state.held {
-        if skipped.contains(&(held.channel, held.position)) {
-            held.causes = CausalPast::new();
-            held.payload = RecordData::skipped(held.payload.timestamp_ms);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use parsley::engine::HeldRecord;
-    use parsley::Engine;
+    use crate::record::RecordData;
+    use parsley::engine::{HeldRecord, PersistedState};
+    use parsley::{CausalPast, Engine};
 
     fn ch(topic: u8) -> ChannelId {
         ChannelId::new(TopicId::from_bytes([topic; 16]), 0)

@@ -860,21 +860,15 @@ impl<P: Projection> TaskRunner<P> {
         for d in effective {
             let record = view(plan, d);
             if dead_letter {
-                sqlx::query("SAVEPOINT parsley_record").execute(&mut *conn).await.context("setting a savepoint")?;
+                store::set_record_savepoint(conn).await?;
             }
             match self.projection.apply_batch(conn, ctx, std::slice::from_ref(&record)).await {
                 Ok(()) if dead_letter => {
-                    sqlx::query("RELEASE SAVEPOINT parsley_record")
-                        .execute(&mut *conn)
-                        .await
-                        .context("releasing a savepoint")?;
+                    store::release_record_savepoint(conn).await?;
                 }
                 Ok(()) => {}
                 Err(ProjectionError::Rejected { reason }) if dead_letter => {
-                    sqlx::query("ROLLBACK TO SAVEPOINT parsley_record")
-                        .execute(&mut *conn)
-                        .await
-                        .context("rolling back to a savepoint")?;
+                    store::rollback_to_record_savepoint(conn).await?;
                     store::insert_dead_letter(conn, &plan.name, self.task, d, &reason).await?;
                     tracing::warn!(model = %plan.name, task = self.task, record = %record.coordinate(), %reason,
                         "the projection rejected a record; dead-lettered, delivered without effect");

@@ -7,11 +7,26 @@
 //!   `[[models]]`, the gateway's `[gateway]` carried through); [`env`]: the one rule for
 //!   environment overrides of every key; [`secret`]: values that are never printed.
 //! - [`migrations`]: the embedded schema migrations (`store/migrations/`) and their runner.
+//! - [`ordering`]: every statement on the ordering state (`parsley` schema): models, topic
+//!   identities, task epochs and the persisted [`TaskStatus`], loading a task's state,
+//!   writing a step's changes, clock rows, the `NOTIFY` channel, skips and dead letters;
+//!   [`record`]: what a held record keeps (the engine's payload) and its header framing.
+//! - [`documents`]: every statement on `projection.documents`.
+//! - [`status`]: task status read back, in full (the projector's `status`) or from SQL
+//!   aggregates (the gateway's `/v1/status`).
+//! - [`failure`]: failed database calls told apart (outage, rejected value, bug).
 
 pub mod config;
+pub mod documents;
 pub mod env;
+pub mod failure;
 pub mod migrations;
+pub mod ordering;
+pub mod record;
 pub mod secret;
+pub mod status;
 
 pub use config::Config;
+pub use ordering::{TaskStatus, CLOCK_NOTIFY_CHANNEL};
+pub use record::RecordData;
 pub use secret::Secret;

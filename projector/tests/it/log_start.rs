@@ -11,7 +11,7 @@ use parsley::refusal::RefusalReason;
 use parsley_projector::config::Config;
 use parsley_projector::metrics::{Metric, Metrics, METRICS};
 use parsley_projector::status::render;
-use parsley_projector::store::TaskStatusKind;
+use parsley_projector::store::TaskStatus;
 use parsley_projector::task::{StepOutcome, TaskState};
 use rdkafka::producer::Producer as _;
 
@@ -50,14 +50,14 @@ async fn retention_past_a_held_record_refuses_while_running_and_again_after_a_re
         checks(&metrics, &n.model) >= before + 2.0
     })
     .await;
-    assert_eq!(report(&pool, &n.model).await.task(0).unwrap().status, TaskStatusKind::Running);
+    assert_eq!(report(&pool, &n.model).await.task(0).unwrap().status, TaskStatus::Running);
 
     // Retention removes the held payment's position; the projector keeps running. Its
     // consumer reads on above the payment, so only the periodic check can notice.
     delete_records(&n.payments, 0, pay_at + 1).await;
     let before = checks(&metrics, &n.model);
     drive_until(&mut projector, "the running task to refuse", || async {
-        report(&pool, &n.model).await.task(0).unwrap().status == TaskStatusKind::Refused
+        report(&pool, &n.model).await.task(0).unwrap().status == TaskStatus::Refused
     })
     .await;
     let r = report(&pool, &n.model).await;
@@ -87,7 +87,7 @@ async fn retention_past_a_held_record_refuses_while_running_and_again_after_a_re
     assert!(matches!(&again.run_once().await[0], StepOutcome::Refused(_)));
     let r = report(&pool, &n.model).await;
     let task = r.task(0).unwrap();
-    assert_eq!((task.epoch, task.status), (2, TaskStatusKind::Refused));
+    assert_eq!((task.epoch, task.status), (2, TaskStatus::Refused));
     let recurred = task.refusal.clone().unwrap();
     assert_eq!(
         (recurred.reason, recurred.channel, recurred.position),
@@ -119,7 +119,7 @@ async fn retention_up_to_what_is_settled_refuses_nothing_and_holding_nothing_che
     delete_records(&n.payments, 0, first_payment + 1).await;
     drive_for(&mut projector, Duration::from_millis(800)).await;
     assert_eq!(checks(&metrics, &n.model), 0.0, "a task holding nothing makes no periodic check");
-    assert_eq!(report(&pool, &n.model).await.task(0).unwrap().status, TaskStatusKind::Running);
+    assert_eq!(report(&pool, &n.model).await.task(0).unwrap().status, TaskStatus::Running);
 
     // A payment held behind an open transaction; retention exactly at its position
     // (settled + 1) is still within reach.
@@ -140,7 +140,7 @@ async fn retention_up_to_what_is_settled_refuses_nothing_and_holding_nothing_che
     })
     .await;
     let task = report(&pool, &n.model).await.task(0).unwrap().clone();
-    assert_eq!((task.status, task.refusal), (TaskStatusKind::Running, None));
+    assert_eq!((task.status, task.refusal), (TaskStatus::Running, None));
 
     // The cause commits: the payment is delivered, nothing is held, the checks stop.
     txp.commit_transaction(TIMEOUT).unwrap();
@@ -153,7 +153,7 @@ async fn retention_up_to_what_is_settled_refuses_nothing_and_holding_nothing_che
     assert_eq!(checks(&metrics, &n.model), settled_checks, "no check once nothing is held");
     let log = applied(&pool, &n.model).await;
     assert_eq!(log[2..], [(n.orders.clone(), 0, order_at), (n.payments.clone(), 0, pay_at)]);
-    assert_eq!(report(&pool, &n.model).await.task(0).unwrap().status, TaskStatusKind::Running);
+    assert_eq!(report(&pool, &n.model).await.task(0).unwrap().status, TaskStatus::Running);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -174,7 +174,7 @@ async fn a_disabled_check_makes_no_check_while_records_are_held() {
     delete_records(&n.payments, 0, pay_at + 1).await;
     drive_for(&mut projector, Duration::from_millis(600)).await;
     assert_eq!(checks(&metrics, &n.model), 0.0, "log_start_check_ms = 0 disables the check");
-    assert_eq!(report(&pool, &n.model).await.task(0).unwrap().status, TaskStatusKind::Running);
+    assert_eq!(report(&pool, &n.model).await.task(0).unwrap().status, TaskStatus::Running);
     drop(projector);
 
     // ... until the next start, which always checks.

@@ -5,7 +5,7 @@
 
 use parsley::refusal::RefusalReason;
 use parsley_projector::status::render;
-use parsley_projector::store::TaskStatusKind;
+use parsley_projector::store::TaskStatus;
 use parsley_projector::task::StepOutcome;
 use parsley_projector::ModelProjector;
 use rdkafka::admin::NewPartitions;
@@ -15,7 +15,7 @@ use crate::support::*;
 async fn refused_task(pool: &sqlx::PgPool, model: &str, task: u32) -> Option<parsley::Refusal> {
     let r = report(pool, model).await;
     let t = r.task(task)?;
-    (t.status == TaskStatusKind::Refused).then(|| t.refusal.clone().expect("a refused task records its reason"))
+    (t.status == TaskStatus::Refused).then(|| t.refusal.clone().expect("a refused task records its reason"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -51,7 +51,7 @@ async fn an_undecodable_header_refuses_and_nothing_after_it_is_delivered() {
     drive_until(&mut again, "the refusal to recur", || async {
         let r = report(&pool, &n.model).await;
         let t = r.task(0).unwrap();
-        t.epoch == 2 && t.status == TaskStatusKind::Refused
+        t.epoch == 2 && t.status == TaskStatus::Refused
     })
     .await;
     let recurred = refused_task(&pool, &n.model, 0).await.unwrap();

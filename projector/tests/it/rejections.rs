@@ -17,7 +17,7 @@ use parsley_projector::projection::{Delivered, Projection, ProjectionError, Step
 use parsley_projector::record::decode_headers;
 use parsley_projector::skip::{skip, SkipError, SkipRequest};
 use parsley_projector::status::render;
-use parsley_projector::store::{RecordFound, TaskStatusKind};
+use parsley_projector::store::{RecordFound, TaskStatus};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::FutureRecord;
 use sqlx::{PgConnection, PgPool, Row as _};
@@ -27,7 +27,7 @@ use crate::support::*;
 async fn refused(pool: &PgPool, model: &str) -> Option<Refusal> {
     let r = report(pool, model).await;
     let t = r.task(0)?;
-    (t.status == TaskStatusKind::Refused).then(|| t.refusal.clone().expect("a refused task records its reason"))
+    (t.status == TaskStatus::Refused).then(|| t.refusal.clone().expect("a refused task records its reason"))
 }
 
 /// Steps until task 0 is refused; returns the refusal.
@@ -91,7 +91,7 @@ async fn a_value_that_is_not_json_is_refused_at_its_record_and_the_refusal_recur
     drive_until(&mut again, "the refusal to recur", || async {
         let r = report(&pool, &n.model).await;
         let t = r.task(0).unwrap();
-        t.epoch == 2 && t.status == TaskStatusKind::Refused
+        t.epoch == 2 && t.status == TaskStatus::Refused
     })
     .await;
     assert_eq!(refused(&pool, &n.model).await.unwrap(), refusal);
@@ -128,7 +128,7 @@ async fn nul_characters_are_refused_and_skip_moves_past_each_record() {
         RecordFound::Read { key: Some(b"a\0b".to_vec()), causes_headers: vec![] },
         "the record's key is recorded as read"
     );
-    assert_eq!(report(&pool, &n.model).await.task(0).unwrap().status, TaskStatusKind::Running);
+    assert_eq!(report(&pool, &n.model).await.task(0).unwrap().status, TaskStatus::Running);
     let again = skip(&config.kafka, &pool, &skip_request(&n, nul_key_at, "twice")).await;
     assert!(matches!(again, Err(SkipError::NotRefusedAtRecord { .. })), "{again:?}");
     drop(projector);
@@ -309,7 +309,7 @@ async fn a_transient_database_failure_stays_failing_and_recovers() {
     drive_until(&mut projector, "the task to fail repeatedly", || async {
         let r = report(&pool, &n.model).await;
         let t = r.task(0).unwrap();
-        t.status == TaskStatusKind::Failing && t.failures >= 3
+        t.status == TaskStatus::Failing && t.failures >= 3
     })
     .await;
     let r = report(&pool, &n.model).await;
@@ -326,7 +326,7 @@ async fn a_transient_database_failure_stays_failing_and_recovers() {
     })
     .await;
     drive_until(&mut projector, "the task to run again", || async {
-        report(&pool, &n.model).await.task(0).unwrap().status == TaskStatusKind::Running
+        report(&pool, &n.model).await.task(0).unwrap().status == TaskStatus::Running
     })
     .await;
 }
@@ -437,7 +437,7 @@ async fn skip_by_the_command_line_lets_a_running_projector_go_on_without_a_resta
     assert_eq!(row.get::<Option<Vec<u8>>, _>(3), Some(b"o2".to_vec()));
     assert_eq!(row.get::<Option<String>, _>(4).as_deref(), Some("PROJECTION_REJECTED"));
     let r = report(&pool, &n.model).await;
-    assert_eq!(r.task(0).unwrap().status, TaskStatusKind::Running);
+    assert_eq!(r.task(0).unwrap().status, TaskStatus::Running);
     let text = render(&r);
     assert!(text.contains(&format!("skipped {}/0@{bad_at} by \"operator-7\"", n.orders)), "{text}");
     let clock = sqlx::query_scalar::<_, i64>(
@@ -586,5 +586,5 @@ async fn skip_clears_an_undecodable_record_and_a_rejected_record_that_was_held()
     assert_eq!(document(&pool, &n.model, "o2").await, None);
     let r = report(&pool, &n.model).await;
     let t = r.task(0).unwrap();
-    assert_eq!((t.status, t.held_total, t.skips.len()), (TaskStatusKind::Running, 0, 2));
+    assert_eq!((t.status, t.held_total, t.skips.len()), (TaskStatus::Running, 0, 2));
 }

@@ -17,7 +17,7 @@ use parsley_projector::metrics::{Metric, Metrics, METRICS};
 use parsley_projector::projection::{Delivered, Projection, ProjectionError, StepContext};
 use parsley_projector::record::{decode_headers, Header};
 use parsley_projector::status::render;
-use parsley_projector::store::TaskStatusKind;
+use parsley_projector::store::TaskStatus;
 use parsley_projector::task::{StepOutcome, TaskState};
 use parsley_projector::ModelProjector;
 use rdkafka::admin::NewPartitions;
@@ -236,7 +236,7 @@ async fn header_names_that_are_not_utf8_are_data_held_restored_and_delivered() {
     let seen = capturing.seen.lock().unwrap().clone();
     let payment = seen.iter().find(|(p, h)| *p == pay_at && !h.is_empty()).expect("the payment was delivered");
     assert_eq!(payment.1, application, "the projection sees the names as bytes, in record order");
-    assert_eq!(report(&pool, &n.model).await.task(0).unwrap().status, TaskStatusKind::Running);
+    assert_eq!(report(&pool, &n.model).await.task(0).unwrap().status, TaskStatus::Running);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -260,7 +260,7 @@ async fn a_panic_in_a_step_is_failing_with_its_message_and_the_task_recovers_wit
     eventually("the task to be failing with the panic's message, more than once", || async {
         let r = report(&pool, &n.model).await;
         let t = r.task(0).unwrap();
-        t.status == TaskStatusKind::Failing && t.failures >= 2
+        t.status == TaskStatus::Failing && t.failures >= 2
     })
     .await;
     let r = report(&pool, &n.model).await;
@@ -279,7 +279,7 @@ async fn a_panic_in_a_step_is_failing_with_its_message_and_the_task_recovers_wit
     projection.armed.store(false, Ordering::SeqCst);
     eventually("the poison record to apply and the task to run", || async {
         document(&pool, &n.model, "poison").await.is_some()
-            && report(&pool, &n.model).await.task(0).unwrap().status == TaskStatusKind::Running
+            && report(&pool, &n.model).await.task(0).unwrap().status == TaskStatus::Running
     })
     .await;
     produce(&p, &n.orders, 0, "after", Some(br#"{"n":3}"#), None).await;
@@ -333,7 +333,7 @@ async fn a_refused_task_starts_again_once_its_row_is_cleared_and_refuses_again_i
     produce(&producer(), &n.orders, 0, "next", Some(br#"{"n":2}"#), None).await;
     eventually("a later record to apply", || async { document(&pool, &n.model, "next").await.is_some() }).await;
     let t = report(&pool, &n.model).await.task(0).unwrap().clone();
-    assert_eq!((t.status, t.refusal), (TaskStatusKind::Running, None));
+    assert_eq!((t.status, t.refusal), (TaskStatus::Running, None));
     assert_eq!(metrics.value(Metric::TaskRefused, &labels), Some(0.0));
     running.stop().await;
 }
@@ -359,7 +359,7 @@ async fn holding_more_than_max_held_records_refuses_and_again_after_a_restart() 
     config.validate().unwrap();
     let mut projector = start(&config, &pool, Recording::new(&config)).await;
     drive_until(&mut projector, "the task to refuse", || async {
-        report(&pool, &n.model).await.task(0).unwrap().status == TaskStatusKind::Refused
+        report(&pool, &n.model).await.task(0).unwrap().status == TaskStatus::Refused
     })
     .await;
     let r = report(&pool, &n.model).await;
@@ -444,7 +444,7 @@ async fn a_locked_task_row_fails_the_step_within_lock_timeout_and_the_task_recov
     })
     .await;
     assert_eq!(projector.tasks()[0].state(), &TaskState::Running);
-    assert_eq!(report(&pool, &n.model).await.task(0).unwrap().status, TaskStatusKind::Running);
+    assert_eq!(report(&pool, &n.model).await.task(0).unwrap().status, TaskStatus::Running);
     assert_eq!(applied(&pool, &n.model).await.len(), 2);
 }
 
@@ -467,14 +467,14 @@ async fn partitions_added_while_running_refuse_every_task() {
         applied(&pool, &n.model).await.len() == 2 && checked("0") >= 1.0 && checked("1") >= 1.0
     })
     .await;
-    assert!(report(&pool, &n.model).await.tasks.iter().all(|t| t.status == TaskStatusKind::Running));
+    assert!(report(&pool, &n.model).await.tasks.iter().all(|t| t.status == TaskStatus::Running));
 
     let grow = [NewPartitions::new(&n.orders, 3)];
     for r in admin().create_partitions(&grow, &admin_options()).await.expect("create_partitions") {
         r.expect("a partition added");
     }
     drive_until(&mut projector, "every task to refuse", || async {
-        report(&pool, &n.model).await.tasks.iter().all(|t| t.status == TaskStatusKind::Refused)
+        report(&pool, &n.model).await.tasks.iter().all(|t| t.status == TaskStatus::Refused)
     })
     .await;
     let r = report(&pool, &n.model).await;
@@ -569,7 +569,7 @@ async fn retention_past_control_records_is_not_a_discard(
     delete_records(&n.orders, 0, read_to + 1).await;
     let mut projector = start(&config, &pool, Recording::new(&config)).await;
     let t = report(&pool, &n.model).await.task(0).unwrap().clone();
-    assert_eq!((t.status, t.refusal), (TaskStatusKind::Running, None), "no POSITIONS_DISCARDED_UNREAD");
+    assert_eq!((t.status, t.refusal), (TaskStatus::Running, None), "no POSITIONS_DISCARDED_UNREAD");
     assert_eq!(projector.tasks()[0].state(), &TaskState::Running);
     let after = produce(&producer(), &n.orders, 0, "after", Some(b"{}"), None).await;
     assert_eq!(after, read_to + 1);

@@ -8,7 +8,7 @@ use parsley::engine::{ChannelFact, EngineConfig, PersistedState, ORDERING_STATE_
 use parsley::refusal::{Refusal, RefusalReason};
 use parsley::Engine;
 use parsley_projector::record::RecordData;
-use parsley_projector::store::{self, LoadError, TaskStatusKind};
+use parsley_projector::store::{self, LoadError, TaskStatus};
 use sqlx::PgPool;
 
 use crate::support::*;
@@ -56,7 +56,7 @@ async fn what_a_step_writes_restores_the_same_engine() {
     let (a, b, up) = (ch(1, 0), ch(2, 0), ch(9, 3));
     store::register_model(&pool, &model, 1, &[("a".into(), a.topic), ("b".into(), b.topic)]).await.unwrap();
     let row = store::take_task(&pool, &model, 0, "me").await.unwrap();
-    assert_eq!((row.epoch, row.status), (1, TaskStatusKind::Running));
+    assert_eq!((row.epoch, row.status), (1, TaskStatus::Running));
 
     let config = EngineConfig::default();
     let mut engine: Engine<RecordData> = Engine::new(config.clone(), [a, b]);
@@ -161,13 +161,13 @@ async fn task_rows_record_epochs_failures_and_refusals() {
     assert!(store::record_failure(&pool, &model, 0, 2, "boom").await.unwrap());
     assert!(store::record_failure(&pool, &model, 0, 2, "boom again").await.unwrap());
     let t = &store::load_tasks(&mut conn, &model).await.unwrap()[0];
-    assert_eq!((t.status, t.failures, t.last_error.as_deref()), (TaskStatusKind::Failing, 2, Some("boom again")));
+    assert_eq!((t.status, t.failures, t.last_error.as_deref()), (TaskStatus::Failing, 2, Some("boom again")));
     let mut tx = pool.begin().await.unwrap();
     store::record_running(&mut tx, &model, 0).await.unwrap();
     store::notify(&mut tx, &model, Some(0)).await.unwrap();
     tx.commit().await.unwrap();
     let t = &store::load_tasks(&mut conn, &model).await.unwrap()[0];
-    assert_eq!((t.status, t.failures, t.last_error.clone()), (TaskStatusKind::Running, 0, None));
+    assert_eq!((t.status, t.failures, t.last_error.clone()), (TaskStatus::Running, 0, None));
 
     // A model-wide refusal lands on every task, creating rows for tasks that never ran.
     let refusal = Refusal::at(RefusalReason::TaskWidthChanged, a, Some(3), "width changed");
@@ -175,18 +175,18 @@ async fn task_rows_record_epochs_failures_and_refusals() {
     let tasks = store::load_tasks(&mut conn, &model).await.unwrap();
     assert_eq!(tasks.len(), 2);
     for t in &tasks {
-        assert_eq!(t.status, TaskStatusKind::Refused);
+        assert_eq!(t.status, TaskStatus::Refused);
         assert_eq!(t.refusal.as_ref(), Some(&refusal));
     }
     // A failure recorded while refused leaves the refusal in place.
     assert!(store::record_failure(&pool, &model, 0, 2, "ignored while refused").await.unwrap());
-    assert_eq!(store::load_tasks(&mut conn, &model).await.unwrap()[0].status, TaskStatusKind::Refused);
+    assert_eq!(store::load_tasks(&mut conn, &model).await.unwrap()[0].status, TaskStatus::Refused);
     // A start that does not derive the refusal again marks the task running.
     let mut tx = pool.begin().await.unwrap();
     store::record_running(&mut tx, &model, 1).await.unwrap();
     tx.commit().await.unwrap();
     let t = &store::load_tasks(&mut conn, &model).await.unwrap()[1];
-    assert_eq!((t.status, t.refusal.clone()), (TaskStatusKind::Running, None));
+    assert_eq!((t.status, t.refusal.clone()), (TaskStatus::Running, None));
     let mut tx = pool.begin().await.unwrap();
     store::record_refusal(&mut tx, &model, 1, &Refusal::new(RefusalReason::OutOfOrderFeed, "x")).await.unwrap();
     tx.commit().await.unwrap();
