@@ -1,7 +1,8 @@
 //! The service: shared state, the routers ([`app`] for clients, [`admin_app`] for
 //! operators), the per-request middleware (metrics, tracing by route, the request timeout,
 //! the in-flight limit, the admin bearer check, answering a panic with a 500), and
-//! [`Gateway`], which owns the background tasks (the clock listener, the metadata refresh)
+//! [`Gateway`], which owns the background tasks (the clock listener, the metadata refresh, the
+//! token keys' reloader)
 //! and serves both listeners until its shutdown signal.
 
 use std::any::Any;
@@ -28,6 +29,7 @@ use tower_http::trace::TraceLayer;
 
 use crate::config::GatewayConfig;
 use crate::facts::KafkaFacts;
+use crate::keys;
 use crate::metrics::{Metric, Metrics, METRICS};
 use crate::notify::{self, ClockNotifier};
 use crate::problem::{ApiError, Problem, ProblemType};
@@ -116,13 +118,15 @@ impl AppState {
             .map(|m| (m.name.clone(), Arc::new(Semaphore::new(config.settings.max_waiting_reads))))
             .collect();
         let in_flight = Arc::new(Semaphore::new(config.settings.max_in_flight));
+        let metrics = Metrics::new(METRICS);
+        keys::publish(&metrics, None, &config.keys.current());
         Ok(AppState(Arc::new(Inner {
             config,
             pool,
             producer,
             facts,
             notifier,
-            metrics: Metrics::new(METRICS),
+            metrics,
             received_topics,
             widths: RecordedWidths::default(),
             in_flight,
@@ -331,8 +335,9 @@ impl Gateway {
         Ok(Listeners { main, admin })
     }
 
-    /// Starts the clock listener and the periodic metadata refresh; both stop when
-    /// `shutdown` turns true.
+    /// Starts the clock listener, the periodic metadata refresh and, for keys from a file or
+    /// the environment, the token keys' reloader (its `SIGHUP` handler is installed before
+    /// this returns); all stop when `shutdown` turns true.
     pub fn spawn_background(&self, shutdown: watch::Receiver<bool>) -> Vec<JoinHandle<()>> {
         let s = &self.state;
         let listener = tokio::spawn(notify::listen(
@@ -341,8 +346,10 @@ impl Gateway {
             Arc::clone(&s.metrics),
             shutdown.clone(),
         ));
-        let refresher = tokio::spawn(refresh_metadata(s.clone(), shutdown));
-        vec![listener, refresher]
+        let refresher = tokio::spawn(refresh_metadata(s.clone(), shutdown.clone()));
+        let poll = s.config.settings.token_keys_reload();
+        let reloader = keys::spawn_reloader(Arc::clone(&s.config.keys), Arc::clone(&s.metrics), poll, shutdown);
+        [listener, refresher].into_iter().chain(reloader).collect()
     }
 
     /// Serves both listeners until `shutdown` turns true, then finishes the requests in

@@ -5,6 +5,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
@@ -12,7 +13,9 @@ use axum::http::HeaderName;
 use parsley_projector::config::Config;
 use serde::Deserialize;
 
-use crate::token::{KeyRing, TokenLimits};
+use crate::keys::{self, KeySource, TokenKeys};
+use crate::subject::{HmacSecret, SubjectVerifier};
+use crate::token::{KeyRing, TokenLimits, Validity};
 
 /// Overrides `gateway.listen`.
 pub const ENV_LISTEN: &str = "PARSLEY_GATEWAY_LISTEN";
@@ -28,7 +31,8 @@ pub const ENV_SUBJECT_HEADER: &str = "PARSLEY_GATEWAY_SUBJECT_HEADER";
 pub const ENV_ADMIN_LISTEN: &str = "PARSLEY_GATEWAY_ADMIN_LISTEN";
 /// The admin bearer token itself (overrides `gateway.admin_token_file`).
 pub const ENV_ADMIN_TOKEN: &str = "PARSLEY_GATEWAY_ADMIN_TOKEN";
-/// The token keys themselves: `id:base64key[,id:base64key...]`, newest first.
+/// The token keys themselves: `id:base64key[:seal|:open][,...]` (unmarked: the first seals).
+/// Not reloadable.
 pub const ENV_TOKEN_KEYS: &str = "PARSLEY_TOKEN_KEYS";
 /// A file holding the token keys in the same form (overrides `gateway.token_keys_file`).
 pub const ENV_TOKEN_KEYS_FILE: &str = "PARSLEY_TOKEN_KEYS_FILE";
@@ -49,6 +53,16 @@ pub struct Settings {
     pub retry_after_s: u64,
     /// Lifetime of a token from its last use, in seconds.
     pub token_ttl_s: u64,
+    /// Longest a session may last from its first token (`issuedAt`), however often it is
+    /// used, in seconds; beyond it `400 token-too-old`.
+    pub token_max_age_s: u64,
+    /// Leeway for the clocks of the gateways of a fleet (and of a JWT's issuer), in
+    /// seconds: a token is accepted this long past its expiry and its maximum age, and a
+    /// JWT this long past `exp` and before `nbf`.
+    pub token_clock_skew_s: u64,
+    /// How often the token keys file is checked for a change and re-read, in milliseconds
+    /// (0: only on `SIGHUP`).
+    pub token_keys_reload_ms: u64,
     /// Longest client form of a token accepted, in characters.
     pub token_max_encoded_len: usize,
     /// Most channels a token may name.
@@ -56,10 +70,25 @@ pub struct Settings {
     /// Largest `parsley.causes` value the gateway stamps on a write, in bytes.
     pub metadata_budget: usize,
     /// Request header carrying the authenticated subject a token is bound to (set by an
-    /// authenticating proxy). Absent: tokens are not bound to a subject.
+    /// authenticating proxy, which must overwrite any value a client sent). Absent: tokens
+    /// are not bound to a subject. With verified subjects (`subject_jwt_secret_file`), a
+    /// request carrying this header is refused instead.
     pub subject_header: Option<String>,
-    /// File holding the token keys (`id:base64key,...`, newest first).
+    /// Verified subjects: a file holding the HMAC secret (at least 32 bytes) of the HS256
+    /// bearer JWTs (`Authorization: Bearer`) whose `sub` is the subject tokens are bound to.
+    /// With it, a session route without a valid JWT is answered `401 subject-unverified`.
+    pub subject_jwt_secret_file: Option<PathBuf>,
+    /// With verified subjects, the `iss` a JWT must carry (absent: any).
+    pub subject_jwt_issuer: Option<String>,
+    /// With verified subjects, the audience a JWT's `aud` must name (absent: any).
+    pub subject_jwt_audience: Option<String>,
+    /// File holding the token keys (`id:base64key[:seal|:open],...`).
     pub token_keys_file: Option<PathBuf>,
+    /// Whether a `503 not-yet-covered` on the main listener carries the free-text diagnosis
+    /// of a refused task and the last error of a failing one (the reason names, the task
+    /// numbers and the gaps are always there; `/v1/status` on the admin listener always has
+    /// everything).
+    pub public_diagnostics: bool,
     /// How long a write waits for the broker's acknowledgement.
     pub produce_timeout_ms: u64,
     /// Timeout of metadata and offset queries to Kafka.
@@ -103,11 +132,18 @@ impl Default for Settings {
             recheck_ms: 250,
             retry_after_s: 1,
             token_ttl_s: 3_600,
+            token_max_age_s: 86_400,
+            token_clock_skew_s: 30,
+            token_keys_reload_ms: 10_000,
             token_max_encoded_len: limits.max_encoded_len,
             token_max_entries: limits.max_entries,
             metadata_budget: parsley::codec::DEFAULT_METADATA_BUDGET,
             subject_header: None,
+            subject_jwt_secret_file: None,
+            subject_jwt_issuer: None,
+            subject_jwt_audience: None,
             token_keys_file: None,
+            public_diagnostics: false,
             produce_timeout_ms: 10_000,
             kafka_timeout_ms: 5_000,
             metadata_refresh_ms: 60_000,
@@ -184,6 +220,23 @@ impl Settings {
         if self.token_ttl_s == 0 {
             bail!("gateway.token_ttl_s must be at least 1");
         }
+        if self.token_max_age_s == 0 {
+            bail!("gateway.token_max_age_s must be at least 1");
+        }
+        if self.token_clock_skew_s > MAX_CLOCK_SKEW_S {
+            bail!("gateway.token_clock_skew_s must be at most {MAX_CLOCK_SKEW_S} (fix the clocks instead)");
+        }
+        for (key, value) in [
+            ("gateway.subject_jwt_issuer", &self.subject_jwt_issuer),
+            ("gateway.subject_jwt_audience", &self.subject_jwt_audience),
+        ] {
+            if value.as_ref().is_some_and(|v| v.trim().is_empty()) {
+                bail!("{key} must not be empty (leave it out to accept any)");
+            }
+            if value.is_some() && self.subject_jwt_secret_file.is_none() {
+                bail!("{key} needs gateway.subject_jwt_secret_file (verified subjects)");
+            }
+        }
         if self.token_max_encoded_len < 64 {
             bail!("gateway.token_max_encoded_len must be at least 64");
         }
@@ -248,6 +301,13 @@ impl Settings {
     pub fn limits(&self) -> TokenLimits {
         TokenLimits { max_encoded_len: self.token_max_encoded_len, max_entries: self.token_max_entries }
     }
+    /// How long a session lives, and the clocks' leeway.
+    pub fn validity(&self) -> Validity {
+        Validity { max_age_s: Some(self.token_max_age_s), clock_skew_s: self.token_clock_skew_s }
+    }
+    pub fn token_keys_reload(&self) -> Duration {
+        Duration::from_millis(self.token_keys_reload_ms)
+    }
     pub fn read_wait(&self) -> Duration {
         Duration::from_millis(self.read_wait_ms)
     }
@@ -270,6 +330,9 @@ impl Settings {
         Duration::from_millis(self.header_read_timeout_ms)
     }
 }
+
+/// The most `token_clock_skew_s` may be: a leeway, not a second lifetime.
+pub const MAX_CLOCK_SKEW_S: u64 = 300;
 
 /// The least and the most `max_header_bytes` may be (hyper's read buffer holds about
 /// 400 KiB). It should exceed `token_max_encoded_len` by the other headers' size, or long
@@ -323,10 +386,13 @@ pub struct GatewayConfig {
     /// whose documents it serves).
     pub shared: Config,
     pub settings: Settings,
-    /// Never printed (`KeyRing`'s `Debug` redacts the keys).
-    pub keys: KeyRing,
+    /// The token key ring in use, shared by every clone (a reload is seen by all); never
+    /// printed (only key ids and roles are).
+    pub keys: Arc<TokenKeys>,
     /// The admin bearer token, if one is configured (never printed).
     pub admin_token: Option<AdminToken>,
+    /// With verified subjects on, the bearer JWT checker (its secret never printed).
+    pub subjects: Option<SubjectVerifier>,
 }
 
 impl std::fmt::Debug for GatewayConfig {
@@ -340,6 +406,7 @@ impl std::fmt::Debug for GatewayConfig {
             .field("settings", &self.settings)
             .field("keys", &self.keys)
             .field("admin_token", &self.admin_token)
+            .field("subjects", &self.subjects)
             .finish()
     }
 }
@@ -353,12 +420,13 @@ impl GatewayConfig {
             .with_context(|| format!("invalid configuration in {}", path.display()))
     }
 
-    /// The gateway's part of an already loaded shared configuration with the given keys and
-    /// no environment overrides (tests, embedding).
+    /// The gateway's part of an already loaded shared configuration with the given keys
+    /// (never reloaded) and no environment overrides (tests, embedding).
     pub fn with_keys(shared: Config, keys: KeyRing) -> anyhow::Result<GatewayConfig> {
         let settings = Settings::from_table(shared.gateway.as_ref())?;
         settings.validate()?;
-        Ok(GatewayConfig { shared, settings, keys, admin_token: None })
+        let subjects = load_subject_verifier(&settings)?;
+        Ok(GatewayConfig { shared, settings, keys: Arc::new(TokenKeys::given(keys)), admin_token: None, subjects })
     }
 
     /// The gateway's part of an already loaded shared configuration, with environment
@@ -367,10 +435,24 @@ impl GatewayConfig {
         let mut settings = Settings::from_table(shared.gateway.as_ref())?;
         settings.apply_env(&var)?;
         settings.validate()?;
-        let keys = load_keys(&settings, &var)?;
+        let keys = Arc::new(load_keys(&settings, &var)?);
         let admin_token = load_admin_token(&settings, &var)?;
-        Ok(GatewayConfig { shared, settings, keys, admin_token })
+        let subjects = load_subject_verifier(&settings)?;
+        Ok(GatewayConfig { shared, settings, keys, admin_token, subjects })
     }
+}
+
+/// With `gateway.subject_jwt_secret_file`, the verifier of subjects' bearer JWTs. Errors
+/// never quote the secret.
+pub fn load_subject_verifier(settings: &Settings) -> anyhow::Result<Option<SubjectVerifier>> {
+    let Some(path) = &settings.subject_jwt_secret_file else { return Ok(None) };
+    let secret = HmacSecret::from_file(path).context("gateway.subject_jwt_secret_file")?;
+    Ok(Some(SubjectVerifier::new(
+        secret,
+        settings.subject_jwt_issuer.clone(),
+        settings.subject_jwt_audience.clone(),
+        settings.token_clock_skew_s,
+    )))
 }
 
 /// The admin bearer token: `PARSLEY_GATEWAY_ADMIN_TOKEN`, else the file named by
@@ -394,18 +476,16 @@ pub fn load_admin_token(
     }
 }
 
-/// The token keys: `PARSLEY_TOKEN_KEYS`, else the file named by `PARSLEY_TOKEN_KEYS_FILE` or
-/// `gateway.token_keys_file`. Errors never quote a key.
-pub fn load_keys(settings: &Settings, var: impl Fn(&str) -> Option<String>) -> anyhow::Result<KeyRing> {
+/// The token keys: `PARSLEY_TOKEN_KEYS` (not reloadable), else the file named by
+/// `PARSLEY_TOKEN_KEYS_FILE` or `gateway.token_keys_file` (reloadable). Errors never quote a
+/// key.
+pub fn load_keys(settings: &Settings, var: impl Fn(&str) -> Option<String>) -> anyhow::Result<TokenKeys> {
     if let Some(spec) = var(ENV_TOKEN_KEYS).filter(|v| !v.trim().is_empty()) {
-        return KeyRing::parse(&spec).with_context(|| format!("{ENV_TOKEN_KEYS} is invalid"));
+        let ring = KeyRing::parse(&spec).with_context(|| format!("{ENV_TOKEN_KEYS} is invalid"))?;
+        return Ok(TokenKeys::new(ring, KeySource::Environment));
     }
     match &settings.token_keys_file {
-        Some(path) => {
-            let spec = std::fs::read_to_string(path)
-                .with_context(|| format!("reading the token keys file {}", path.display()))?;
-            KeyRing::parse(&spec).with_context(|| format!("the token keys file {} is invalid", path.display()))
-        }
+        Some(path) => Ok(TokenKeys::new(keys::read_ring(path)?, KeySource::File(path.clone()))),
         None => bail!(
             "no token keys: export {ENV_TOKEN_KEYS}=<id>:<base64 of 32 random bytes> \
              (or name a file in {ENV_TOKEN_KEYS_FILE} or gateway.token_keys_file)"
@@ -553,6 +633,63 @@ mod tests {
         assert!(!printed.contains(&key()), "keys never appear in Debug output");
         let text = format!("[gateway]\ntoken_keys_file = {path:?}\n");
         assert!(GatewayConfig::from_shared(shared(&text), env(&[])).is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn session_lifetimes_key_reloads_and_verified_subjects_are_checked() {
+        let keys = format!("k1:{}", key());
+        let c = GatewayConfig::from_shared(shared(""), env(&[(ENV_TOKEN_KEYS, &keys)])).unwrap();
+        let s = &c.settings;
+        assert_eq!((s.token_max_age_s, s.token_clock_skew_s, s.token_keys_reload_ms), (86_400, 30, 10_000));
+        assert_eq!(s.validity(), Validity { max_age_s: Some(86_400), clock_skew_s: 30 });
+        assert!(!s.public_diagnostics, "diagnoses are for the admin listener unless asked for");
+        assert!(c.subjects.is_none());
+        assert_eq!(c.keys.source(), &KeySource::Environment, "keys from the environment are not reloadable");
+
+        let cases: &[(&str, &str)] = &[
+            ("[gateway]\ntoken_max_age_s = 0\n", "gateway.token_max_age_s"),
+            ("[gateway]\ntoken_clock_skew_s = 301\n", "gateway.token_clock_skew_s"),
+            ("[gateway]\nsubject_jwt_issuer = \"x\"\n", "gateway.subject_jwt_issuer"),
+            ("[gateway]\nsubject_jwt_audience = \"x\"\n", "gateway.subject_jwt_audience"),
+            ("[gateway]\nsubject_jwt_secret_file = \"/nonexistent/secret\"\n", "subject_jwt_secret_file"),
+            ("[gateway]\npublic_diagnostics = \"yes\"\n", "public_diagnostics"),
+        ];
+        for (text, needle) in cases {
+            let err =
+                format!("{:#}", GatewayConfig::from_shared(shared(text), env(&[(ENV_TOKEN_KEYS, &keys)])).unwrap_err());
+            assert!(err.contains(needle), "error for {text:?} does not name {needle:?}: {err}");
+        }
+
+        let dir = std::env::temp_dir().join(format!("parsley-gateway-subjects-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let secret = dir.join("jwt-secret");
+        std::fs::write(&secret, "a-secret-of-at-least-thirty-two-bytes\n").unwrap();
+        let text = format!(
+            "[gateway]\nsubject_jwt_secret_file = {:?}\nsubject_jwt_issuer = \"idp\"\nsubject_header = \"x-user\"\n",
+            secret.to_string_lossy()
+        );
+        let c = GatewayConfig::from_shared(shared(&text), env(&[(ENV_TOKEN_KEYS, &keys)])).unwrap();
+        assert!(c.subjects.is_some());
+        assert!(!format!("{c:?}").contains("a-secret-of"), "never printed");
+        let with_keys = GatewayConfig::with_keys(shared(&text), KeyRing::parse(&keys).unwrap()).unwrap();
+        assert!(with_keys.subjects.is_some(), "the secret file is read for embedded gateways too");
+        assert_eq!(with_keys.keys.source(), &KeySource::Given);
+        std::fs::write(&secret, "short\n").unwrap();
+        let err =
+            format!("{:#}", GatewayConfig::from_shared(shared(&text), env(&[(ENV_TOKEN_KEYS, &keys)])).unwrap_err());
+        assert!(err.contains("subject_jwt_secret_file") && !err.contains("short"), "{err}");
+
+        let file = dir.join("keys");
+        std::fs::write(
+            &file,
+            format!("new:{}:open\nold:{}\n", key(), base64::engine::general_purpose::STANDARD.encode([8u8; 32])),
+        )
+        .unwrap();
+        let path = file.to_string_lossy().into_owned();
+        let c = GatewayConfig::from_shared(shared(""), env(&[(ENV_TOKEN_KEYS_FILE, &path)])).unwrap();
+        assert_eq!(c.keys.source(), &KeySource::File(file.clone()));
+        assert_eq!(c.keys.current().sealing_key_id(), "old", "an open-only key never seals");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

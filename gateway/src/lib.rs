@@ -6,8 +6,11 @@
 //! [`parsley::gate`]), waiting a bounded time otherwise, and return the refreshed token.
 //!
 //! # Layout
-//! - [`token`]: the session token — envelope, sealing with XChaCha20-Poly1305, key ring,
-//!   validation (expiry, subject, size limits, strict causes decoding).
+//! - [`token`]: the session token — envelope, sealing with XChaCha20-Poly1305, key ring
+//!   (one key seals, every key opens), validation (expiry, maximum age, clock-skew leeway,
+//!   subject, size limits, strict causes decoding).
+//! - [`keys`]: the key ring in use, re-read from its file on `SIGHUP` and when it changes.
+//! - [`subject`]: verified subjects — the `sub` of an HS256 bearer JWT.
 //! - [`config`]: the `[gateway]` table of the shared file, environment overrides, token keys.
 //! - [`session`]: opening a request's token, its hygiene against the log (ahead-of-log
 //!   refusal, pruning), re-sealing.
@@ -33,6 +36,7 @@ pub mod body;
 pub mod config;
 pub mod database;
 pub mod facts;
+pub mod keys;
 pub mod metrics;
 pub mod notify;
 pub mod ops;
@@ -40,6 +44,7 @@ pub mod problem;
 pub mod read;
 pub mod server;
 pub mod session;
+pub mod subject;
 pub mod token;
 pub mod widths;
 pub mod write;

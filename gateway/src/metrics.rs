@@ -56,6 +56,16 @@ parsley_infra::metric_names! {
             Counter,
             "Writes refused 409 because the topic's partition count differs from a model's recorded width, by topic.",
         ),
+        TokenKeys = (
+            "parsley_gateway_token_keys",
+            Gauge,
+            "Keys of the token key ring in use, by key id and role (seal, open): 1 in the ring, 0 removed by a reload.",
+        ),
+        TokenKeyReloadsTotal = (
+            "parsley_gateway_token_key_reloads_total",
+            Counter,
+            "Re-reads of the token keys file, by result (ok; error: the ring in use was kept).",
+        ),
     }
 }
 

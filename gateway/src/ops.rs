@@ -35,10 +35,15 @@ fn expected_migrations() -> BTreeSet<i64> {
     MIGRATIONS.iter().filter_map(|(name, _)| name.split_once('_').and_then(|(v, _)| v.parse().ok())).collect()
 }
 
+/// Each check says which dependency failed in words of its own; the driver's error text
+/// (addresses, user names, server messages) goes to the log only, since `/readyz` is public.
 pub async fn readyz(State(state): State<AppState>) -> Response {
     let database = match sqlx::query_scalar::<_, i32>("SELECT 1").fetch_one(&state.pool).await {
         Ok(_) => Ok(()),
-        Err(e) => Err(e.to_string()),
+        Err(e) => {
+            tracing::warn!(error = %e, "readiness: the database did not answer");
+            Err("the database did not answer".to_string())
+        }
     };
     let migrations = match &database {
         Err(_) => Err("the database is unreachable".to_string()),
@@ -58,7 +63,10 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
             Err(_) => Err("no migrations applied (run `parsley-projector migrate`)".to_string()),
         },
     };
-    let kafka = state.facts.reachable().await.map_err(|e| format!("{e:#}"));
+    let kafka = state.facts.reachable().await.map_err(|e| {
+        tracing::warn!(error = %format!("{e:#}"), "readiness: the broker did not answer");
+        "the broker did not answer a metadata request".to_string()
+    });
     let check = |r: &Result<(), String>| match r {
         Ok(()) => json!({"ok": true}),
         Err(e) => json!({"ok": false, "error": e}),

@@ -50,9 +50,12 @@ problem_types! {
     TokenInvalid = ("token-invalid", "Session token failed authentication", BAD_REQUEST),
     TokenExpired = ("token-expired", "Session token expired", BAD_REQUEST),
     /// The session began longer ago than `token_max_age_s`.
+    TokenTooOld = ("token-too-old", "Session past its maximum age", BAD_REQUEST),
     TokenWrongSubject = ("token-wrong-subject", "Session token belongs to another subject", FORBIDDEN),
     TokenAheadOfLog = ("token-ahead-of-log", "Session token ahead of the log", BAD_REQUEST),
     InvalidSubject = ("invalid-subject", "Invalid subject", BAD_REQUEST),
+    /// Verified subjects on, and no valid bearer JWT.
+    SubjectUnverified = ("subject-unverified", "Subject not verified", UNAUTHORIZED),
     SessionTooLarge = ("session-too-large", "Session outgrew the token limits", UNPROCESSABLE_ENTITY),
     MetadataBudgetExceeded = ("metadata-budget-exceeded", "Causes exceed the metadata budget", UNPROCESSABLE_ENTITY),
     ReservedHeader = ("reserved-header", "Reserved header", BAD_REQUEST),
@@ -174,6 +177,9 @@ pub enum ApiError {
     SessionTooLarge { detail: String },
     #[error("subject header is invalid: {0}")]
     InvalidSubject(String),
+    /// With verified subjects on: no bearer JWT, or one that does not verify.
+    #[error("subject not verified: {0}")]
+    SubjectUnverified(String),
     /// A write body refused by [`crate::body::parse`].
     #[error(transparent)]
     Body(#[from] BodyError),
@@ -234,6 +240,7 @@ impl ApiError {
             ApiError::TokenAheadOfLog { .. } => P::TokenAheadOfLog,
             ApiError::SessionTooLarge { .. } => P::SessionTooLarge,
             ApiError::InvalidSubject(_) => P::InvalidSubject,
+            ApiError::SubjectUnverified(_) => P::SubjectUnverified,
             ApiError::Body(BodyError::ReservedHeader(_)) => P::ReservedHeader,
             ApiError::Body(BodyError::Invalid { .. }) => P::InvalidBody,
             ApiError::UnknownTopic(..) => P::UnknownTopic,
@@ -265,6 +272,11 @@ impl ApiError {
                     TokenError::Expired { .. } => {
                         "the session token expired; omit the Parsley-Session header to start a new session".to_string()
                     }
+                    TokenError::TooOld { .. } => {
+                        "the session is older than the longest a session may last (gateway.token_max_age_s); \
+                         omit the Parsley-Session header to start a new session"
+                            .to_string()
+                    }
                     other => format!("{other}; omit the Parsley-Session header to start a new session"),
                 };
                 p(detail)
@@ -277,6 +289,7 @@ impl ApiError {
             .with("log_end", json!(log_end)),
             ApiError::SessionTooLarge { detail } => p(detail),
             ApiError::InvalidSubject(d) => p(d),
+            ApiError::SubjectUnverified(d) => p(d),
             ApiError::Body(BodyError::ReservedHeader(d)) => p(d),
             ApiError::Body(BodyError::Invalid { field, reason, detail }) => {
                 let problem = p(detail).with("reason", json!(reason.as_str()));
@@ -352,7 +365,7 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let bearer = matches!(self, ApiError::Unauthorized(_));
+        let bearer = matches!(self, ApiError::Unauthorized(_) | ApiError::SubjectUnverified(_));
         let mut response = self.into_problem().into_response();
         if bearer {
             response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
@@ -382,6 +395,7 @@ mod tests {
             (TokenError::Tampered, "token-invalid", 400),
             (TokenError::Expired { expires_at: 1, now: 2 }, "token-expired", 400),
             (TokenError::WrongSubject, "token-wrong-subject", 403),
+            (TokenError::TooOld { issued_at: 1, max_age_s: 1, now: 2 }, "token-too-old", 400),
         ];
         for (e, kind, status) in cases {
             let p = ApiError::Token(e).into_problem();

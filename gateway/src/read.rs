@@ -447,7 +447,8 @@ async fn discarded(state: &AppState, uncovered: &Uncovered) -> Vec<Discarded> {
 }
 
 /// The 503: every gap (topic name, partition, required, recorded) and the status of the
-/// involved tasks that are refused, failing or missing.
+/// involved tasks that are refused, failing or missing — their diagnosis and last error
+/// only with `gateway.public_diagnostics`.
 fn not_yet_covered(state: &AppState, model: &str, uncovered: Uncovered, waited: Duration) -> ApiError {
     let name_of = |id: &TopicId| state.facts.cached_name(id);
     let mut involved = BTreeSet::new();
@@ -491,6 +492,15 @@ fn not_yet_covered(state: &AppState, model: &str, uncovered: Uncovered, waited: 
                     "position": row.refusal.as_ref().and_then(|r| r.position),
                 })),
             },
+        }
+    }
+    // The free text of a refusal or a failure can quote records and database messages: it
+    // is for the admin listener (`/v1/status`) unless `gateway.public_diagnostics` says
+    // otherwise. Reasons, task numbers and gaps stay.
+    if !state.config.settings.public_diagnostics {
+        for task in tasks.iter_mut().filter_map(Value::as_object_mut) {
+            task.remove("diagnosis");
+            task.remove("last_error");
         }
     }
     let waited_ms = waited.as_millis() as u64;

@@ -1,5 +1,7 @@
-//! A request's session: the token opened from the `Parsley-Session` header (none starts an
-//! empty session; a bad one is refused, never read as empty), its hygiene against the log
+//! A request's session: its subject (verified from a bearer JWT, or from the subject
+//! header), the token opened from the `Parsley-Session` header with the key ring in use
+//! and the session's bounds (none starts an empty session; a bad one is refused, never
+//! read as empty), its hygiene against the log
 //! (refuse positions beyond the log end, prune pairs the engine's rule drops — never, for
 //! their log start, pairs on channels a configured model receives), and the re-sealed token
 //! a response carries.
@@ -18,7 +20,7 @@ use crate::token::{self, Session, TokenError};
 pub const SESSION_HEADER: &str = "parsley-session";
 
 /// Longest subject a token can be bound to (the envelope stores its length in one byte).
-const MAX_SUBJECT_LEN: usize = 255;
+const MAX_SUBJECT_LEN: usize = crate::subject::MAX_SUBJECT_LEN;
 
 /// Seconds since the epoch.
 pub fn unix_now() -> u64 {
@@ -28,15 +30,55 @@ pub fn unix_now() -> u64 {
 /// Who is asking and what their session says.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Caller {
-    /// The subject from the configured subject header, if any.
+    /// The subject: the `sub` of the verified bearer JWT with verified subjects on, else
+    /// the configured subject header's value, if any.
     pub subject: Option<String>,
     /// When the session began (`None`: it begins with this request).
     pub issued_at: Option<u64>,
     pub past: CausalPast,
 }
 
-/// Reads the subject header and opens the session token, if any.
+/// Establishes the caller's subject and opens the session token, if any.
+///
+/// With verified subjects on (`gateway.subject_jwt_secret_file`), the subject is the `sub`
+/// of the request's bearer JWT (none or an invalid one: `401 subject-unverified`), and a
+/// request carrying the subject header itself is refused (`400 invalid-subject`): only a
+/// proxy should set it, and here nothing does. Otherwise the subject header is trusted as
+/// sent, so the proxy in front must overwrite it (docs/gateway.md, "Subjects").
 pub fn open_session(state: &AppState, headers: &HeaderMap, now: u64) -> Result<Caller, ApiError> {
+    let subject = caller_subject(state, headers, now)?;
+    let mut values = headers.get_all(SESSION_HEADER).iter();
+    let Some(value) = values.next() else {
+        return Ok(Caller { subject, issued_at: None, past: CausalPast::new() });
+    };
+    if values.next().is_some() {
+        return Err(TokenError::Malformed("more than one Parsley-Session header".into()).into());
+    }
+    let text = value.to_str().map_err(|_| TokenError::Malformed("not base64url without padding".into()))?;
+    let settings = &state.config.settings;
+    let ring = state.config.keys.current();
+    let session = token::open_with(&ring, text, now, subject.as_deref(), &settings.limits(), &settings.validity())?;
+    Ok(Caller { subject, issued_at: Some(session.issued_at), past: session.past })
+}
+
+/// The request's subject: verified from its bearer JWT, or as its subject header says.
+fn caller_subject(state: &AppState, headers: &HeaderMap, now: u64) -> Result<Option<String>, ApiError> {
+    if let Some(verifier) = &state.config.subjects {
+        if let Some(name) = &state.config.settings.subject_header {
+            if headers.contains_key(name.as_str()) {
+                return Err(ApiError::InvalidSubject(format!(
+                    "the {name} header is not accepted: this gateway takes the subject from the bearer token"
+                )));
+            }
+        }
+        let subject = verifier.subject_of(headers, now).map_err(|e| ApiError::SubjectUnverified(e.to_string()))?;
+        if subject.len() > MAX_SUBJECT_LEN {
+            return Err(ApiError::InvalidSubject(format!(
+                "the bearer token's subject is longer than {MAX_SUBJECT_LEN} bytes"
+            )));
+        }
+        return Ok(Some(subject));
+    }
     let subject = match &state.config.settings.subject_header {
         None => None,
         Some(name) => match headers.get(name.as_str()) {
@@ -55,16 +97,7 @@ pub fn open_session(state: &AppState, headers: &HeaderMap, now: u64) -> Result<C
             }
         },
     };
-    let mut values = headers.get_all(SESSION_HEADER).iter();
-    let Some(value) = values.next() else {
-        return Ok(Caller { subject, issued_at: None, past: CausalPast::new() });
-    };
-    if values.next().is_some() {
-        return Err(TokenError::Malformed("more than one Parsley-Session header".into()).into());
-    }
-    let text = value.to_str().map_err(|_| TokenError::Malformed("not base64url without padding".into()))?;
-    let session = token::open(&state.config.keys, text, now, subject.as_deref(), &state.config.settings.limits())?;
-    Ok(Caller { subject, issued_at: Some(session.issued_at), past: session.past })
+    Ok(subject)
 }
 
 /// Checks every pair against the log and prunes what the engine's rule drops:
@@ -151,8 +184,9 @@ pub fn kafka_unavailable(state: &AppState, e: anyhow::Error) -> ApiError {
     }
 }
 
-/// Seals `past` for the caller: bound to the caller's subject, expiring `token_ttl_s` from
-/// now. A past that outgrew the limits the next request would check is refused here, so
+/// Seals `past` for the caller with the sealing key in use: bound to the caller's subject,
+/// issued when the session began (the maximum age counts from there), expiring
+/// `token_ttl_s` from now. A past that outgrew the limits the next request would check is refused here, so
 /// the gateway never hands out a token it would not accept.
 pub fn reseal(state: &AppState, caller: &Caller, past: CausalPast, now: u64) -> Result<HeaderValue, ApiError> {
     let settings = &state.config.settings;
@@ -171,7 +205,7 @@ pub fn reseal(state: &AppState, caller: &Caller, past: CausalPast, now: u64) -> 
         subject: caller.subject.clone(),
         past,
     };
-    let sealed = token::seal(&state.config.keys, &session);
+    let sealed = token::seal(&state.config.keys.current(), &session);
     if sealed.len() > settings.token_max_encoded_len {
         return Err(ApiError::SessionTooLarge {
             detail: format!(

@@ -65,50 +65,118 @@ pub enum KeyError {
     DuplicateKeyId(String),
     #[error("no token keys configured")]
     Empty,
-    #[error("token key entry {0:?} is not `<key id>:<base64 key>`")]
+    #[error("token key entry {0:?} is not `<key id>:<base64 key>[:seal|:open]`")]
     BadEntry(String),
+    #[error("more than one token key is marked `:seal` ({0:?} and {1:?}); exactly one key seals")]
+    SeveralSealing(String, String),
+    #[error("every token key is marked `:open`: mark the one that seals `:seal`")]
+    NoSealingKey,
 }
 
-/// The configured keys: seal with the newest, open with any.
+/// What a key of the ring is used for. Every key opens; exactly one also seals.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum KeyRole {
+    /// Seals new tokens, and opens.
+    Seal,
+    /// Only opens tokens sealed with it (a key being introduced, or being retired).
+    Open,
+}
+
+impl KeyRole {
+    /// The marker in the key ring's text form, and the metrics label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyRole::Seal => "seal",
+            KeyRole::Open => "open",
+        }
+    }
+}
+
+/// The configured keys: one seals, every one opens.
+///
+/// Keys that only open let a fleet rotate without refusing a session: a new key is first
+/// added as open-only everywhere, then made the sealing key, then the old one retired
+/// (docs/operations.md, "Rotating the token keys").
 #[derive(Clone, Debug)]
 pub struct KeyRing {
-    /// Newest first.
+    /// In configured order.
     keys: Vec<(String, SecretKey)>,
+    /// Index of the sealing key in `keys`.
+    sealing: usize,
 }
 
 impl KeyRing {
-    /// Keys newest first.
+    /// Keys in order; the first seals.
     pub fn new(keys: Vec<(String, SecretKey)>) -> Result<Self, KeyError> {
+        KeyRing::with_roles(keys.into_iter().map(|(id, key)| (id, key, None)).collect())
+    }
+
+    /// Keys in order, each optionally marked. At most one may be marked [`KeyRole::Seal`];
+    /// with none marked, the first key not marked [`KeyRole::Open`] seals.
+    pub fn with_roles(keys: Vec<(String, SecretKey, Option<KeyRole>)>) -> Result<Self, KeyError> {
         if keys.is_empty() {
             return Err(KeyError::Empty);
         }
-        for (i, (id, _)) in keys.iter().enumerate() {
+        for (i, (id, _, _)) in keys.iter().enumerate() {
             let valid = !id.is_empty()
                 && id.len() <= MAX_KEY_ID_LEN
                 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
             if !valid {
                 return Err(KeyError::BadKeyId(id.clone()));
             }
-            if keys[..i].iter().any(|(other, _)| other == id) {
+            if keys[..i].iter().any(|(other, _, _)| other == id) {
                 return Err(KeyError::DuplicateKeyId(id.clone()));
             }
         }
-        Ok(KeyRing { keys })
+        let mut marked = keys.iter().enumerate().filter(|(_, (_, _, role))| *role == Some(KeyRole::Seal));
+        let sealing = match (marked.next(), marked.next()) {
+            (Some((_, (a, _, _))), Some((_, (b, _, _)))) => return Err(KeyError::SeveralSealing(a.clone(), b.clone())),
+            (Some((i, _)), None) => i,
+            (None, _) => {
+                keys.iter().position(|(_, _, role)| *role != Some(KeyRole::Open)).ok_or(KeyError::NoSealingKey)?
+            }
+        };
+        Ok(KeyRing { keys: keys.into_iter().map(|(id, key, _)| (id, key)).collect(), sealing })
     }
 
-    /// Parses `id:base64key[,id:base64key...]`, newest first (the form of the
-    /// `PARSLEY_TOKEN_KEYS` environment variable).
+    /// Parses `id:base64key[:seal|:open]` entries separated by commas or new lines (the form
+    /// of `PARSLEY_TOKEN_KEYS` and of the keys file); blank lines and lines starting with `#`
+    /// are ignored. At most one entry is marked `:seal`; with none marked, the first entry
+    /// not marked `:open` seals — so `new,old` seals with `new`, as it always did.
     pub fn parse(spec: &str) -> Result<Self, KeyError> {
         let mut keys = Vec::new();
-        for entry in spec.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-            let (id, key) = entry.split_once(':').ok_or_else(|| KeyError::BadEntry(redact(entry)))?;
-            keys.push((id.trim().to_string(), SecretKey::from_base64(key)?));
+        let lines = spec.lines().map(str::trim).filter(|l| !l.starts_with('#'));
+        for entry in lines.flat_map(|l| l.split(',')).map(str::trim).filter(|e| !e.is_empty()) {
+            let mut parts = entry.split(':');
+            let (Some(id), Some(key), role, None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
+                return Err(KeyError::BadEntry(redact(entry)));
+            };
+            let role = match role.map(str::trim) {
+                None => None,
+                Some("seal") => Some(KeyRole::Seal),
+                Some("open") => Some(KeyRole::Open),
+                Some(_) => return Err(KeyError::BadEntry(redact(entry))),
+            };
+            keys.push((id.trim().to_string(), SecretKey::from_base64(key)?, role));
         }
-        KeyRing::new(keys)
+        KeyRing::with_roles(keys)
     }
 
-    fn newest(&self) -> &(String, SecretKey) {
-        &self.keys[0]
+    /// The sealing key.
+    fn sealing(&self) -> (&str, &SecretKey) {
+        let (id, key) = &self.keys[self.sealing];
+        (id, key)
+    }
+
+    /// The id of the key new tokens are sealed with.
+    pub fn sealing_key_id(&self) -> &str {
+        self.sealing().0
+    }
+
+    /// Every key's id and role, in configured order (for logs and metrics; never the keys).
+    pub fn roles(&self) -> Vec<(&str, KeyRole)> {
+        let role = |i| if i == self.sealing { KeyRole::Seal } else { KeyRole::Open };
+        self.keys.iter().enumerate().map(|(i, (id, _))| (id.as_str(), role(i))).collect()
     }
 
     fn find(&self, id: &str) -> Option<&SecretKey> {
@@ -139,6 +207,35 @@ impl Default for TokenLimits {
     }
 }
 
+/// How long a session lives, checked when its token is opened: from its last use
+/// (`expiresAt`, set `token_ttl_s` ahead at every re-seal) and from its start (`issuedAt`,
+/// kept across re-seals), each with a leeway for the clocks of the gateways that sealed
+/// and that open it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Validity {
+    /// Longest a session may last from `issuedAt`, in seconds (`None`: unbounded).
+    pub max_age_s: Option<u64>,
+    /// Seconds a token is still accepted past its `expiresAt` and past its maximum age.
+    pub clock_skew_s: u64,
+}
+
+impl Validity {
+    /// `expiresAt` exactly, no maximum age: what [`open`] checks.
+    pub const EXACT: Validity = Validity { max_age_s: None, clock_skew_s: 0 };
+
+    /// Whether a session issued at `issued_at` is past its maximum age at `now`: the age is
+    /// refused from `max_age_s + clock_skew_s` seconds on.
+    pub fn too_old(&self, issued_at: u64, now: u64) -> bool {
+        self.max_age_s.is_some_and(|max| now >= issued_at.saturating_add(max).saturating_add(self.clock_skew_s))
+    }
+
+    /// Whether a token expiring at `expires_at` is expired at `now`: from
+    /// `expires_at + clock_skew_s` on.
+    pub fn expired(&self, expires_at: u64, now: u64) -> bool {
+        now >= expires_at.saturating_add(self.clock_skew_s)
+    }
+}
+
 /// What a token says: the session's causal past and its validity.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Session {
@@ -164,6 +261,9 @@ pub enum TokenError {
     Tampered,
     #[error("token expired at {expires_at} (now {now})")]
     Expired { expires_at: u64, now: u64 },
+    /// The session began longer ago than the maximum session age.
+    #[error("the session began at {issued_at}, more than the {max_age_s} s a session may last (now {now})")]
+    TooOld { issued_at: u64, max_age_s: u64, now: u64 },
     #[error("token is bound to another subject")]
     WrongSubject,
     #[error("token's causes are undecodable: {0}")]
@@ -179,19 +279,20 @@ impl TokenError {
             }
             TokenError::UnknownKey(_) | TokenError::Tampered | TokenError::UndecodableCauses(_) => "token-invalid",
             TokenError::Expired { .. } => "token-expired",
+            TokenError::TooOld { .. } => "token-too-old",
             TokenError::WrongSubject => "token-wrong-subject",
         }
     }
 }
 
-/// Seals `session` with the ring's newest key and a random nonce.
+/// Seals `session` with the ring's sealing key and a random nonce.
 pub fn seal(ring: &KeyRing, session: &Session) -> String {
     seal_with_nonce(ring, session, XChaCha20Poly1305::generate_nonce(&mut OsRng).into())
 }
 
 /// Seals with a given nonce. Only for tests: a nonce must never repeat under one key.
 pub fn seal_with_nonce(ring: &KeyRing, session: &Session, nonce: [u8; NONCE_LEN]) -> String {
-    let (key_id, key) = ring.newest();
+    let (key_id, key) = ring.sealing();
     let mut header = vec![TOKEN_FORMAT, key_id.len() as u8];
     header.extend_from_slice(key_id.as_bytes());
 
@@ -221,12 +322,29 @@ pub fn seal_with_nonce(ring: &KeyRing, session: &Session, nonce: [u8; NONCE_LEN]
 ///
 /// Subject rule: a token bound to a subject opens only for that subject; an unbound token
 /// opens for anyone (the refreshed token is then bound to the caller's subject).
+///
+/// Expiry is exact and the session's age unbounded here; the gateway opens with
+/// [`open_with`] and its configured [`Validity`].
 pub fn open(
     ring: &KeyRing,
     token: &str,
     now: u64,
     subject: Option<&str>,
     limits: &TokenLimits,
+) -> Result<Session, TokenError> {
+    open_with(ring, token, now, subject, limits, &Validity::EXACT)
+}
+
+/// [`open`], with the session's maximum age and the clock-skew leeway of `validity`. A
+/// session past its maximum age is refused [`TokenError::TooOld`], after the expiry and
+/// subject checks (an expired token is `Expired` whatever its age).
+pub fn open_with(
+    ring: &KeyRing,
+    token: &str,
+    now: u64,
+    subject: Option<&str>,
+    limits: &TokenLimits,
+    validity: &Validity,
 ) -> Result<Session, TokenError> {
     if token.len() > limits.max_encoded_len {
         return Err(TokenError::TooLarge { limit: limits.max_encoded_len });
@@ -272,13 +390,17 @@ pub fn open(
     }
     let bound = std::str::from_utf8(&plaintext[18..causes_at]).map_err(|_| bad("subject is not UTF-8"))?;
     let bound = (!bound.is_empty()).then(|| bound.to_string());
-    if now >= expires_at {
+    if validity.expired(expires_at, now) {
         return Err(TokenError::Expired { expires_at, now });
     }
     if let Some(bound) = &bound {
         if subject != Some(bound.as_str()) {
             return Err(TokenError::WrongSubject);
         }
+    }
+    if validity.too_old(issued_at, now) {
+        let max_age_s = validity.max_age_s.unwrap_or(u64::MAX);
+        return Err(TokenError::TooOld { issued_at, max_age_s, now });
     }
     let past = codec::decode(&plaintext[causes_at..], usize::MAX).map_err(|e| match e {
         DecodeError::Undecodable(m) => TokenError::UndecodableCauses(format!("{m} ({})", m.class())),
@@ -330,6 +452,82 @@ mod tests {
         assert_eq!(open(&rotated, &t_old, 150, None, &TokenLimits::default()).unwrap(), s);
         let t_new = seal(&rotated, &s);
         assert_eq!(open(&old, &t_new, 150, None, &TokenLimits::default()), Err(TokenError::UnknownKey("k2".into())));
+    }
+
+    fn key_text(b: u8) -> String {
+        URL_SAFE_NO_PAD.encode([b; 32])
+    }
+
+    #[test]
+    fn the_ring_seals_with_the_marked_key_and_opens_with_every_key() {
+        let (k1, k2) = (key_text(1), key_text(2));
+        // Unmarked: the first seals, as before roles existed.
+        assert_eq!(KeyRing::parse(&format!("new:{k2},old:{k1}")).unwrap().sealing_key_id(), "new");
+        // The phases of a rotation.
+        let phase1 = KeyRing::parse(&format!("new:{k2}:open,old:{k1}")).unwrap();
+        assert_eq!(phase1.sealing_key_id(), "old", "an open-only key never seals");
+        assert_eq!(phase1.roles(), vec![("new", KeyRole::Open), ("old", KeyRole::Seal)]);
+        let phase2 = KeyRing::parse(&format!("old:{k1}:open\nnew:{k2}:seal\n")).unwrap();
+        assert_eq!(phase2.sealing_key_id(), "new");
+        assert_eq!(phase2.roles(), vec![("old", KeyRole::Open), ("new", KeyRole::Seal)]);
+        let phase3 = KeyRing::parse(&format!("# after the rotation\nnew:{k2}:seal")).unwrap();
+        assert_eq!(phase3.roles(), vec![("new", KeyRole::Seal)]);
+
+        let s = session(None);
+        let lim = TokenLimits::default();
+        let by_old = seal(&phase1, &s);
+        let by_new = seal(&phase2, &s);
+        for ring in [&phase1, &phase2] {
+            assert_eq!(open(ring, &by_old, 150, None, &lim).unwrap(), s);
+            assert_eq!(open(ring, &by_new, 150, None, &lim).unwrap(), s);
+        }
+        assert_eq!(open(&phase3, &by_old, 150, None, &lim), Err(TokenError::UnknownKey("old".into())));
+
+        assert_eq!(
+            KeyRing::parse(&format!("a:{k1}:seal,b:{k2}:seal")).unwrap_err(),
+            KeyError::SeveralSealing("a".into(), "b".into())
+        );
+        assert_eq!(KeyRing::parse(&format!("a:{k1}:open,b:{k2}:open")).unwrap_err(), KeyError::NoSealingKey);
+        for bad in [format!("a:{k1}:sael"), format!("a:{k1}:seal:x"), format!("a:{k1}:")] {
+            let err = KeyRing::parse(&bad).unwrap_err();
+            assert!(matches!(err, KeyError::BadEntry(_)), "{bad}: {err:?}");
+            assert!(!err.to_string().contains(&k1), "{err}");
+        }
+    }
+
+    #[test]
+    fn max_age_and_expiry_allow_the_clock_skew_and_no_more() {
+        let r = ring(&[("k1", 1)]);
+        let lim = TokenLimits::default();
+        // Issued at 100, expires at 200.
+        let t = seal(&r, &session(None));
+        let v = Validity { max_age_s: Some(1_000), clock_skew_s: 30 };
+        // Expiry: still open up to 29 s past expiresAt, refused from 30 s.
+        assert!(open_with(&r, &t, 229, None, &lim, &v).is_ok(), "just inside the leeway");
+        assert_eq!(open_with(&r, &t, 230, None, &lim, &v), Err(TokenError::Expired { expires_at: 200, now: 230 }));
+        // No leeway: exact.
+        let exact = Validity { max_age_s: Some(1_000), clock_skew_s: 0 };
+        assert!(open_with(&r, &t, 199, None, &lim, &exact).is_ok());
+        assert_eq!(open_with(&r, &t, 200, None, &lim, &exact), Err(TokenError::Expired { expires_at: 200, now: 200 }));
+
+        // Maximum age from issuedAt (100): a session may last 50 s, plus the leeway.
+        let v = Validity { max_age_s: Some(50), clock_skew_s: 30 };
+        assert!(open_with(&r, &t, 179, None, &lim, &v).is_ok(), "just inside: 79 s old");
+        let too_old = TokenError::TooOld { issued_at: 100, max_age_s: 50, now: 180 };
+        assert_eq!(open_with(&r, &t, 180, None, &lim, &v), Err(too_old.clone()));
+        assert_eq!(too_old.kind(), "token-too-old");
+        let exact = Validity { max_age_s: Some(50), clock_skew_s: 0 };
+        assert!(open_with(&r, &t, 149, None, &lim, &exact).is_ok());
+        assert!(matches!(open_with(&r, &t, 150, None, &lim, &exact), Err(TokenError::TooOld { .. })));
+        // Past both bounds, the expiry is what the client is told.
+        assert!(matches!(open_with(&r, &t, 10_000, None, &lim, &v), Err(TokenError::Expired { .. })));
+        // Unbounded age: only the expiry counts.
+        let unbounded = Validity { max_age_s: None, clock_skew_s: 0 };
+        assert!(open_with(&r, &t, 199, None, &lim, &unbounded).is_ok());
+        assert_eq!(open(&r, &t, 199, None, &lim), open_with(&r, &t, 199, None, &lim, &unbounded));
+        // No overflow at the far end of time.
+        assert!(!Validity { max_age_s: Some(u64::MAX), clock_skew_s: u64::MAX }.too_old(1, u64::MAX - 1));
+        assert!(!Validity { max_age_s: None, clock_skew_s: u64::MAX }.expired(u64::MAX, u64::MAX - 1));
     }
 
     #[test]
@@ -397,7 +595,7 @@ mod tests {
     fn key_configuration_is_checked_and_never_printed() {
         let key = URL_SAFE_NO_PAD.encode([4u8; 32]);
         let r = KeyRing::parse(&format!("new:{key}, old:{key}")).unwrap();
-        assert_eq!(r.newest().0, "new");
+        assert_eq!(r.sealing().0, "new");
         assert!(!format!("{r:?}").contains(&key), "keys never appear in Debug output");
         assert!(matches!(KeyRing::parse(""), Err(KeyError::Empty)));
         assert!(matches!(KeyRing::parse("nokey"), Err(KeyError::BadEntry(_))));

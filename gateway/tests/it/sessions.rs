@@ -215,7 +215,7 @@ async fn concurrent_sessions_see_their_writes_and_never_go_back() {
 async fn a_503_names_the_stopped_task_that_blocks_the_session() {
     use rdkafka::producer::{FutureProducer, FutureRecord};
 
-    let mut s = Stack::new("failing", 1, "read_wait_ms = 800").await;
+    let mut s = Stack::new("failing", 1, "read_wait_ms = 800\npublic_diagnostics = true").await;
     s.start_projector().await;
     // A record the document projection cannot apply (not JSON), written around the gateway.
     let raw: FutureProducer = parsley_infra::kafka::producer_config(&bootstrap()).create().unwrap();

@@ -14,7 +14,7 @@ async fn orders_id(s: &Stack) -> TopicId {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn damaged_expired_and_ahead_of_log_tokens_are_refused() {
-    let s = Stack::new("tokens", 2, "read_wait_ms = 300").await;
+    let s = Stack::new("tokens", 2, "read_wait_ms = 300\ntoken_clock_skew_s = 0").await;
     let orders = s.names.orders.clone();
     let w = s.write(&orders, "k", json!(1), None).await;
     assert_eq!(w.status, StatusCode::CREATED, "{}", w.json);
