@@ -7,11 +7,12 @@
 //! one long-lived read-uncommitted consumer (so its "high watermark" is the log end, not
 //! the last stable offset). The consumer joins no group and never consumes.
 //!
-//! Facts fail closed, as in the projector: a topic is gone only when the broker says so — a
-//! named topic it reports unknown, or an ID absent from a *complete* listing. A topic the
-//! broker lists but does not describe (no leader yet, an error, a timeout) is unknown: its
-//! cached fact is kept, and a lookup that needs it fails (the request answers 503), never
-//! reads it as gone (which would prune a token pair).
+//! Facts fail closed, by the policy the projector applies too ([`parsley_infra::facts`]): a
+//! topic is gone only when the broker says so — a named topic it reports unknown, or an ID
+//! absent from a *complete* listing. A topic the broker lists but does not describe (no
+//! leader yet, an error, a timeout) is unknown: its cached fact is kept, and a lookup that
+//! needs it fails (the request answers 503), never reads it as gone (which would prune a
+//! token pair).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -19,8 +20,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use parsley::{ChannelId, Position, TopicId};
+use parsley_infra::facts::{self, Fact};
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
-use rdkafka::types::RDKafkaRespErr;
 
 /// One topic as the broker describes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -200,10 +201,10 @@ impl KafkaFacts {
     /// The name of `id` after a listing: absent from a complete listing, the topic is gone
     /// (`Ok(None)`); absent from an incomplete one, it is unknown (an error).
     fn name_after_listing(&self, id: &TopicId, complete: bool) -> anyhow::Result<Option<String>> {
-        match self.cached_name(id) {
-            Some(name) => Ok(Some(name)),
-            None if complete => Ok(None),
-            None => anyhow::bail!("topic {id} is not in an incomplete topic listing: it may exist or be gone"),
+        match facts::classify(self.cached_name(id), complete) {
+            Fact::Exists(name) => Ok(Some(name)),
+            Fact::Gone => Ok(None),
+            Fact::Unknown(why) => anyhow::bail!("topic {id} is {why}"),
         }
     }
 
@@ -278,58 +279,28 @@ impl Described {
     }
 }
 
-/// Describes `names` (all topics when `None`). A topic whose metadata carries an error, or
-/// whose describe fails, is reported in `errors` — never as missing.
+/// Describes `names` (all topics when `None`) by the shared policy: a named topic the
+/// broker reports unknown is missing; a topic whose metadata carries another error, or whose
+/// describe fails, is reported in `errors` — never as missing.
 fn describe(client: &BaseConsumer, names: Option<&[String]>, timeout: Duration) -> anyhow::Result<Described> {
+    let client = client.client();
     let mut out = Described::default();
-    let mut existing = Vec::new();
-    match names {
+    let described = match names {
         Some(names) => {
+            let mut existing = Vec::new();
             for name in names {
-                let metadata = match client.fetch_metadata(Some(name), timeout) {
-                    Ok(m) => m,
-                    Err(e) => {
-                        out.errors.push(format!("fetching metadata of topic {name:?}: {e}"));
-                        continue;
-                    }
-                };
-                match metadata.topics().iter().find(|t| t.name() == name).and_then(|t| t.error()) {
-                    None => existing.push(name.clone()),
-                    Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) => out.missing.push(name.clone()),
-                    Some(e) => out.errors.push(format!("metadata of topic {name:?}: error {e:?}")),
+                match facts::named_topic_blocking(client, name, timeout) {
+                    Fact::Exists(_) => existing.push(name.clone()),
+                    Fact::Gone => out.missing.push(name.clone()),
+                    Fact::Unknown(why) => out.errors.push(why),
                 }
             }
+            facts::describe_each_blocking(client, &existing, timeout, &mut out.errors)?
         }
         None => {
-            let metadata = client.fetch_metadata(None, timeout).context("listing the cluster's topics")?;
-            for topic in metadata.topics() {
-                match topic.error() {
-                    None => existing.push(topic.name().to_string()),
-                    // Listed but not answering (no leader yet, say): its ID is not known.
-                    Some(e) => out.errors.push(format!("metadata of topic {:?}: error {e:?}", topic.name())),
-                }
-            }
-        }
-    }
-    if existing.is_empty() {
-        return Ok(out);
-    }
-    let described = match parsley_infra::describe_topics_blocking(client.client(), &existing, timeout) {
-        Ok(d) => d,
-        // One topic deleted (or not describable) between the listing and the describe fails
-        // the whole call: describe one by one, keeping what answers.
-        Err(whole) => {
-            let mut each = Vec::with_capacity(existing.len());
-            for name in &existing {
-                match parsley_infra::describe_topics_blocking(client.client(), std::slice::from_ref(name), timeout) {
-                    Ok(d) => each.extend(d),
-                    Err(e) => out.errors.push(format!("describing topic {name:?}: {e:#}")),
-                }
-            }
-            if each.is_empty() {
-                return Err(whole.context("describing topics"));
-            }
-            each
+            let listing = facts::list_topics_blocking(client, timeout)?;
+            out.errors = listing.errors;
+            listing.topics
         }
     };
     out.facts.extend(described.into_iter().map(|d| TopicFact {

@@ -6,6 +6,9 @@
 //!   commit) and partition offsets (log start, last stable offset, high watermark).
 //! - [`topic_id`]: topic IDs and partition counts through librdkafka's DescribeTopics — one
 //!   of the two modules allowed to use `unsafe`.
+//! - [`facts`]: the broker-facts policy, once — a topic is gone only when a complete listing
+//!   lacks it (or the broker reports a named topic unknown); a failed or partial describe
+//!   is unknown — and the listing and describe calls it is applied to.
 //! - [`headers`]: record headers read as bytes (names need not be UTF-8) through librdkafka
 //!   — the other module allowed to use `unsafe`.
 //! - [`pg`]: the Postgres pool, every session bounded (lock, statement and idle-in-transaction
@@ -14,10 +17,14 @@
 //!   names once, as an enum, with [`metric_names!`]), rendered in the text exposition
 //!   format, and the bare `GET /metrics` listener.
 //! - [`process`]: the binaries' start-up scaffolding (logging, runtime, shutdown signal).
+//! - [`cli`]: the binaries' one argument parser (clap's builder), the shared `--config`
+//!   option, and how help and usage errors end the process.
 //! - `testing` (feature `test-support`, tests only): the integration tests' helpers for the
 //!   real services — environment, unique names, topics, producers.
 
+pub mod cli;
 pub mod env;
+pub mod facts;
 pub mod headers;
 pub mod kafka;
 pub mod metrics;

@@ -14,6 +14,7 @@ use anyhow::Context as _;
 use parsley::engine::ChannelFact;
 use parsley::startup::ResolvedTopic;
 use parsley::{ChannelId, TopicId};
+use parsley_infra::facts::{self, Fact};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer as _, StreamConsumer};
 use rdkafka::types::RDKafkaRespErr;
@@ -157,11 +158,12 @@ pub struct UpstreamFacts {
 }
 
 /// Learns the facts of `channels` (channels of topics the model does not receive): lists
-/// the cluster's topics (metadata) and describes them to map topic IDs to names; a topic ID
-/// no longer among them is `TopicGone`, as is a partition beyond its topic's count; every
-/// other channel is `Live` with its log start (the low watermark). A fact that could not be
-/// learned is `Unknown` and its error is returned alongside. `Err` only when the listing
-/// itself failed (then nothing is known).
+/// the cluster's topics and describes them to map topic IDs to names, classified by the
+/// shared policy ([`parsley_infra::facts`]): a topic ID absent from a complete listing is
+/// `TopicGone`, as is a partition beyond its topic's count; absent from an incomplete one it
+/// is `Unknown`; every other channel is `Live` with its log start (the low watermark). A fact
+/// that could not be learned is `Unknown` and its error is returned alongside. `Err` only
+/// when the listing itself failed (then nothing is known).
 pub async fn upstream_facts(
     consumer: &Arc<StreamConsumer>,
     channels: Vec<ChannelId>,
@@ -178,55 +180,24 @@ fn upstream_facts_blocking(
     channels: &[ChannelId],
     timeout: Duration,
 ) -> anyhow::Result<UpstreamFacts> {
-    let metadata = consumer.fetch_metadata(None, timeout).context("listing the cluster's topics")?;
-    let mut names = Vec::new();
-    let mut errors = Vec::new();
-    for topic in metadata.topics() {
-        match topic.error() {
-            None => names.push(topic.name().to_string()),
-            // Listed but not answering (e.g. no leader yet): its ID is not known, so the
-            // listing is incomplete.
-            Some(e) => errors.push(format!("metadata of topic {:?}: error {e:?}", topic.name())),
-        }
-    }
-    let described = match parsley_infra::describe_topics_blocking(consumer.client(), &names, timeout) {
-        Ok(d) => d,
-        // One topic deleted (or not describable) between the listing and the describe fails
-        // the whole call: describe one by one and keep what answers.
-        Err(whole) => {
-            let mut each = Vec::with_capacity(names.len());
-            for name in &names {
-                match parsley_infra::describe_topics_blocking(consumer.client(), std::slice::from_ref(name), timeout) {
-                    Ok(d) => each.extend(d),
-                    Err(e) => errors.push(format!("{e:#}")),
-                }
-            }
-            if each.is_empty() && !names.is_empty() {
-                return Err(whole.context("describing the cluster's topics"));
-            }
-            each
-        }
-    };
-    // An ID missing from an incomplete listing may belong to a topic that did not answer:
-    // only a complete one says a topic is gone.
-    let complete = errors.is_empty();
-    let by_id: BTreeMap<TopicId, (String, u32)> =
-        described.into_iter().map(|d| (TopicId::from_bytes(d.id), (d.name, d.partitions))).collect();
-    let mut facts = BTreeMap::new();
+    // The shared policy (`parsley_infra::facts`): an ID missing from an incomplete listing
+    // may belong to a topic that did not answer; only a complete one says a topic is gone.
+    let listing = facts::list_topics_blocking(consumer.client(), timeout)?;
+    let mut errors = listing.errors.clone();
+    let mut learned = BTreeMap::new();
     for channel in channels {
-        let fact = match by_id.get(&channel.topic) {
-            None if complete => ChannelFact::TopicGone,
-            None => ChannelFact::Unknown,
-            Some((_, partitions)) if channel.partition >= *partitions => ChannelFact::TopicGone,
-            Some((name, _)) => match consumer.fetch_watermarks(name, channel.partition as i32, timeout) {
+        let fact = match listing.channel(channel.topic.as_bytes(), channel.partition) {
+            Fact::Gone => ChannelFact::TopicGone,
+            Fact::Unknown(_) => ChannelFact::Unknown,
+            Fact::Exists(topic) => match consumer.fetch_watermarks(&topic.name, channel.partition as i32, timeout) {
                 Ok((log_start, _)) => ChannelFact::Live { log_start },
                 Err(e) => {
-                    errors.push(format!("querying the log start of {name}/{}: {e}", channel.partition));
+                    errors.push(format!("querying the log start of {}/{}: {e}", topic.name, channel.partition));
                     ChannelFact::Unknown
                 }
             },
         };
-        facts.insert(*channel, fact);
+        learned.insert(*channel, fact);
     }
-    Ok(UpstreamFacts { facts, errors })
+    Ok(UpstreamFacts { facts: learned, errors })
 }

@@ -3,13 +3,13 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Context as _};
+use anyhow::bail;
 use parsley_gateway::{Gateway, GatewayConfig};
+use parsley_infra::cli::{self, Command};
 use parsley_infra::process;
 
-const USAGE: &str = "\
-usage: parsley-gateway [--config PATH]
-
+/// What `--help` says after the options.
+const AFTER_HELP: &str = "\
 The configuration file is --config, else $PARSLEY_CONFIG, else config/parsley.toml; its
 [gateway] table holds the gateway's settings (docs/gateway.md).
 Token keys: PARSLEY_TOKEN_KEYS=<id>:<base64 32 bytes>[,...] (newest first), or a file named by
@@ -22,29 +22,24 @@ PARSLEY_GATEWAY_LISTEN, PARSLEY_GATEWAY_ADMIN_LISTEN, PARSLEY_GATEWAY_READ_WAIT_
 PARSLEY_GATEWAY_RETRY_AFTER_S, PARSLEY_GATEWAY_TOKEN_TTL_S, PARSLEY_GATEWAY_SUBJECT_HEADER.
 Logs: RUST_LOG (default info).";
 
-fn parse_args() -> anyhow::Result<PathBuf> {
-    let mut config = std::env::var_os("PARSLEY_CONFIG").map(PathBuf::from);
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--config" => config = Some(PathBuf::from(args.next().context("--config needs a value")?)),
-            "-h" | "--help" | "help" => {
-                println!("{USAGE}");
-                std::process::exit(0);
-            }
-            other => bail!("unknown argument {other:?}\n\n{USAGE}"),
-        }
-    }
-    Ok(config.unwrap_or_else(|| PathBuf::from("config/parsley.toml")))
+/// The command line: `parsley-gateway [--config PATH]`.
+fn command() -> Command {
+    Command::new("parsley-gateway")
+        .about(
+            "Serves reads of your own writes: stamps writes with session tokens, gates reads on the projector's clock.",
+        )
+        .after_help(AFTER_HELP)
+        .arg(cli::config_arg())
 }
 
 fn main() -> std::process::ExitCode {
+    let matches = cli::parse(command());
+    let path = cli::config_path(&matches, |v| std::env::var_os(v));
     process::init_tracing("info");
-    process::block_on_main(run())
+    process::block_on_main(run(path))
 }
 
-async fn run() -> anyhow::Result<()> {
-    let path = parse_args()?;
+async fn run(path: PathBuf) -> anyhow::Result<()> {
     let config = GatewayConfig::load(&path)?;
     if config.shared.models.is_empty() {
         bail!("the configuration declares no [[models]]: the gateway has nothing to write to or serve");

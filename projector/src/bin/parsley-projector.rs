@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
+use parsley_infra::cli::{self, Arg, ArgAction, Command};
 use parsley_infra::process;
 use parsley_projector::config::Config;
 use parsley_projector::metrics::{self, Metric, Metrics, METRICS};
@@ -15,21 +16,49 @@ use parsley_projector::store::RecordFound;
 use parsley_projector::{migrations, status, DocumentProjection, ModelProjector};
 use sqlx::PgPool;
 
-const USAGE: &str = "\
-usage: parsley-projector <command> [--config PATH] [options]
-
-commands:
-  run [--model NAME]...            run the configured models (all, or those named) until SIGINT/SIGTERM
-  status [--model NAME]...         print every task's state from the database
-  skip --model NAME --topic TOPIC --partition N --position P --reason TEXT [--by WHO]
-                                   move the task refused at that record past it: the record is
-                                   delivered without effect (recorded in parsley.skips, with
-                                   WHO, default the OS user); the task runs again at once
-  migrate                          bring the database schema up to date and exit
-
+/// What `--help` says after the commands and options.
+const AFTER_HELP: &str = "\
 The configuration file is --config, else $PARSLEY_CONFIG, else config/parsley.toml.
 Environment overrides: PARSLEY_KAFKA_BOOTSTRAP, PARSLEY_DATABASE_URL (or DATABASE_URL),
 PARSLEY_METRICS_ADDRESS, PARSLEY_OWNER. Logs: RUST_LOG (default info).";
+
+/// The command line: `run`, `status`, `skip` and `migrate`, each taking `--config PATH`.
+fn command() -> Command {
+    let models =
+        |help: &'static str| Arg::new("model").long("model").value_name("NAME").action(ArgAction::Append).help(help);
+    let skip_option = |name: &'static str, value: &'static str, help: &'static str| {
+        Arg::new(name).long(name).value_name(value).action(ArgAction::Set).help(help)
+    };
+    Command::new("parsley-projector")
+        .about("Delivers Kafka records into Postgres read models in causal order.")
+        .after_help(AFTER_HELP)
+        .arg(cli::config_arg())
+        .subcommand(
+            Command::new("run")
+                .about("run the configured models (all, or those named) until SIGINT/SIGTERM")
+                .arg(models("a model to run (repeatable; default: every configured model)")),
+        )
+        .subcommand(
+            Command::new("status")
+                .about("print every task's state from the database")
+                .arg(models("a model to report (repeatable; default: every model with state)")),
+        )
+        .subcommand(
+            Command::new("skip")
+                .about("move the task refused at that record past it, delivered without effect")
+                .long_about(
+                    "move the task refused at that record past it: the record is delivered without effect \
+                     (recorded in parsley.skips, with WHO, default the OS user); the task runs again at once",
+                )
+                .arg(models("the model whose task is refused (exactly one)").required(true).action(ArgAction::Set))
+                .arg(skip_option("topic", "TOPIC", "the topic of the record").required(true))
+                .arg(skip_option("partition", "N", "its partition").required(true))
+                .arg(skip_option("position", "P", "its position (offset)").required(true))
+                .arg(skip_option("reason", "TEXT", "why it is skipped (recorded)").required(true))
+                .arg(skip_option("by", "WHO", "who skips it (recorded; default the OS user)")),
+        )
+        .subcommand(Command::new("migrate").about("bring the database schema up to date and exit"))
+}
 
 struct Args {
     command: String,
@@ -39,45 +68,32 @@ struct Args {
     skip: Vec<(String, String)>,
 }
 
-const SKIP_OPTIONS: [&str; 5] = ["--topic", "--partition", "--position", "--reason", "--by"];
+const SKIP_OPTIONS: [&str; 5] = ["topic", "partition", "position", "reason", "by"];
 
-fn parse_args() -> anyhow::Result<Args> {
-    let mut args = std::env::args().skip(1);
-    let command = args.next().unwrap_or_default();
-    if command.is_empty() || command == "--help" || command == "-h" || command == "help" {
-        println!("{USAGE}");
-        std::process::exit(0);
-    }
-    let mut config = std::env::var_os("PARSLEY_CONFIG").map(PathBuf::from);
-    let mut models = Vec::new();
-    let mut skip = Vec::new();
-    while let Some(arg) = args.next() {
-        let mut value = |name: &str| args.next().with_context(|| format!("{name} needs a value"));
-        match arg.as_str() {
-            "--config" => config = Some(PathBuf::from(value("--config")?)),
-            "--model" => models.push(value("--model")?),
-            option if SKIP_OPTIONS.contains(&option) && command == "skip" => {
-                if skip.iter().any(|(name, _)| name == option) {
-                    bail!("{option} is given twice");
-                }
-                skip.push((option.to_string(), value(option)?));
-            }
-            other => bail!("unknown argument {other:?}\n\n{USAGE}"),
-        }
-    }
-    Ok(Args { command, config: config.unwrap_or_else(|| PathBuf::from("config/parsley.toml")), models, skip })
+fn parse_args() -> Args {
+    let matches = cli::parse(command());
+    let config = cli::config_path(&matches, |v| std::env::var_os(v));
+    let (command, sub) = matches.subcommand().expect("a subcommand is required");
+    let models = match sub.try_get_many::<String>("model") {
+        Ok(Some(m)) => m.cloned().collect(),
+        _ => Vec::new(),
+    };
+    let skip = SKIP_OPTIONS
+        .iter()
+        .filter_map(|name| match sub.try_get_one::<String>(name) {
+            Ok(Some(v)) => Some((format!("--{name}"), v.clone())),
+            _ => None,
+        })
+        .collect();
+    Args { command: command.to_string(), config, models, skip }
 }
 
 /// `skip`'s request from its options; the recorded "who" is `--by`, else the OS user.
 fn skip_request(args: &Args) -> anyhow::Result<SkipRequest> {
     let option = |name: &str| {
-        args.skip
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.clone())
-            .with_context(|| format!("skip needs {name}\n\n{USAGE}"))
+        args.skip.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone()).with_context(|| format!("skip needs {name}"))
     };
-    let [model] = args.models.as_slice() else { bail!("skip needs exactly one --model\n\n{USAGE}") };
+    let [model] = args.models.as_slice() else { bail!("skip needs exactly one --model") };
     let partition = option("--partition")?;
     let position = option("--position")?;
     let os_user = ["USER", "LOGNAME", "USERNAME"].iter().find_map(|v| std::env::var(v).ok().filter(|u| !u.is_empty()));
@@ -92,12 +108,12 @@ fn skip_request(args: &Args) -> anyhow::Result<SkipRequest> {
 }
 
 fn main() -> std::process::ExitCode {
+    let args = parse_args();
     process::init_tracing("info,sqlx::postgres::notice=warn");
-    process::block_on_main(main_async())
+    process::block_on_main(main_async(args))
 }
 
-async fn main_async() -> anyhow::Result<()> {
-    let args = parse_args()?;
+async fn main_async(args: Args) -> anyhow::Result<()> {
     let config = Config::load(&args.config)?;
     match args.command.as_str() {
         "run" => run(config, &args.models).await,
@@ -130,7 +146,7 @@ async fn main_async() -> anyhow::Result<()> {
             println!("schema is up to date");
             Ok(())
         }
-        other => bail!("unknown command {other:?}\n\n{USAGE}"),
+        other => bail!("unknown command {other:?}"),
     }
 }
 
