@@ -405,7 +405,7 @@ mod tests {
     use axum::body::Body;
     use axum::http::{header, Method, StatusCode};
     use parsley::{CausalPast, ChannelId, TopicId};
-    use parsley_projector::config::Config;
+    use parsley_store::config::Config;
     use serde_json::Value;
     use tower::ServiceExt as _;
 

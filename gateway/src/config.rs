@@ -10,32 +10,26 @@ use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use axum::http::HeaderName;
-use parsley_projector::config::Config;
+use parsley_store::config::{Config, GATEWAY_SECTION};
+use parsley_store::env::{self, Env};
 use serde::Deserialize;
 
 use crate::keys::{self, KeySource, TokenKeys};
 use crate::subject::{HmacSecret, SubjectVerifier};
 use crate::token::{KeyRing, TokenLimits, Validity};
 
-/// Overrides `gateway.listen`.
-pub const ENV_LISTEN: &str = "PARSLEY_GATEWAY_LISTEN";
-/// Overrides `gateway.read_wait_ms`.
-pub const ENV_READ_WAIT_MS: &str = "PARSLEY_GATEWAY_READ_WAIT_MS";
-/// Overrides `gateway.retry_after_s`.
-pub const ENV_RETRY_AFTER_S: &str = "PARSLEY_GATEWAY_RETRY_AFTER_S";
-/// Overrides `gateway.token_ttl_s`.
-pub const ENV_TOKEN_TTL_S: &str = "PARSLEY_GATEWAY_TOKEN_TTL_S";
-/// Overrides `gateway.subject_header` (empty: no subject binding).
-pub const ENV_SUBJECT_HEADER: &str = "PARSLEY_GATEWAY_SUBJECT_HEADER";
-/// Overrides `gateway.admin_listen` (empty: no admin listener).
-pub const ENV_ADMIN_LISTEN: &str = "PARSLEY_GATEWAY_ADMIN_LISTEN";
+/// The older variable names of `[gateway]` keys, kept as aliases by the one override rule
+/// ([`parsley_store::env`]): every key is also `PARSLEY_GATEWAY__<KEY>`.
+pub use parsley_store::env::{
+    ENV_GATEWAY_ADMIN_LISTEN as ENV_ADMIN_LISTEN, ENV_GATEWAY_LISTEN as ENV_LISTEN,
+    ENV_GATEWAY_READ_WAIT_MS as ENV_READ_WAIT_MS, ENV_GATEWAY_RETRY_AFTER_S as ENV_RETRY_AFTER_S,
+    ENV_GATEWAY_SUBJECT_HEADER as ENV_SUBJECT_HEADER, ENV_GATEWAY_TOKEN_TTL_S as ENV_TOKEN_TTL_S, ENV_TOKEN_KEYS_FILE,
+};
 /// The admin bearer token itself (overrides `gateway.admin_token_file`).
 pub const ENV_ADMIN_TOKEN: &str = "PARSLEY_GATEWAY_ADMIN_TOKEN";
 /// The token keys themselves: `id:base64key[:seal|:open][,...]` (unmarked: the first seals).
 /// Not reloadable.
 pub const ENV_TOKEN_KEYS: &str = "PARSLEY_TOKEN_KEYS";
-/// A file holding the token keys in the same form (overrides `gateway.token_keys_file`).
-pub const ENV_TOKEN_KEYS_FILE: &str = "PARSLEY_TOKEN_KEYS_FILE";
 
 /// The `[gateway]` table. Every key has a default; `docs/configuration.md` and
 /// `docs/gateway.md` list them.
@@ -172,35 +166,15 @@ impl Settings {
         Ok(settings)
     }
 
-    /// Applies the environment overrides, reading variables through `var`.
-    pub fn apply_env(&mut self, var: impl Fn(&str) -> Option<String>) -> anyhow::Result<()> {
-        let set = |name: &str| var(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
-        let number = |name: &str, v: String| -> anyhow::Result<u64> {
-            v.parse().with_context(|| format!("{name} must be a whole number, not {v:?}"))
-        };
-        if let Some(v) = set(ENV_LISTEN) {
-            self.listen = v;
+    /// Parses the `[gateway]` table with the overrides `env` holds for it applied: the one
+    /// rule of every key ([`parsley_store::env`]: `PARSLEY_GATEWAY__<KEY>`, and the older
+    /// names above). Unknown keys are refused, naming the variable that set one.
+    pub fn from_table_with_env(table: Option<&toml::Table>, env: &Env) -> anyhow::Result<Settings> {
+        match env::section(GATEWAY_SECTION, table, env) {
+            Ok(Some(settings)) => Ok(settings),
+            Ok(None) => Settings::from_table(table),
+            Err(e) => Err(anyhow::anyhow!("invalid [gateway] table: {e}")),
         }
-        if let Some(v) = set(ENV_READ_WAIT_MS) {
-            self.read_wait_ms = number(ENV_READ_WAIT_MS, v)?;
-        }
-        if let Some(v) = set(ENV_RETRY_AFTER_S) {
-            self.retry_after_s = number(ENV_RETRY_AFTER_S, v)?;
-        }
-        if let Some(v) = set(ENV_TOKEN_TTL_S) {
-            self.token_ttl_s = number(ENV_TOKEN_TTL_S, v)?;
-        }
-        if let Some(v) = var(ENV_SUBJECT_HEADER) {
-            let v = v.trim().to_string();
-            self.subject_header = (!v.is_empty()).then_some(v);
-        }
-        if let Some(v) = set(ENV_TOKEN_KEYS_FILE) {
-            self.token_keys_file = Some(PathBuf::from(v));
-        }
-        if let Some(v) = var(ENV_ADMIN_LISTEN) {
-            self.admin_listen = v.trim().to_string();
-        }
-        Ok(())
     }
 
     /// Checks what serde cannot; every message names the key.
@@ -416,7 +390,12 @@ impl GatewayConfig {
     /// gateway's, validates, and loads the token keys.
     pub fn load(path: &Path) -> anyhow::Result<GatewayConfig> {
         let shared = Config::load(path)?;
-        GatewayConfig::from_shared(shared, |name| std::env::var(name).ok())
+        let env = Env::process();
+        // Every override of `[gateway]` is read here, so that a misspelt key's variable is
+        // refused; `from_shared` looks the known ones up by name.
+        Settings::from_table_with_env(shared.gateway.as_ref(), &env)
+            .with_context(|| format!("invalid configuration in {}", path.display()))?;
+        GatewayConfig::from_shared(shared, |name| env.get(name).map(str::to_string))
             .with_context(|| format!("invalid configuration in {}", path.display()))
     }
 
@@ -432,8 +411,8 @@ impl GatewayConfig {
     /// The gateway's part of an already loaded shared configuration, with environment
     /// variables read through `var`.
     pub fn from_shared(shared: Config, var: impl Fn(&str) -> Option<String>) -> anyhow::Result<GatewayConfig> {
-        let mut settings = Settings::from_table(shared.gateway.as_ref())?;
-        settings.apply_env(&var)?;
+        let env = Env::lookup(env::section_variables::<Settings>(GATEWAY_SECTION), &var);
+        let settings = Settings::from_table_with_env(shared.gateway.as_ref(), &env)?;
         settings.validate()?;
         let keys = Arc::new(load_keys(&settings, &var)?);
         let admin_token = load_admin_token(&settings, &var)?;
@@ -611,6 +590,38 @@ mod tests {
         let err = GatewayConfig::from_shared(shared(text), env(&[(ENV_TOKEN_KEYS, &keys), (ENV_READ_WAIT_MS, "soon")]))
             .unwrap_err();
         assert!(err.to_string().contains(ENV_READ_WAIT_MS), "{err}");
+    }
+
+    #[test]
+    fn every_key_has_its_variable() {
+        let keys = format!("k1:{}", key());
+        let text = "[gateway]\nread_wait_ms = 100\n";
+        let c = GatewayConfig::from_shared(
+            shared(text),
+            env(&[
+                (ENV_TOKEN_KEYS, &keys),
+                ("PARSLEY_GATEWAY__READ_WAIT_MS", "300"),
+                ("PARSLEY_GATEWAY__MAX_KEY_BYTES", "64"),
+                ("PARSLEY_GATEWAY__SUBJECT_HEADER", "x-user"),
+                // The generic form wins over an alias of the same key.
+                (ENV_LISTEN, "0.0.0.0:81"),
+                ("PARSLEY_GATEWAY__LISTEN", "0.0.0.0:82"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.settings.read_wait_ms, 300);
+        assert_eq!(c.settings.max_key_bytes, 64);
+        assert_eq!(c.settings.subject_header.as_deref(), Some("x-user"));
+        assert_eq!(c.settings.listen, "0.0.0.0:82");
+        let err = GatewayConfig::from_shared(
+            shared(text),
+            env(&[(ENV_TOKEN_KEYS, &keys), ("PARSLEY_GATEWAY__MAX_KEY_BYTES", "many")]),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("PARSLEY_GATEWAY__MAX_KEY_BYTES"), "{err}");
+        let misspelt: Env = [("PARSLEY_GATEWAY__READ_WAITMS", "5")].into_iter().collect();
+        let err = Settings::from_table_with_env(None, &misspelt).unwrap_err().to_string();
+        assert!(err.contains("PARSLEY_GATEWAY__READ_WAITMS") && err.contains("read_waitms"), "{err}");
     }
 
     #[test]

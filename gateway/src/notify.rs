@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use parsley_projector::store::CLOCK_NOTIFY_CHANNEL;
+use parsley_store::CLOCK_NOTIFY_CHANNEL;
 use sqlx::postgres::PgListener;
 use sqlx::PgPool;
 use tokio::sync::watch;

@@ -28,10 +28,11 @@ use axum::Json;
 use parsley::gate::{gate, refresh, ClockRow, GateGap, ModelShape, Verdict};
 use parsley::murmur2::partition_for_key;
 use parsley::{CausalPast, ChannelId, TopicId};
-use parsley_projector::config::ModelConfig;
-use parsley_projector::store::{self, ModelRow, TaskRow, TaskStatusKind};
+use parsley_store::config::ModelConfig;
+use parsley_store::documents;
+use parsley_store::ordering::{self as store, ModelRow, TaskRow, TaskStatus};
 use serde_json::{json, Value};
-use sqlx::{Postgres, Row as _, Transaction};
+use sqlx::{Postgres, Transaction};
 
 use crate::app::AppState;
 use crate::database;
@@ -64,10 +65,6 @@ struct Uncovered {
     recorded: bool,
     tasks: Vec<TaskRow>,
 }
-
-/// Opens the gate's transaction: the clock check and the data read share one snapshot
-/// (`REPEATABLE READ`), and nothing in it writes (`READ ONLY`).
-pub const GATE_BEGIN: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY";
 
 pub async fn get_document(
     State(state): State<AppState>,
@@ -318,7 +315,7 @@ async fn attempt(
     let retry_after = state.config.settings.retry_after_s;
     let db = |e: anyhow::Error| database::failed(e, "the read", retry_after, None);
     // One snapshot for the check and the data read, opened in one round trip.
-    let mut tx = state.pool.begin_with(GATE_BEGIN).await.map_err(|e| db(e.into()))?;
+    let mut tx = store::begin_snapshot(&state.pool).await.map_err(|e| db(e.into()))?;
     let recorded = store::load_model(&mut tx, &model.name).await.map_err(db)?;
     let shape = model_shape(state, model, recorded.as_ref());
     let rows: Vec<ClockRow> = store::clock_rows(&mut tx, &model.name).await.map_err(db)?;
@@ -374,31 +371,16 @@ async fn read_documents(
 ) -> anyhow::Result<Option<Value>> {
     match target {
         Target::One { key } => {
-            let row = sqlx::query("SELECT doc, version FROM projection.documents WHERE model = $1 AND key = $2")
-                .bind(model)
-                .bind(key)
-                .fetch_optional(&mut **tx)
-                .await?;
-            Ok(row.map(|r| json!({"key": key, "document": r.get::<Value, _>(0), "version": r.get::<i64, _>(1)})))
+            let found = documents::document(tx, model, key).await?;
+            Ok(found.map(|d| json!({"key": d.key, "document": d.doc, "version": d.version})))
         }
         Target::Page { after, limit } => {
-            let rows = sqlx::query(
-                "SELECT key, doc, version FROM projection.documents
-                 WHERE model = $1 AND ($2::text IS NULL OR key > $2)
-                 ORDER BY key LIMIT $3",
-            )
-            .bind(model)
-            .bind(after.as_deref())
-            .bind(i64::from(*limit) + 1)
-            .fetch_all(&mut **tx)
-            .await?;
+            let rows = documents::page(tx, model, after.as_deref(), i64::from(*limit) + 1).await?;
             let more = rows.len() > *limit as usize;
             let documents: Vec<Value> = rows
-                .iter()
+                .into_iter()
                 .take(*limit as usize)
-                .map(|r| {
-                    json!({"key": r.get::<String, _>(0), "document": r.get::<Value, _>(1), "version": r.get::<i64, _>(2)})
-                })
+                .map(|d| json!({"key": d.key, "document": d.doc, "version": d.version}))
                 .collect();
             let next = if more { documents.last().map(|d| d["key"].clone()) } else { None };
             Ok(Some(json!({"documents": documents, "next": next})))
@@ -472,14 +454,14 @@ fn not_yet_covered(state: &AppState, model: &str, uncovered: Uncovered, waited: 
         match uncovered.tasks.iter().find(|r| r.task == t) {
             None => tasks.push(json!({"task": t, "status": "missing"})),
             Some(row) => match row.status {
-                TaskStatusKind::Running => {}
-                TaskStatusKind::Failing => tasks.push(json!({
+                TaskStatus::Running => {}
+                TaskStatus::Failing => tasks.push(json!({
                     "task": t,
                     "status": "failing",
                     "failures": row.failures,
                     "last_error": row.last_error,
                 })),
-                TaskStatusKind::Refused => tasks.push(json!({
+                TaskStatus::Refused => tasks.push(json!({
                     "task": t,
                     "status": "refused",
                     "reason": row.refusal.as_ref().map(|r| r.reason.as_str()),

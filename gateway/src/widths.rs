@@ -9,10 +9,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use anyhow::Context as _;
 use sqlx::PgPool;
-
-use crate::database;
 
 /// Per model: `Some(n)` recorded with `n` tasks, `None` no state yet (the projector records
 /// the width it starts with).
@@ -40,21 +37,9 @@ impl RecordedWidths {
     /// Re-reads the recorded widths of `models`. Before the migrations ran no model has
     /// state: every width is unrecorded.
     pub async fn refresh(&self, pool: &PgPool, models: &[String]) -> anyhow::Result<()> {
-        let rows: Vec<(String, i32)> =
-            match sqlx::query_as("SELECT model, task_count FROM parsley.models WHERE model = ANY($1)")
-                .bind(models)
-                .fetch_all(pool)
-                .await
-            {
-                Ok(rows) => rows,
-                Err(e) if database::is_undefined_table(&e) => Vec::new(),
-                Err(e) => return Err(e).context("reading the models' recorded widths"),
-            };
-        let mut widths: BTreeMap<String, Option<u32>> = models.iter().map(|m| (m.clone(), None)).collect();
-        for (model, task_count) in rows {
-            let n = u32::try_from(task_count).with_context(|| format!("model {model:?} records {task_count} tasks"))?;
-            widths.insert(model, Some(n));
-        }
+        let recorded = parsley_store::ordering::recorded_widths(pool, models).await?;
+        let widths: BTreeMap<String, Option<u32>> =
+            models.iter().map(|m| (m.clone(), recorded.get(m).copied())).collect();
         *self.lock() = Some(widths);
         Ok(())
     }

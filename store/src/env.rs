@@ -37,6 +37,20 @@ pub const ENV_DATABASE_URL_FALLBACK: &str = "DATABASE_URL";
 pub const ENV_METRICS_ADDRESS: &str = "PARSLEY_METRICS_ADDRESS";
 /// Alias of `projector.owner`.
 pub const ENV_OWNER: &str = "PARSLEY_OWNER";
+/// Alias of `gateway.listen`.
+pub const ENV_GATEWAY_LISTEN: &str = "PARSLEY_GATEWAY_LISTEN";
+/// Alias of `gateway.read_wait_ms`.
+pub const ENV_GATEWAY_READ_WAIT_MS: &str = "PARSLEY_GATEWAY_READ_WAIT_MS";
+/// Alias of `gateway.retry_after_s`.
+pub const ENV_GATEWAY_RETRY_AFTER_S: &str = "PARSLEY_GATEWAY_RETRY_AFTER_S";
+/// Alias of `gateway.token_ttl_s`.
+pub const ENV_GATEWAY_TOKEN_TTL_S: &str = "PARSLEY_GATEWAY_TOKEN_TTL_S";
+/// Alias of `gateway.subject_header` (empty: no subject binding).
+pub const ENV_GATEWAY_SUBJECT_HEADER: &str = "PARSLEY_GATEWAY_SUBJECT_HEADER";
+/// Alias of `gateway.admin_listen` (empty: no admin listener).
+pub const ENV_GATEWAY_ADMIN_LISTEN: &str = "PARSLEY_GATEWAY_ADMIN_LISTEN";
+/// Alias of `gateway.token_keys_file`.
+pub const ENV_TOKEN_KEYS_FILE: &str = "PARSLEY_TOKEN_KEYS_FILE";
 
 /// What an alias does with a value that is empty (after trimming, when it trims).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,13 +83,13 @@ pub const ALIASES: &[Alias] = &[
     alias(ENV_DATABASE_URL_FALLBACK, "database.url", false, Blank::Ignored),
     alias(ENV_METRICS_ADDRESS, "projector.metrics_address", false, Blank::Applied),
     alias(ENV_OWNER, "projector.owner", false, Blank::Ignored),
-    alias("PARSLEY_GATEWAY_LISTEN", "gateway.listen", true, Blank::Ignored),
-    alias("PARSLEY_GATEWAY_READ_WAIT_MS", "gateway.read_wait_ms", true, Blank::Ignored),
-    alias("PARSLEY_GATEWAY_RETRY_AFTER_S", "gateway.retry_after_s", true, Blank::Ignored),
-    alias("PARSLEY_GATEWAY_TOKEN_TTL_S", "gateway.token_ttl_s", true, Blank::Ignored),
-    alias("PARSLEY_GATEWAY_SUBJECT_HEADER", "gateway.subject_header", true, Blank::Applied),
-    alias("PARSLEY_TOKEN_KEYS_FILE", "gateway.token_keys_file", true, Blank::Ignored),
-    alias("PARSLEY_GATEWAY_ADMIN_LISTEN", "gateway.admin_listen", true, Blank::Applied),
+    alias(ENV_GATEWAY_LISTEN, "gateway.listen", true, Blank::Ignored),
+    alias(ENV_GATEWAY_READ_WAIT_MS, "gateway.read_wait_ms", true, Blank::Ignored),
+    alias(ENV_GATEWAY_RETRY_AFTER_S, "gateway.retry_after_s", true, Blank::Ignored),
+    alias(ENV_GATEWAY_TOKEN_TTL_S, "gateway.token_ttl_s", true, Blank::Ignored),
+    alias(ENV_GATEWAY_SUBJECT_HEADER, "gateway.subject_header", true, Blank::Applied),
+    alias(ENV_TOKEN_KEYS_FILE, "gateway.token_keys_file", true, Blank::Ignored),
+    alias(ENV_GATEWAY_ADMIN_LISTEN, "gateway.admin_listen", true, Blank::Applied),
 ];
 
 /// A snapshot of environment variables (names and values as text). `Debug` prints the names
@@ -95,8 +109,56 @@ impl Env {
         }
     }
 
+    /// The variables among `names` that `var` says are set: for a caller that can look a
+    /// variable up but not list them (then a misspelt key's variable goes unseen).
+    pub fn lookup(names: impl IntoIterator<Item = String>, var: impl Fn(&str) -> Option<String>) -> Env {
+        Env { vars: names.into_iter().filter_map(|name| var(&name).map(|value| (name, value))).collect() }
+    }
+
     pub fn get(&self, name: &str) -> Option<&str> {
         self.vars.get(name).map(String::as_str)
+    }
+}
+
+/// Every variable that can set a key of the table `section` deserialized as `T` (a struct):
+/// `PARSLEY_<SECTION>__<FIELD>` for each of its fields, and the section's aliases.
+pub fn section_variables<T: DeserializeOwned>(section: &str) -> Vec<String> {
+    let prefix = format!("{PREFIX}{}{SEPARATOR}", section.to_ascii_uppercase());
+    let generic = fields_of::<T>().iter().map(|f| format!("{prefix}{}", f.to_ascii_uppercase()));
+    let aliases = ALIASES.iter().filter(|a| a.key.split('.').next() == Some(section)).map(|a| a.var.to_string());
+    generic.chain(aliases).collect()
+}
+
+/// The field names of a struct `T` deserializes as (empty for anything else).
+fn fields_of<T: DeserializeOwned>() -> &'static [&'static str] {
+    let mut fields = None;
+    let _ = T::deserialize(FieldProbe(&mut fields));
+    fields.unwrap_or(&[])
+}
+
+/// A deserializer that only notes the fields a struct asks for.
+struct FieldProbe<'a>(&'a mut Option<&'static [&'static str]>);
+
+impl<'de> de::Deserializer<'de> for FieldProbe<'_> {
+    type Error = Error;
+
+    fn deserialize_any<V: Visitor<'de>>(self, _visitor: V) -> Result<V::Value, Error> {
+        Err(de::Error::custom("not a struct"))
+    }
+
+    fn deserialize_struct<V: Visitor<'de>>(
+        self,
+        _name: &'static str,
+        fields: &'static [&'static str],
+        _visitor: V,
+    ) -> Result<V::Value, Error> {
+        *self.0 = Some(fields);
+        Err(de::Error::custom("fields noted"))
+    }
+
+    forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf option unit
+        unit_struct newtype_struct seq tuple tuple_struct map enum identifier ignored_any
     }
 }
 
@@ -238,17 +300,41 @@ pub fn deserialize<T: DeserializeOwned>(value: toml::Value, at: &[&str], overrid
         full.append(&mut e.path);
         let key = key_of(&full);
         // An unknown key is the variable's when the variable's key goes through it; any other
-        // error when it is at or below the variable's key.
-        let var = overrides
-            .iter()
-            .find(|o| if e.at_key { o.path.starts_with(&full) } else { full.starts_with(&o.path) })
-            .map(|o| o.var.as_str());
-        match (var, key.is_empty()) {
-            (Some(var), _) => anyhow::anyhow!("{var} sets {key}: {}", e.message),
-            (None, false) => anyhow::anyhow!("{key}: {}", e.message),
-            (None, true) => anyhow::anyhow!("{}", e.message),
+        // error when it is at or below the variable's key. An error above a variable's key (a
+        // table it made, or an entry it changed) mentions the variable after the message.
+        let owner =
+            overrides.iter().find(|o| if e.at_key { o.path.starts_with(&full) } else { full.starts_with(&o.path) });
+        let below = overrides.iter().find(|o| o.path.starts_with(&full));
+        let message = match below {
+            Some(o) if owner.is_none() => format!("{} ({} sets {})", e.message, o.var, o.key()),
+            _ => e.message,
+        };
+        match (owner, key.is_empty()) {
+            (Some(o), _) => anyhow::anyhow!("{} sets {key}: {message}", o.var),
+            (None, false) => anyhow::anyhow!("{key}: {message}"),
+            (None, true) => anyhow::anyhow!("{message}"),
         }
     })
+}
+
+/// The table `section` of the file (`None`: absent, read as empty) with the overrides `env`
+/// holds for it applied, deserialized by the rule above; `Ok(None)` when no variable sets a
+/// key of the section, so that the caller reads the table as it is. For a section whose owner
+/// parses it (the gateway's `[gateway]`).
+pub fn section<T: DeserializeOwned>(
+    section: &str,
+    table: Option<&toml::Table>,
+    env: &Env,
+) -> anyhow::Result<Option<T>> {
+    let overrides = overrides(env, |s| s == section)?;
+    if overrides.is_empty() {
+        return Ok(None);
+    }
+    let mut tree = toml::Table::new();
+    tree.insert(section.to_string(), toml::Value::Table(table.cloned().unwrap_or_default()));
+    apply(&mut tree, &overrides)?;
+    let value = tree.remove(section).expect("inserted above");
+    deserialize(value, &[section], &overrides).map(Some)
 }
 
 /// A deserialization error and the key it happened at (relative to where deserialization
@@ -460,5 +546,135 @@ impl<'de> SeqAccess<'de> for Entries<'_> {
     fn next_element_seed<S: DeserializeSeed<'de>>(&mut self, seed: S) -> Result<Option<S::Value>, Error> {
         let Some((index, value)) = self.entries.next() else { return Ok(None) };
         seed.deserialize(self.parent.child(index.clone(), value)).map(Some).map_err(|e| e.within(index))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde::Deserialize;
+
+    use super::*;
+
+    /// A section like the gateway's: strict, every key defaulted.
+    #[derive(Debug, Default, Deserialize, PartialEq)]
+    #[serde(deny_unknown_fields, default)]
+    struct Section {
+        listen: String,
+        read_wait_ms: u64,
+        subject_header: Option<String>,
+        admin_listen: String,
+        enabled: bool,
+        ratio: f64,
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> Env {
+        pairs.iter().copied().collect()
+    }
+
+    fn read(table: &str, pairs: &[(&str, &str)]) -> anyhow::Result<Option<Section>> {
+        let table: toml::Table = toml::from_str(table).unwrap();
+        section("gateway", Some(&table), &env(pairs))
+    }
+
+    #[test]
+    fn a_variable_sets_its_key_as_the_key_s_type() {
+        let s = read(
+            "listen = \"a:1\"\nread_wait_ms = 5\n",
+            &[
+                ("PARSLEY_GATEWAY__READ_WAIT_MS", "300"),
+                ("PARSLEY_GATEWAY__ENABLED", "true"),
+                ("PARSLEY_GATEWAY__RATIO", "0.5"),
+                ("PARSLEY_GATEWAY__SUBJECT_HEADER", "x-user"),
+                ("PARSLEY_OTHER__KEY", "not this section"),
+            ],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            s,
+            Section {
+                listen: "a:1".into(),
+                read_wait_ms: 300,
+                subject_header: Some("x-user".into()),
+                enabled: true,
+                ratio: 0.5,
+                ..Section::default()
+            }
+        );
+        assert!(read("", &[("PARSLEY_OTHER__KEY", "x")]).unwrap().is_none(), "no override: the caller reads the table");
+    }
+
+    #[test]
+    fn an_empty_value_is_absent_for_an_optional_key_and_empty_text_for_text() {
+        let s = read(
+            "subject_header = \"h\"\nadmin_listen = \"b:2\"\n",
+            &[("PARSLEY_GATEWAY__SUBJECT_HEADER", ""), ("PARSLEY_GATEWAY__ADMIN_LISTEN", "")],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!((s.subject_header, s.admin_listen.as_str()), (None, ""));
+        let err = read("", &[("PARSLEY_GATEWAY__READ_WAIT_MS", "")]).unwrap_err().to_string();
+        assert!(err.contains("PARSLEY_GATEWAY__READ_WAIT_MS") && err.contains("gateway.read_wait_ms"), "{err}");
+    }
+
+    #[test]
+    fn aliases_keep_their_blank_rule_and_lose_to_the_generic_form() {
+        // Blank ignored: the table's value stays.
+        let s = read("listen = \"a:1\"\n", &[(ENV_GATEWAY_LISTEN, "  ")]).unwrap();
+        assert!(s.is_none(), "an ignored blank alias is no override");
+        // Blank applied: empty text (no admin listener), no subject binding.
+        let s = read(
+            "admin_listen = \"b:2\"\nsubject_header = \"h\"\n",
+            &[(ENV_GATEWAY_ADMIN_LISTEN, " "), (ENV_GATEWAY_SUBJECT_HEADER, "")],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!((s.admin_listen.as_str(), s.subject_header), ("", None));
+        // Trimmed; the generic form wins.
+        let s = read("", &[(ENV_GATEWAY_LISTEN, " c:3 "), (ENV_GATEWAY_READ_WAIT_MS, "7")]).unwrap().unwrap();
+        assert_eq!((s.listen.as_str(), s.read_wait_ms), ("c:3", 7));
+        let s = read("", &[(ENV_GATEWAY_LISTEN, "c:3"), ("PARSLEY_GATEWAY__LISTEN", "d:4")]).unwrap().unwrap();
+        assert_eq!(s.listen, "d:4");
+        // The URL's alias and its fallback, in order.
+        let o = overrides(&env(&[(ENV_DATABASE_URL_FALLBACK, "b"), (ENV_DATABASE_URL, "a")]), |_| true).unwrap();
+        assert_eq!(
+            o,
+            vec![Override {
+                var: ENV_DATABASE_URL.into(),
+                path: vec!["database".into(), "url".into()],
+                value: "a".into()
+            }]
+        );
+    }
+
+    #[test]
+    fn an_unknown_key_is_refused_naming_the_variable() {
+        let err = read("", &[("PARSLEY_GATEWAY__READ_WAITMS", "5")]).unwrap_err().to_string();
+        assert!(err.contains("PARSLEY_GATEWAY__READ_WAITMS") && err.contains("read_waitms"), "{err}");
+        let err = read("", &[("PARSLEY_GATEWAY__READ_WAIT_MS", "soon")]).unwrap_err().to_string();
+        assert!(err.contains("PARSLEY_GATEWAY__READ_WAIT_MS") && err.contains("soon"), "{err}");
+        let err = read("", &[("PARSLEY_GATEWAY__LISTEN__PORT", "1")]).unwrap_err().to_string();
+        assert!(err.contains("PARSLEY_GATEWAY__LISTEN__PORT"), "{err}");
+        let err = overrides(&env(&[("PARSLEY_GATEWAY__", "x")]), |_| true).unwrap_err().to_string();
+        assert!(err.contains("PARSLEY_GATEWAY__"), "{err}");
+    }
+
+    #[test]
+    fn a_section_s_variables_are_its_fields_and_aliases() {
+        let names = section_variables::<Section>("gateway");
+        for name in
+            ["PARSLEY_GATEWAY__LISTEN", "PARSLEY_GATEWAY__READ_WAIT_MS", ENV_GATEWAY_LISTEN, ENV_TOKEN_KEYS_FILE]
+        {
+            assert!(names.iter().any(|n| n == name), "{name} missing from {names:?}");
+        }
+        assert!(!names.iter().any(|n| n == ENV_KAFKA_BOOTSTRAP), "another section's alias: {names:?}");
+        let looked_up = Env::lookup(names, |n| (n == "PARSLEY_GATEWAY__LISTEN").then(|| "e:5".to_string()));
+        assert_eq!(section::<Section>("gateway", None, &looked_up).unwrap().unwrap().listen, "e:5");
+    }
+
+    #[test]
+    fn values_are_never_printed() {
+        let e = env(&[("PARSLEY_DATABASE__URL", "postgres://u:secret@h/d")]);
+        assert_eq!(format!("{e:?}"), "{\"PARSLEY_DATABASE__URL\"}");
     }
 }

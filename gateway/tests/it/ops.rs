@@ -178,7 +178,7 @@ async fn with_an_admin_token_the_main_listener_serves_admin_routes_to_its_bearer
 #[tokio::test]
 async fn the_gate_transaction_is_one_read_only_snapshot() {
     let pool = pool().await;
-    let mut tx = pool.begin_with(parsley_gateway::read::GATE_BEGIN).await.unwrap();
+    let mut tx = parsley_store::ordering::begin_snapshot(&pool).await.unwrap();
     let isolation: String = sqlx::query_scalar("SHOW transaction_isolation").fetch_one(&mut *tx).await.unwrap();
     let read_only: String = sqlx::query_scalar("SHOW transaction_read_only").fetch_one(&mut *tx).await.unwrap();
     assert_eq!((isolation.as_str(), read_only.as_str()), ("repeatable read", "on"));
