@@ -1,5 +1,5 @@
 //! What every step of the demo shares: the configuration (`config/demo.toml`, read with the
-//! projector's parser), the model's two topics with their broker IDs, Kafka producers, the
+//! store's parser and override rule), the model's two topics with their broker IDs, Kafka producers, the
 //! gateway's address, the gateway's status report, and the narrative's output helpers.
 
 use std::path::Path;
@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, ensure, Context as _};
 use parsley::channel::{ChannelId, TopicId};
 use parsley::CausalPast;
-use parsley_projector::config::{Apply, Config};
+use parsley_store::config::{Apply, Config, GATEWAY_SECTION};
+use parsley_store::env::{self, Env};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -100,7 +101,7 @@ impl Demo {
         Ok(Demo {
             gateway: http::Client::new(&gateway_listen(&declared.config)?, Duration::from_secs(15)),
             admin: http::Client::new(
-                &gateway_setting(&declared.config, "admin_listen", "PARSLEY_GATEWAY_ADMIN_LISTEN", "127.0.0.1:9091")?,
+                &gateway_setting(&declared.config, "admin_listen", "127.0.0.1:9091")?,
                 Duration::from_secs(15),
             ),
             bootstrap,
@@ -242,17 +243,18 @@ impl Demo {
 }
 
 /// The gateway's address from `[gateway] listen` (default `127.0.0.1:8080`), overridden by
-/// `PARSLEY_GATEWAY_LISTEN` like the gateway does.
+/// the environment like the gateway does (`PARSLEY_GATEWAY__LISTEN`, `PARSLEY_GATEWAY_LISTEN`).
 pub fn gateway_listen(config: &Config) -> anyhow::Result<String> {
-    gateway_setting(config, "listen", "PARSLEY_GATEWAY_LISTEN", "127.0.0.1:8080")
+    gateway_setting(config, "listen", "127.0.0.1:8080")
 }
 
-/// An address setting of `[gateway]`, overridden by the environment variable `env` like
-/// the gateway does.
-fn gateway_setting(config: &Config, key: &str, env: &str, default: &str) -> anyhow::Result<String> {
-    if let Ok(v) = std::env::var(env) {
-        if !v.trim().is_empty() {
-            return Ok(v.trim().to_string());
+/// An address setting of `[gateway]`, overridden by the environment by the one rule the
+/// gateway follows (an empty value leaves the file's).
+fn gateway_setting(config: &Config, key: &str, default: &str) -> anyhow::Result<String> {
+    let overrides = env::overrides(&Env::process(), |section| section == GATEWAY_SECTION)?;
+    if let Some(o) = overrides.iter().find(|o| o.path == [GATEWAY_SECTION, key]) {
+        if !o.value.trim().is_empty() {
+            return Ok(o.value.trim().to_string());
         }
     }
     match config.gateway.as_ref().and_then(|g| g.get(key)) {

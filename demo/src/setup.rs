@@ -8,11 +8,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _};
 use parsley::channel::TopicId;
+use parsley_store::database::{self, DatabaseName};
+use parsley_store::{documents, ordering};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::types::RDKafkaErrorCode;
 use sqlx::postgres::{PgConnectOptions, PgConnection};
-use sqlx::{ConnectOptions as _, Connection as _, Row as _};
+use sqlx::{ConnectOptions as _, Connection as _};
 
 use crate::context::{heading, held, say, wait_for, Declared, Demo, KAFKA_TIMEOUT, PARTITIONS};
 
@@ -60,14 +62,11 @@ pub async fn prepare(path: &Path) -> anyhow::Result<()> {
         !database.is_empty() && database.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
         "the demo database name {database:?} must be lower-case letters, digits and _"
     );
+    let name = DatabaseName::new(&database)?;
     let mut server = options.clone().database("postgres").connect().await.with_context(|| {
         format!("connecting to Postgres at {} (is it up? `make services-up`)", parsley_infra::pg::redact(url))
     })?;
-    let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
-        .bind(&database)
-        .fetch_one(&mut server)
-        .await
-        .context("looking up the demo database")?;
+    let exists = database::exists(&mut server, &name).await.context("looking up the demo database")?;
     let stale = if exists {
         let mut conn = options.connect().await.with_context(|| format!("connecting to database {database}"))?;
         let found = stale_state(&mut conn, &declared, &described).await?;
@@ -79,20 +78,14 @@ pub async fn prepare(path: &Path) -> anyhow::Result<()> {
     if let Some(why) = &stale {
         say(format!("database {database}: {why}"));
         say(format!("  dropping and creating {database} again: its state describes topics that are gone"));
-        sqlx::query(&format!("DROP DATABASE {database} WITH (FORCE)"))
-            .execute(&mut server)
-            .await
-            .with_context(|| format!("dropping database {database}"))?;
+        database::drop_forced(&mut server, &name).await?;
     }
     if !exists || stale.is_some() {
-        sqlx::query(&format!("CREATE DATABASE {database}"))
-            .execute(&mut server)
-            .await
-            .with_context(|| format!("creating database {database}"))?;
+        database::create(&mut server, &name).await?;
         say(format!("created database {database}: model {} starts from the topics' beginning", declared.model));
     } else {
         let mut conn = options.connect().await.with_context(|| format!("connecting to database {database}"))?;
-        let documents = documents_of(&mut conn, &declared.model).await?;
+        let documents = documents::count(&mut conn, &declared.model).await?;
         conn.close().await.ok();
         say(format!(
             "database {database} exists: model {} resumes from its stored state ({documents} documents from earlier runs)",
@@ -111,40 +104,22 @@ async fn stale_state(
     declared: &Declared,
     described: &[parsley_infra::TopicDescription],
 ) -> anyhow::Result<Option<String>> {
-    let has_schema: bool = sqlx::query_scalar("SELECT to_regclass('parsley.topics') IS NOT NULL")
-        .fetch_one(&mut *conn)
-        .await
-        .context("looking for the projector's schema")?;
-    if !has_schema {
+    if !ordering::schema_exists(conn).await? {
         return Ok(None);
     }
-    let width: Option<i32> = sqlx::query_scalar("SELECT task_count FROM parsley.models WHERE model = $1")
-        .bind(&declared.model)
-        .fetch_optional(&mut *conn)
-        .await
-        .context("reading the model's task count")?;
-    if let Some(width) = width {
-        if width != PARTITIONS as i32 {
-            return Ok(Some(format!("model {} was recorded with {width} tasks", declared.model)));
-        }
+    let Some(recorded) = ordering::load_model(conn, &declared.model).await? else { return Ok(None) };
+    if recorded.task_count != PARTITIONS {
+        return Ok(Some(format!("model {} was recorded with {} tasks", declared.model, recorded.task_count)));
     }
-    let rows =
-        sqlx::query("SELECT topic_name, topic_id::text FROM parsley.topics WHERE model = $1 ORDER BY topic_name")
-            .bind(&declared.model)
-            .fetch_all(&mut *conn)
-            .await
-            .context("reading the model's recorded topics")?;
-    for row in rows {
-        let (name, id): (String, String) = (row.get(0), row.get(1));
-        let recorded: TopicId = id.parse().with_context(|| format!("recorded topic ID of {name}"))?;
-        match described.iter().find(|d| d.name == name) {
+    for (name, recorded) in &recorded.topics {
+        match described.iter().find(|d| &d.name == name) {
             None => {
                 return Ok(Some(format!(
                     "model {} records topic {name}, which the demo no longer uses",
                     declared.model
                 )))
             }
-            Some(d) if TopicId::from_bytes(d.id) != recorded => {
+            Some(d) if TopicId::from_bytes(d.id) != *recorded => {
                 return Ok(Some(format!(
                     "model {} records topic {name} as ID {recorded}, but that name is now ID {}",
                     declared.model,
@@ -155,21 +130,6 @@ async fn stale_state(
         }
     }
     Ok(None)
-}
-
-async fn documents_of(conn: &mut PgConnection, model: &str) -> anyhow::Result<i64> {
-    let has_table: bool = sqlx::query_scalar("SELECT to_regclass('projection.documents') IS NOT NULL")
-        .fetch_one(&mut *conn)
-        .await
-        .context("looking for the documents table")?;
-    if !has_table {
-        return Ok(0);
-    }
-    sqlx::query_scalar("SELECT count(*) FROM projection.documents WHERE model = $1")
-        .bind(model)
-        .fetch_one(&mut *conn)
-        .await
-        .context("counting documents")
 }
 
 /// Waits until the gateway answers `/readyz` with 200 and every task of the model is taken

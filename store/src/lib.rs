@@ -14,9 +14,11 @@
 //! - [`documents`]: every statement on `projection.documents`.
 //! - [`status`]: task status read back, in full (the projector's `status`) or from SQL
 //!   aggregates (the gateway's `/v1/status`).
-//! - [`failure`]: failed database calls told apart (outage, rejected value, bug).
+//! - [`failure`]: failed database calls told apart (outage, rejected value, bug);
+//!   [`database`]: databases as a whole (the demo's own).
 
 pub mod config;
+pub mod database;
 pub mod documents;
 pub mod env;
 pub mod failure;

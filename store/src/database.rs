@@ -1,0 +1,81 @@
+//! Databases as a whole, for a host that manages its own (the demo creates its database, and
+//! drops it when the state in it describes topics that are gone). Names are checked to be
+//! plain identifiers and quoted; they are never bound as values, since Postgres takes none
+//! in these statements.
+
+use std::fmt;
+
+use anyhow::{ensure, Context as _};
+use sqlx::PgConnection;
+
+/// A database name of 1 to 63 lower-case letters, digits and `_`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DatabaseName(String);
+
+impl DatabaseName {
+    pub fn new(name: &str) -> anyhow::Result<DatabaseName> {
+        ensure!(
+            (1..=63).contains(&name.len())
+                && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
+            "the database name {name:?} must be 1 to 63 lower-case letters, digits and _"
+        );
+        Ok(DatabaseName(name.to_string()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The name as a quoted identifier (it holds no quote: see [`DatabaseName::new`]).
+    fn quoted(&self) -> String {
+        ["\"", &self.0, "\""].concat()
+    }
+}
+
+impl fmt::Display for DatabaseName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Whether the database exists (asked on a connection to any database of the server).
+pub async fn exists(server: &mut PgConnection, name: &DatabaseName) -> anyhow::Result<bool> {
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+        .bind(name.as_str())
+        .fetch_one(&mut *server)
+        .await
+        .with_context(|| format!("looking up database {name}"))
+}
+
+/// Creates the database.
+pub async fn create(server: &mut PgConnection, name: &DatabaseName) -> anyhow::Result<()> {
+    sqlx::query(&["CREATE DATABASE ", &name.quoted()].concat())
+        .execute(&mut *server)
+        .await
+        .with_context(|| format!("creating database {name}"))?;
+    Ok(())
+}
+
+/// Drops the database, disconnecting its sessions.
+pub async fn drop_forced(server: &mut PgConnection, name: &DatabaseName) -> anyhow::Result<()> {
+    sqlx::query(&["DROP DATABASE ", &name.quoted(), " WITH (FORCE)"].concat())
+        .execute(&mut *server)
+        .await
+        .with_context(|| format!("dropping database {name}"))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plain_names_are_taken() {
+        for good in ["parsley_demo", "_x", "d2", "2d"] {
+            assert_eq!(DatabaseName::new(good).unwrap().quoted(), format!("\"{good}\""));
+        }
+        for bad in ["", "Demo", "a-b", "a\"b", "a;drop", &"x".repeat(64)] {
+            assert!(DatabaseName::new(bad).is_err(), "{bad:?}");
+        }
+    }
+}
