@@ -1,5 +1,5 @@
 //! The service: shared state, the routers ([`app`] for clients, [`admin_app`] for
-//! operators), the per-request middleware (metrics, tracing by route, the request timeout,
+//! operators), the per-request middleware (metrics, tracing by route, the response timeout,
 //! the in-flight limit, the admin bearer check, answering a panic with a 500), and
 //! [`Gateway`], which owns the background tasks (the clock listener, the metadata refresh, the
 //! token keys' reloader)
@@ -172,7 +172,7 @@ pub fn admin_app(state: AppState) -> Router {
 }
 
 /// The layers every route has, innermost first: a panic answered with a 500 problem, the
-/// metrics and the request timeout, the request's span.
+/// metrics and the response timeout, the request's span.
 fn finish(router: Router<AppState>, state: &AppState) -> Router<AppState> {
     router.layer(catch_panics(state)).layer(middleware::from_fn_with_state(state.clone(), observe)).layer(
         TraceLayer::new_for_http()
@@ -255,17 +255,17 @@ async fn no_route(uri: Uri) -> ApiError {
     ApiError::NoSuchRoute(uri.path().to_string())
 }
 
-/// Metrics per route and status, problem counts, and the request timeout (answered with a
+/// Metrics per route and status, problem counts, and the response timeout (answered with a
 /// problem document rather than a bare status).
 async fn observe(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let route =
         req.extensions().get::<MatchedPath>().map_or_else(|| "unmatched".to_string(), |m| m.as_str().to_string());
     let started = Instant::now();
-    let response = match tokio::time::timeout(state.config.settings.request_timeout(), next.run(req)).await {
+    let response = match tokio::time::timeout(state.config.settings.response_timeout(), next.run(req)).await {
         Ok(r) => r,
         Err(_) => {
             let mut p =
-                Problem::new(ProblemType::RequestTimeout, "the gateway could not answer within its request timeout");
+                Problem::new(ProblemType::RequestTimeout, "the gateway could not answer within its response timeout");
             p.retry_after = Some(state.config.settings.retry_after_s);
             p.into_response()
         }

@@ -91,8 +91,11 @@ pub struct Settings {
     pub metadata_refresh_ms: u64,
     /// Largest request body accepted, in bytes.
     pub max_body_bytes: usize,
-    /// Timeout of a whole request (a read's wait included).
-    pub request_timeout_ms: u64,
+    /// The response timeout: how long the gateway may take to answer a whole request (a
+    /// read's wait included) before `503 request-timeout`. Formerly `request_timeout_ms`, a
+    /// name still accepted, which also meant the broker's request timeout in `[kafka]`.
+    #[serde(alias = "request_timeout_ms")]
+    pub response_timeout_ms: u64,
     /// Postgres connections of the gateway's pool.
     pub max_connections: u32,
     /// Longest record key a write may carry (and a read may ask for), in bytes of UTF-8.
@@ -142,7 +145,7 @@ impl Default for Settings {
             kafka_timeout_ms: 5_000,
             metadata_refresh_ms: 60_000,
             max_body_bytes: 1024 * 1024,
-            request_timeout_ms: 30_000,
+            response_timeout_ms: 30_000,
             max_connections: 16,
             max_key_bytes: 1024,
             header_read_timeout_ms: 10_000,
@@ -234,8 +237,11 @@ impl Settings {
         if self.max_body_bytes == 0 {
             bail!("gateway.max_body_bytes must be at least 1");
         }
-        if self.request_timeout_ms <= self.read_wait_ms {
-            bail!("gateway.request_timeout_ms must be longer than gateway.read_wait_ms");
+        if self.response_timeout_ms <= self.read_wait_ms {
+            bail!(
+                "gateway.response_timeout_ms (formerly gateway.request_timeout_ms) must be longer than \
+                 gateway.read_wait_ms"
+            );
         }
         if self.max_connections == 0 {
             bail!("gateway.max_connections must be at least 1");
@@ -297,8 +303,8 @@ impl Settings {
     pub fn metadata_refresh(&self) -> Duration {
         Duration::from_millis(self.metadata_refresh_ms)
     }
-    pub fn request_timeout(&self) -> Duration {
-        Duration::from_millis(self.request_timeout_ms)
+    pub fn response_timeout(&self) -> Duration {
+        Duration::from_millis(self.response_timeout_ms)
     }
     pub fn header_read_timeout(&self) -> Duration {
         Duration::from_millis(self.header_read_timeout_ms)
@@ -541,6 +547,26 @@ mod tests {
         let c =
             GatewayConfig::from_shared(shared(""), env(&[(ENV_TOKEN_KEYS, &keys), (ENV_ADMIN_LISTEN, "")])).unwrap();
         assert_eq!(c.settings.admin_listen, "", "an empty override turns the admin listener off");
+    }
+
+    /// `response_timeout_ms` was `request_timeout_ms` (a name `[kafka]` uses for the broker's
+    /// request timeout): both are read, one at a time.
+    #[test]
+    fn the_response_timeout_keeps_its_old_name() {
+        let keys = format!("k1:{}", key());
+        for key in ["response_timeout_ms", "request_timeout_ms"] {
+            let text = format!("[gateway]\n{key} = 45000\n");
+            let c = GatewayConfig::from_shared(shared(&text), env(&[(ENV_TOKEN_KEYS, &keys)])).unwrap();
+            assert_eq!(c.settings.response_timeout(), Duration::from_secs(45), "{key}");
+        }
+        let both = "[gateway]\nresponse_timeout_ms = 45000\nrequest_timeout_ms = 40000\n";
+        let err =
+            format!("{:#}", GatewayConfig::from_shared(shared(both), env(&[(ENV_TOKEN_KEYS, &keys)])).unwrap_err());
+        assert!(err.contains("response_timeout_ms"), "{err}");
+        let short = "[gateway]\nread_wait_ms = 5000\nresponse_timeout_ms = 5000\n";
+        let err =
+            format!("{:#}", GatewayConfig::from_shared(shared(short), env(&[(ENV_TOKEN_KEYS, &keys)])).unwrap_err());
+        assert!(err.contains("gateway.response_timeout_ms"), "{err}");
     }
 
     #[test]
