@@ -3,19 +3,18 @@
 //! ordering state, clock rows and consumed positions in one SQL transaction per step.
 //!
 //! # Layout
-//! - [`config`]: the TOML configuration (shared with the gateway) and its environment
-//!   overrides.
-//! - [`migrations`]: the embedded schema migrations (`migrations/` at the workspace root).
-//! - [`store`]: every statement against the ordering state (`parsley` schema): models,
-//!   topic identities, task epochs, loading state, writing a step's changes.
-//! - [`record`]: what is kept of a Kafka record (the engine's payload).
+//! The schema, every SQL statement on it, the status reads and the shared configuration are
+//! `parsley-store`'s; [`config`], [`migrations`], [`store`] (the ordering state's
+//! statements) and [`status`] re-export its modules under the projector's own paths.
+//! - [`record`]: what is read out of a consumed Kafka record (the engine's payload,
+//!   `parsley_store::record::RecordData`), and what a held record weighs.
 //! - [`projection`]: the [`Projection`] seam; [`documents`]: the shipped document
-//!   projection (replace / JSON merge patch / tombstone).
+//!   projection (replace / JSON merge patch / tombstone; its statements are the store's).
 //! - [`kafka`]: topic resolution, the task consumer's settings, watermarks.
 //! - [`task`]: one task's runner — consumer, engine, steps, fencing, failure and restore.
 //! - [`model`]: a model's topics checked against recorded identities and width, and its
 //!   task runners; `run` (until shutdown) and `run_once` (one step per task).
-//! - [`status`]: task status read back from the database; [`metrics`]: Prometheus text.
+//! - [`metrics`]: Prometheus text.
 //! - [`skip`]: the audited way past the one record a task is refused at (`parsley-projector
 //!   skip`), and how a restore applies skips.
 //!
