@@ -129,7 +129,8 @@ pub fn section_variables<T: DeserializeOwned>(section: &str) -> Vec<String> {
     generic.chain(aliases).collect()
 }
 
-/// The field names of a struct `T` deserializes as (empty for anything else).
+/// The key names a struct `T` deserializes from: its fields and their serde aliases (empty
+/// for anything else).
 fn fields_of<T: DeserializeOwned>() -> &'static [&'static str] {
     let mut fields = None;
     let _ = T::deserialize(FieldProbe(&mut fields));
@@ -329,6 +330,12 @@ pub fn section<T: DeserializeOwned>(
     let overrides = overrides(env, |s| s == section)?;
     if overrides.is_empty() {
         return Ok(None);
+    }
+    // A variable must name one of the section's keys (the names serde takes for them): the
+    // section's owner may look its variables up by those names only.
+    let fields = fields_of::<T>();
+    if let Some(o) = overrides.iter().find(|o| !fields.is_empty() && !fields.contains(&o.path[1].as_str())) {
+        bail!("{} sets {}, which is not a key of [{section}] (its keys: {})", o.var, o.key(), fields.join(", "));
     }
     let mut tree = toml::Table::new();
     tree.insert(section.to_string(), toml::Value::Table(table.cloned().unwrap_or_default()));
@@ -657,6 +664,29 @@ mod tests {
         assert!(err.contains("PARSLEY_GATEWAY__LISTEN__PORT"), "{err}");
         let err = overrides(&env(&[("PARSLEY_GATEWAY__", "x")]), |_| true).unwrap_err().to_string();
         assert!(err.contains("PARSLEY_GATEWAY__"), "{err}");
+    }
+
+    #[test]
+    fn a_variable_names_a_key_by_its_own_name() {
+        #[derive(Debug, Default, Deserialize)]
+        #[serde(deny_unknown_fields, default)]
+        struct Renamed {
+            #[serde(alias = "old_ms")]
+            new_ms: u64,
+        }
+        let read = |file: &str, pairs: &[(&str, &str)]| {
+            let table: toml::Table = toml::from_str(file).unwrap();
+            section::<Renamed>("gateway", Some(&table), &env(pairs))
+        };
+        assert_eq!(read("", &[("PARSLEY_GATEWAY__NEW_MS", "7")]).unwrap().unwrap().new_ms, 7);
+        // A name serde still takes for the key (an alias) is a name of the key.
+        assert_eq!(read("", &[("PARSLEY_GATEWAY__OLD_MS", "8")]).unwrap().unwrap().new_ms, 8);
+        assert!(section_variables::<Renamed>("gateway").contains(&"PARSLEY_GATEWAY__OLD_MS".to_string()));
+        let err = read("", &[("PARSLEY_GATEWAY__NEWMS", "7")]).unwrap_err().to_string();
+        assert!(err.contains("PARSLEY_GATEWAY__NEWMS") && err.contains("new_ms"), "{err}");
+        // The file's older name and the variable both set the key: refused, naming both.
+        let err = read("old_ms = 5\n", &[("PARSLEY_GATEWAY__NEW_MS", "7")]).unwrap_err().to_string();
+        assert!(err.contains("PARSLEY_GATEWAY__NEW_MS") && err.contains("duplicate field `new_ms`"), "{err}");
     }
 
     #[test]
