@@ -17,7 +17,8 @@ PARSLEY_TOKEN_KEYS_FILE or gateway.token_keys_file.
 Admin routes (/v1/status, /metrics) are served on gateway.admin_listen (default
 127.0.0.1:9091), and on the main listener only to `Authorization: Bearer <token>` when
 PARSLEY_GATEWAY_ADMIN_TOKEN (or gateway.admin_token_file) is set.
-Environment overrides: PARSLEY_KAFKA_BOOTSTRAP, PARSLEY_DATABASE_URL (or DATABASE_URL),
+Environment overrides: every key as PARSLEY_<SECTION>__<KEY> (e.g. PARSLEY_GATEWAY__READ_WAIT_MS),
+and PARSLEY_KAFKA_BOOTSTRAP, PARSLEY_DATABASE_URL (or DATABASE_URL),
 PARSLEY_GATEWAY_LISTEN, PARSLEY_GATEWAY_ADMIN_LISTEN, PARSLEY_GATEWAY_READ_WAIT_MS,
 PARSLEY_GATEWAY_RETRY_AFTER_S, PARSLEY_GATEWAY_TOKEN_TTL_S, PARSLEY_GATEWAY_SUBJECT_HEADER.
 Logs: RUST_LOG (default info).";

@@ -19,8 +19,9 @@ use sqlx::PgPool;
 /// What `--help` says after the commands and options.
 const AFTER_HELP: &str = "\
 The configuration file is --config, else $PARSLEY_CONFIG, else config/parsley.toml.
-Environment overrides: PARSLEY_KAFKA_BOOTSTRAP, PARSLEY_DATABASE_URL (or DATABASE_URL),
-PARSLEY_METRICS_ADDRESS, PARSLEY_OWNER. Logs: RUST_LOG (default info).";
+Environment overrides: every key as PARSLEY_<SECTION>__<KEY> (e.g. PARSLEY_DATABASE__URL,
+PARSLEY_MODELS__0__MAX_STEP_MS), and PARSLEY_KAFKA_BOOTSTRAP, PARSLEY_DATABASE_URL (or
+DATABASE_URL), PARSLEY_METRICS_ADDRESS, PARSLEY_OWNER. Logs: RUST_LOG (default info).";
 
 /// The command line: `run`, `status`, `skip` and `migrate`, each taking `--config PATH`.
 fn command() -> Command {
