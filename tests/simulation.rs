@@ -91,11 +91,11 @@ struct Floor {
 }
 
 /// Seeds (of 500 in the retention scenario, in percent) whose retention passed a marker or
-/// aborted record: 412 of 500 (82%) when measured; see docs/verification.md.
+/// aborted record: 406 of 500 (81%) when measured; see docs/verification.md.
 const RETENTION_PAST_CONTROL_FLOOR: u64 = 70;
 /// Retention-scenario seeds on which `ReadPositionIgnored` is caught (found with
 /// `SIM_SABOTAGE_SEEDS`).
-const READ_POSITION_PINS: [u64; 3] = [1, 7, 8];
+const READ_POSITION_PINS: [u64; 3] = [2, 5, 6];
 
 const fn floor(what: &'static str, metric: fn(&Stats) -> u64, percent: u64) -> Floor {
     Floor { what, metric, percent }
@@ -409,7 +409,7 @@ fn sabotage_split_snapshot_is_caught() {
     must_catch(
         Sabotage::SplitSnapshot,
         &Scenario::soak(),
-        &[0, 1, 2],
+        &[0, 1, 3],
         &[ViolationKind::MonotonicReads, ViolationKind::ReadYourWrites, ViolationKind::StaleRead],
     );
 }
@@ -419,14 +419,14 @@ fn sabotage_token_prunes_received_channels_is_caught() {
     must_catch(
         Sabotage::TokenPrunesReceivedChannels,
         &Scenario::retention(),
-        &[12, 13, 18],
+        &[18, 20, 27],
         &[ViolationKind::ReadYourWrites, ViolationKind::MonotonicReads, ViolationKind::StaleRead],
     );
 }
 
 #[test]
 fn sabotage_stale_log_start_is_caught() {
-    must_catch(Sabotage::StaleLogStart, &Scenario::retention(), &[4, 6, 19], &[ViolationKind::MissedRefusal]);
+    must_catch(Sabotage::StaleLogStart, &Scenario::retention(), &[27, 33, 37], &[ViolationKind::MissedRefusal]);
 }
 
 #[test]
@@ -448,12 +448,12 @@ fn sabotage_log_start_ahead_is_caught() {
 
 #[test]
 fn monotonic_writes_check_fails_when_causes_are_ignored() {
-    must_catch(Sabotage::IgnoreCauses, &Scenario::soak(), &[1, 2, 3], &[ViolationKind::MonotonicWrites]);
+    must_catch(Sabotage::IgnoreCauses, &Scenario::soak(), &[1, 3, 5], &[ViolationKind::MonotonicWrites]);
 }
 
 #[test]
 fn writes_follow_reads_check_fails_when_causes_are_ignored() {
-    must_catch(Sabotage::IgnoreCauses, &Scenario::soak(), &[3, 4, 5], &[ViolationKind::WritesFollowReads]);
+    must_catch(Sabotage::IgnoreCauses, &Scenario::soak(), &[3, 4, 6], &[ViolationKind::WritesFollowReads]);
 }
 
 #[test]
@@ -463,12 +463,12 @@ fn read_your_writes_check_fails_when_coverage_skips_unrecorded_channels() {
 
 #[test]
 fn monotonic_reads_check_fails_when_check_and_read_use_different_snapshots() {
-    must_catch(Sabotage::SplitSnapshot, &Scenario::soak(), &[0, 2, 17], &[ViolationKind::MonotonicReads]);
+    must_catch(Sabotage::SplitSnapshot, &Scenario::soak(), &[1, 5, 7], &[ViolationKind::MonotonicReads]);
 }
 
 #[test]
 fn stale_read_check_fails_when_check_and_read_use_different_snapshots() {
-    must_catch(Sabotage::SplitSnapshot, &Scenario::soak(), &[0, 1, 7], &[ViolationKind::StaleRead]);
+    must_catch(Sabotage::SplitSnapshot, &Scenario::soak(), &[1, 5, 8], &[ViolationKind::StaleRead]);
 }
 
 #[test]

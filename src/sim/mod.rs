@@ -4,7 +4,9 @@
 //! One run is one seed: a simulated Kafka ([`kafka`]), a simulated database ([`store`]),
 //! and a world ([`world`]) of upstream processes, edge producers, session clients and
 //! projector tasks whose enabled actions a seeded scheduler draws from, one per step. The
-//! hosts drive the real core: [`crate::Engine`] (receive, drain, `take_changes`,
+//! hosts drive the real core: the projector's step protocol ([`crate::host::TaskHost`],
+//! which each projector task drives exactly as the projector's runner does),
+//! [`crate::Engine`] (receive, drain, `take_changes`,
 //! `restore`, `seed`, `observe_log_start`, `channels_holding`, `prune`, `stamp`),
 //! [`crate::CausalPast`] tokens, [`crate::gate::gate`] and [`crate::gate::refresh`] on
 //! clock rows read in one snapshot, [`crate::murmur2::partition_for_key`]. The [`oracle`]

@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::channel::{ChannelId, Position, TopicId};
 use crate::engine::{ChannelFact, Engine, EngineConfig, Receipt};
 use crate::gate::{self, ModelShape, Verdict};
+use crate::host::{ChannelStart, LogStartCheck, Next, Observed, Recorded, TaskHost};
 use crate::murmur2::partition_for_key;
 use crate::past::CausalPast;
 use crate::refusal::{Refusal, RefusalReason};
@@ -59,10 +60,12 @@ struct Producer {
     last_attempt: u64,
 }
 
+/// A task that is up: the host state machine the projector's runner drives too (it owns
+/// the engine and says what to do next), and what the simulated host keeps beside it.
 struct Running {
-    engine: Engine<Payload>,
+    host: TaskHost<Payload>,
+    /// Per channel, where the next fetch reads (the consumer's position).
     next_fetch: BTreeMap<ChannelId, Position>,
-    step_open: bool,
     /// Projection writes of the step in progress.
     applied: Vec<Payload>,
     /// Per channel, the log start the host last checked with the engine: the periodic
@@ -74,6 +77,18 @@ struct Running {
     /// Per channel, the consumer's position: past the last record fed and past the
     /// markers and aborted runs after it.
     read_to: BTreeMap<ChannelId, Position>,
+}
+
+impl Running {
+    fn engine(&self) -> &Engine<Payload> {
+        self.host.engine()
+    }
+
+    /// A step is open (the engine is ahead of the database) or due (a drain after a
+    /// restore): its commit is worth drawing.
+    fn step_pending(&self) -> bool {
+        self.host.step_open() || self.host.drain_pending()
+    }
 }
 
 enum TaskState {
@@ -432,7 +447,7 @@ impl World {
                                 push(Action::TaskFeed(i, c), 4);
                             }
                         }
-                        if run.step_open {
+                        if run.step_pending() {
                             push(Action::TaskCommit(i), 3);
                             if work {
                                 push(Action::TaskAbort(i), s.abort_weight);
@@ -443,14 +458,14 @@ impl World {
                         }
                         // The projector's periodic check runs between steps, on the channels
                         // holding records; it is worth drawing once a log start moved.
-                        if !run.step_open && self.log_start_check_due(run) {
+                        if !run.step_pending() && self.log_start_check_due(run) {
                             push(Action::TaskCheckLogStart(i), LOG_START_CHECK_WEIGHT);
                         }
                     }
                     if work {
                         // A task holding records is crashed at double weight: that is the
                         // one road into the held-record restore path.
-                        let holding = run.engine.held_count() > 0;
+                        let holding = run.engine().held_count() > 0;
                         let w = if t.refused { 1 } else { s.crash_weight * if holding { 2 } else { 1 } };
                         push(Action::TaskCrash(i), w);
                     }
@@ -473,7 +488,7 @@ impl World {
     /// Whether retention moved the log start of a channel the task holds records on since
     /// the host last checked it.
     fn log_start_check_due(&self, run: &Running) -> bool {
-        run.engine
+        run.engine()
             .channels_holding()
             .any(|c| run.log_start_checked.get(&c).is_none_or(|&seen| self.kafka.log_start(&c) > seen))
     }
@@ -570,12 +585,13 @@ impl World {
             Action::TaskFeed(t, c) => self.task_feed(t, c),
             Action::TaskPrune(t) => self.task_prune(t),
             Action::TaskCommit(t) => {
-                self.task_commit(t);
+                self.task_end_step(t);
                 // The projector checks before it feeds its next step, once the interval has
                 // passed; here, whenever a log start moved under held records since the last
                 // check. A record released within the step that retention passed it in is
                 // not caught: that window is real (`deliveries_below_log_start`).
-                let due = matches!(&self.tasks[t].state, TaskState::Up(run) if self.log_start_check_due(run));
+                let due = !self.tasks[t].refused
+                    && matches!(&self.tasks[t].state, TaskState::Up(run) if self.log_start_check_due(run));
                 if due {
                     self.task_check_log_start(t);
                 }
@@ -891,6 +907,12 @@ impl World {
     }
 
     // ---- projector tasks -----------------------------------------------------------------
+    //
+    // A task is the host state machine (`crate::host::TaskHost`) the projector's task runner
+    // drives: it says what to do next, and the functions below answer from the simulated
+    // Kafka and database, as the runner answers from the real ones. The scheduler decides
+    // only what the machine leaves to a host: which channel to fetch, when a step ends,
+    // when an interval passed, and crashes. Host sabotage is injected in the answers.
 
     fn running(&mut self, t: usize) -> &mut Running {
         match &mut self.tasks[t].state {
@@ -899,143 +921,224 @@ impl World {
         }
     }
 
-    /// The full restore path: restore from the stored rows, seed channels that have no
-    /// baseline, check every received channel's log start (as the projector does right
-    /// after seeding, so a refusal found while running is found again identically), resume
-    /// each channel's fetch, drain. The drain's deliveries open a step.
+    /// Takes the task: a new machine, which restores from the stored rows (and seeds,
+    /// checks log starts, commits the start, resumes each channel's fetch).
     fn task_start(&mut self, t: usize) {
-        let persisted = self.db.persisted(t as u32);
-        let restored_held = persisted.held.len();
+        let recorded = if self.db.tasks[t].refusal.is_some() { Recorded::Refused } else { Recorded::Running };
         let received = self.tasks[t].received.clone();
-        let mut engine = match Engine::restore(EngineConfig::default(), received.iter().copied(), persisted) {
-            Ok(e) => e,
-            Err(refusal) => {
-                self.oracle.report(ViolationKind::UnexpectedRefusal, format!("task{t} cannot restore: {refusal}"));
-                self.tasks[t].refused = true;
-                return;
-            }
-        };
-        engine.set_sabotage(self.sabotage.engine());
-        let mut baselines = Vec::new();
-        let mut next_fetch = BTreeMap::new();
-        for &c in &received {
-            let log_start = self.kafka.log_start(&c);
-            let fed = match engine.fed_up_to(&c) {
-                Some(f) => f,
-                None => engine.seed(c, log_start - 1).expect("seeding a received channel"),
-            };
-            baselines.push((c, log_start));
-            // Resume at fed_up_to + 1; sometimes from a coarser, older checkpoint (as a
-            // host trusting a lagging consumer offset would), which the engine must drop.
-            let mut resume = fed + 1;
-            if self.scenario.replay_on_restart && self.rng.chance(1, 3) {
-                resume = (resume - self.rng.range(1, 4)).max(log_start);
-            }
-            next_fetch.insert(c, resume);
-        }
-        let receiver = self.tasks[t].receiver;
-        if !self.tasks[t].started_once {
-            self.oracle.start(receiver, &baselines);
-            self.tasks[t].started_once = true;
-        }
-        self.stats.starts += 1;
-        if restored_held > 0 {
-            self.stats.restores_with_held += 1;
-        }
+        let host = TaskHost::new(EngineConfig::default(), received, recorded).with_sabotage(self.sabotage.engine());
         self.tasks[t].expect_refusal = self.db.tasks[t].refusal.clone();
         self.tasks[t].refused = false;
-        let resume: Vec<String> = next_fetch.iter().map(|(c, p)| format!("{}@{p}", self.name(c))).collect();
-        self.trace.push(format!(
-            "{} task{t} start (restored {restored_held} held) resume {}",
-            self.step,
-            resume.join(" ")
-        ));
         let run = Running {
-            engine,
-            next_fetch,
-            step_open: true,
+            host,
+            next_fetch: BTreeMap::new(),
             applied: Vec::new(),
             log_start_checked: BTreeMap::new(),
             log_start_at_start: BTreeMap::new(),
             read_to: BTreeMap::new(),
         };
         self.tasks[t].state = TaskState::Up(Box::new(run));
-        if self.task_observe_log_starts(t, &received) {
-            return;
-        }
-        let run = self.running(t);
-        let deliveries = run.engine.drain();
-        run.applied.extend(deliveries.iter().map(|d| d.payload));
-        for d in &deliveries {
-            self.oracle.delivered(receiver, d.channel, d.position, d.payload.id);
-        }
-        self.trace.push(format!("{} task{t} drained {}", self.step, deliveries.len()));
+        self.task_drive(t);
     }
 
-    /// The projector's periodic check: the log start of every channel holding records.
-    fn task_check_log_start(&mut self, t: usize) {
-        let holding: Vec<ChannelId> = self.running(t).engine.channels_holding().collect();
-        self.stats.log_start_checks += 1;
-        let names: Vec<String> = holding.iter().map(|c| self.name(c)).collect();
-        self.trace.push(format!("{} task{t} checks log start of {}", self.step, names.join(" ")));
-        if self.task_observe_log_starts(t, &holding) {
-            self.stats.discard_refusals_by_check += 1;
-        }
-    }
-
-    /// Checks the log start of each of `channels` with the engine — as the projector does
-    /// at start, on an out-of-range fetch, and periodically for channels holding records —
-    /// and has the oracle judge each answer. Returns whether the task refused.
-    /// `StaleLogStart` tells the engine the log start read at the task's start instead;
-    /// `LogStartAhead` tells it a log start two positions further on.
-    fn task_observe_log_starts(&mut self, t: usize, channels: &[ChannelId]) -> bool {
-        let receiver = self.tasks[t].receiver;
-        let sabotage = self.sabotage;
-        for &c in channels {
-            let log_start = self.kafka.log_start(&c);
-            let run = self.running(t);
-            run.log_start_checked.insert(c, log_start);
-            let at_start = *run.log_start_at_start.entry(c).or_insert(log_start);
-            let told = match sabotage {
-                Sabotage::StaleLogStart => at_start,
-                Sabotage::LogStartAhead => log_start + 2,
-                _ => log_start,
-            };
-            match run.engine.observe_log_start(c, told) {
-                Ok(()) => self.oracle.log_start_accepted(receiver, &c),
-                Err(refusal) => {
-                    self.task_refused(t, refusal, None);
-                    return true;
+    /// Answers task `t`'s machine until it wants a poll or a feed (the caller's to do), or
+    /// stops: the restore path, due checks, the drain, read positions, and a commit the
+    /// machine calls for (a refusal, the end of an out-of-range step). Returns where it
+    /// stopped.
+    fn task_drive(&mut self, t: usize) -> Next {
+        loop {
+            let next = self.running(t).host.next_action();
+            match next {
+                Next::Restore => self.task_restore(t),
+                Next::ReadStarts(channels) => self.task_read_starts(t, &channels),
+                Next::CommitStart => {
+                    let start = self.running(t).host.take_start();
+                    if start.write_running {
+                        self.db.tasks[t].refusal = None;
+                    }
+                    // Seeds and a refusal: nothing a read sees, so no read retries on it.
+                    self.db.commit(t as u32, start.changes, &[], self.sabotage != Sabotage::HeldNotPersisted);
+                    self.oracle.commit(self.tasks[t].receiver);
+                    self.trace.push(format!("{} task{t} commit start", self.step));
+                    self.running(t).host.committed();
                 }
+                Next::Assign(positions) => self.task_assign(t, positions),
+                Next::ObserveLogStarts { channels, check } => {
+                    let names: Vec<String> = channels.iter().map(|c| self.name(c)).collect();
+                    self.trace.push(format!("{} task{t} checks log start of {}", self.step, names.join(" ")));
+                    let refused = self.task_observe_log_starts(t, &channels);
+                    if check == LogStartCheck::Periodic {
+                        self.stats.log_start_checks += 1;
+                        if refused {
+                            self.stats.discard_refusals_by_check += 1;
+                        }
+                    }
+                }
+                // The simulated topics never change their partition counts.
+                Next::CheckWidths => self.running(t).host.skip_check(),
+                Next::LearnUpstream(channels) => self.task_prune_upstream(t, &channels),
+                Next::Drain => {
+                    let receiver = self.tasks[t].receiver;
+                    let run = self.running(t);
+                    let deliveries = run.host.drain();
+                    run.applied.extend(deliveries.iter().map(|d| d.payload));
+                    for d in &deliveries {
+                        self.oracle.delivered(receiver, d.channel, d.position, d.payload.id);
+                    }
+                    self.trace.push(format!("{} task{t} drained {}", self.step, deliveries.len()));
+                }
+                Next::ReadPositions => {
+                    // The consumer's position on every channel: past the last record fed
+                    // and past the markers and aborted runs after it.
+                    let ignore = self.sabotage == Sabotage::ReadPositionIgnored;
+                    let run = self.running(t);
+                    let positions: Vec<(ChannelId, Position)> =
+                        if ignore { Vec::new() } else { run.next_fetch.iter().map(|(&c, &p)| (c, p)).collect() };
+                    run.host.read_positions(&positions);
+                }
+                Next::Commit => self.task_commit(t),
+                Next::PersistRefusal(refusal) => {
+                    self.oracle.report(ViolationKind::UnexpectedRefusal, format!("task{t} cannot restore: {refusal}"));
+                    self.tasks[t].refused = true;
+                    return Next::PersistRefusal(refusal);
+                }
+                Next::Refused(refusal) => {
+                    self.tasks[t].refused = true;
+                    return Next::Refused(refusal);
+                }
+                Next::Poll { .. } | Next::Feed | Next::AwaitCommit | Next::Fenced => return next,
             }
         }
-        false
     }
 
+    /// The stored rows, as the projector loads them.
+    fn task_restore(&mut self, t: usize) {
+        let persisted = self.db.persisted(t as u32);
+        let held = persisted.held.len();
+        self.stats.starts += 1;
+        if held > 0 {
+            self.stats.restores_with_held += 1;
+        }
+        self.trace.push(format!("{} task{t} restore ({held} held)", self.step));
+        self.running(t).host.restored(persisted, BTreeSet::new());
+    }
+
+    /// Each channel's log start (what seeds a channel with no baseline, from its earliest
+    /// position) and the log start the host tells the engine, for the start's check.
+    fn task_read_starts(&mut self, t: usize, channels: &[ChannelId]) {
+        let mut starts = Vec::new();
+        let mut baselines = Vec::new();
+        for &channel in channels {
+            let log_start = self.kafka.log_start(&channel);
+            let told = self.told_log_start(t, channel, log_start);
+            starts.push(ChannelStart { channel, log_start: told, initial_fed_up_to: log_start - 1 });
+            baselines.push((channel, log_start));
+        }
+        let receiver = self.tasks[t].receiver;
+        if !self.tasks[t].started_once {
+            self.oracle.start(receiver, &baselines);
+            self.tasks[t].started_once = true;
+        }
+        let observed = self.running(t).host.started(&starts);
+        self.judge_log_starts(t, observed);
+    }
+
+    /// Resumes each channel's fetch where the machine says (`fed_up_to + 1`); sometimes
+    /// from a coarser, older checkpoint (as a host trusting a lagging consumer offset
+    /// would), which the engine must drop.
+    fn task_assign(&mut self, t: usize, positions: Vec<(ChannelId, Position)>) {
+        let mut next_fetch = BTreeMap::new();
+        for (c, from) in positions {
+            let log_start = self.kafka.log_start(&c);
+            let mut resume = from;
+            if self.scenario.replay_on_restart && self.rng.chance(1, 3) {
+                resume = (resume - self.rng.range(1, 4)).max(log_start);
+            }
+            next_fetch.insert(c, resume);
+        }
+        let resume: Vec<String> = next_fetch.iter().map(|(c, p)| format!("{}@{p}", self.name(c))).collect();
+        self.trace.push(format!("{} task{t} resume {}", self.step, resume.join(" ")));
+        let run = self.running(t);
+        run.next_fetch = next_fetch;
+        run.host.assigned();
+    }
+
+    /// The log start the host tells the engine for `channel`, whose log start is
+    /// `log_start`: `StaleLogStart` tells the one read at the task's start, `LogStartAhead`
+    /// one two positions further on.
+    fn told_log_start(&mut self, t: usize, channel: ChannelId, log_start: Position) -> Position {
+        let sabotage = self.sabotage;
+        let run = self.running(t);
+        run.log_start_checked.insert(channel, log_start);
+        let at_start = *run.log_start_at_start.entry(channel).or_insert(log_start);
+        match sabotage {
+            Sabotage::StaleLogStart => at_start,
+            Sabotage::LogStartAhead => log_start + 2,
+            _ => log_start,
+        }
+    }
+
+    /// Answers a log-start check of `channels` (on an out-of-range fetch, or the periodic
+    /// check of the channels holding records). Returns whether the task refused.
+    fn task_observe_log_starts(&mut self, t: usize, channels: &[ChannelId]) -> bool {
+        let mut told = Vec::new();
+        for &c in channels {
+            let log_start = self.kafka.log_start(&c);
+            told.push((c, self.told_log_start(t, c, log_start)));
+        }
+        let observed = self.running(t).host.log_starts(&told);
+        self.judge_log_starts(t, observed)
+    }
+
+    /// Has the oracle judge each answer of a log-start check: every log start the engine
+    /// let pass, and the refusal if any. Returns whether the task refused.
+    fn judge_log_starts(&mut self, t: usize, observed: Observed) -> bool {
+        let receiver = self.tasks[t].receiver;
+        for c in &observed.accepted {
+            self.oracle.log_start_accepted(receiver, c);
+        }
+        match observed.refusal {
+            Some(refusal) => {
+                self.task_refused(t, refusal, None);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Fetches a batch of channel `c` and feeds it as the machine says: the poll, due checks,
+    /// the drain after a restore, the records, the consumer's position. An out-of-range
+    /// fetch has the machine check every log start; if nothing unsettled was lost, the step
+    /// ends and the task restores, reading again from `fed_up_to + 1`.
     fn task_feed(&mut self, t: usize, c: ChannelId) {
         let receiver = self.tasks[t].receiver;
         let max = self.rng.range(1, self.scenario.max_batch) as usize;
+        let Next::Poll { max_records } = self.running(t).host.next_action() else { return };
+        let max = max_records.map_or(max, |m| m.min(max));
         let from = self.running(t).next_fetch[&c];
         let (records, next) = match self.kafka.fetch_to(&c, from, max) {
             Ok(r) => r,
             Err(FetchError::OutOfRange { log_start }) => {
-                // Retention passed the fetch position. The host checks every received
-                // channel's log start, as the projector does: if retention passed only
-                // positions already settled (a replay resume below them), skip to the log
-                // start; if it passed positions never read or records still held, the
-                // engine refuses.
-                let received = self.tasks[t].received.clone();
-                if !self.task_observe_log_starts(t, &received) {
-                    self.running(t).next_fetch.insert(c, log_start);
-                    let line = format!("{} task{t} fetch {} skips to log start {log_start}", self.step, self.name(&c));
-                    self.trace.push(line);
+                let name = self.name(&c);
+                let line =
+                    format!("{} task{t} fetch {name} from {from} out of range (log start {log_start})", self.step);
+                self.trace.push(line);
+                self.running(t).host.polled(true);
+                if self.task_drive(t) == Next::Feed {
+                    self.running(t).host.batch_done();
+                    self.task_drive(t);
                 }
                 return;
             }
             Err(FetchError::TopicGone) => panic!("model topics are never deleted"),
         };
+        self.running(t).host.polled(false);
+        if self.task_drive(t) != Next::Feed {
+            return;
+        }
         let mut previous = from;
         let mut line = format!("{} task{t} feed {}", self.step, self.name(&c));
+        let mut refused = None;
         for f in records {
             if self.kafka.aborted_between(&c, previous, f.position) {
                 self.stats.aborted_runs_crossed += 1;
@@ -1043,9 +1146,8 @@ impl World {
             previous = f.position + 1;
             let run = self.running(t);
             run.next_fetch.insert(c, f.position + 1);
-            run.step_open = true;
             let payload = Payload { id: f.id, key: f.key };
-            match run.engine.receive(c, f.position, &header_values(&f.headers), payload) {
+            match run.host.receive(c, f.position, &header_values(&f.headers), payload) {
                 Ok(Receipt::Duplicate) => {
                     self.stats.replays_dropped += 1;
                     line.push_str(&format!(" @{}:dup", f.position));
@@ -1064,36 +1166,32 @@ impl World {
                     run.applied.extend(deliveries.iter().map(|d| d.payload));
                 }
                 Err(refusal) => {
-                    self.trace.push(line);
-                    self.task_refused(t, refusal, Some(f.id));
-                    return;
+                    refused = Some((refusal, f.id));
+                    break;
                 }
             }
         }
-        // Every record below the consumer's position was fed: tell the engine how far the
-        // channel was read, so a log-start check compares with that, not the last record.
-        let ignore = self.sabotage == Sabotage::ReadPositionIgnored;
-        let run = self.running(t);
-        run.next_fetch.insert(c, next);
-        run.read_to.insert(c, next);
-        if next > previous {
-            line.push_str(&format!(" read to {next}"));
-            if !ignore {
-                run.step_open = true;
-                if let Err(refusal) = run.engine.observe_read_position(c, next) {
-                    self.trace.push(line);
-                    self.task_refused(t, refusal, None);
-                    return;
-                }
+        if refused.is_none() {
+            // Every record below the consumer's position was fed.
+            let run = self.running(t);
+            run.next_fetch.insert(c, next);
+            run.read_to.insert(c, next);
+            if next > previous {
+                line.push_str(&format!(" read to {next}"));
             }
         }
         self.trace.push(line);
+        if let Some((refusal, id)) = refused {
+            self.task_refused(t, refusal, Some(id));
+        }
+        self.running(t).host.batch_done();
+        self.task_drive(t);
     }
 
-    /// A refusal: the step commits what it delivered before, with the refusal as status.
-    /// It is expected only on a damaged record (`UNDECODABLE_METADATA`), or where the
-    /// oracle says retention passed a record the task had not delivered
-    /// (`POSITIONS_DISCARDED_UNREAD`).
+    /// A refusal, judged: it is expected only on a damaged record (`UNDECODABLE_METADATA`),
+    /// or where the oracle says retention passed a record the task had not delivered
+    /// (`POSITIONS_DISCARDED_UNREAD`). The machine then commits the step (or the start)
+    /// with the refusal as status.
     fn task_refused(&mut self, t: usize, refusal: Refusal, record: Option<RecordId>) {
         self.stats.refusals += 1;
         self.trace.push(format!("{} task{t} refused {}: {}", self.step, refusal.reason, refusal.diagnosis));
@@ -1127,43 +1225,77 @@ impl World {
         } else if discarded {
             self.stats.discard_refusals += 1;
         }
-        self.task_commit(t);
-        self.tasks[t].refused = true;
     }
 
+    /// The prune interval passed: the machine asks for the facts of the upstream channels
+    /// in the task's clock and frontier, if it has any.
     fn task_prune(&mut self, t: usize) {
-        let facts: BTreeMap<ChannelId, ChannelFact> = {
-            let TaskState::Up(run) = &self.tasks[t].state else { return };
-            let engine = &run.engine;
-            engine.frontier().iter().chain(engine.delivered_past().iter()).map(|(c, _)| (c, self.fact(&c))).collect()
-        };
+        self.running(t).host.prune_due();
+        self.task_drive(t);
+    }
+
+    /// What Kafka says of each upstream channel (`PruneDropsLiveCause` reports the log end
+    /// as the log start); the machine prunes by it.
+    fn task_prune_upstream(&mut self, t: usize, channels: &[ChannelId]) {
+        let facts: BTreeMap<ChannelId, ChannelFact> = channels.iter().map(|&c| (c, self.fact(&c))).collect();
         let run = self.running(t);
-        let before = run.engine.delivered_past().len();
-        run.engine.prune(|c| facts.get(c).copied().unwrap_or(ChannelFact::Unknown));
-        let after = run.engine.delivered_past().len();
-        run.step_open = true;
+        let before = run.engine().delivered_past().len();
+        run.host.upstream_facts(|c| facts.get(c).copied().unwrap_or(ChannelFact::Unknown));
+        let after = run.engine().delivered_past().len();
         if after < before {
             self.stats.prunes += 1;
         }
         self.trace.push(format!("{} task{t} prune clock {before}->{after}", self.step));
     }
 
+    /// The periodic log-start check is due: the machine asks for the channels holding
+    /// records.
+    fn task_check_log_start(&mut self, t: usize) {
+        self.running(t).host.log_start_check_due();
+        self.task_drive(t);
+    }
+
+    /// The scheduler ends the step: an empty poll (which drains, if the step is the first
+    /// after a restore and no feed did) and the commit.
+    fn task_end_step(&mut self, t: usize) {
+        if !matches!(self.running(t).host.next_action(), Next::Poll { .. }) {
+            return;
+        }
+        self.running(t).host.polled(false);
+        if self.task_drive(t) != Next::Feed {
+            return;
+        }
+        self.running(t).host.batch_done();
+        if matches!(self.task_drive(t), Next::Poll { .. }) {
+            self.task_commit(t);
+            self.task_drive(t);
+        }
+    }
+
+    /// Ends the step as the machine says: nothing when it is idle, else one commit of the
+    /// engine's changes with the projection writes.
     fn task_commit(&mut self, t: usize) {
-        let receiver = self.tasks[t].receiver;
-        let persist_held = self.sabotage != Sabotage::HeldNotPersisted;
+        let Some(commit) = self.running(t).host.end_step() else {
+            self.trace.push(format!("{} task{t} step idle", self.step));
+            return;
+        };
+        if commit.write_running {
+            self.db.tasks[t].refusal = None;
+        }
         let run = self.running(t);
-        let changes = run.engine.take_changes();
         let applied = std::mem::take(&mut run.applied);
-        run.step_open = false;
         let read_to = run.read_to.clone();
         self.committed_read.extend(read_to);
-        self.db.commit(t as u32, changes, &applied, persist_held);
+        let n = applied.len();
+        let persist_held = self.sabotage != Sabotage::HeldNotPersisted;
+        self.db.commit(t as u32, commit.changes, &applied, persist_held);
         self.db_version += 1;
         self.changes += 1;
-        self.oracle.commit(receiver);
-        self.stats.deliveries += applied.len() as u64;
+        self.oracle.commit(self.tasks[t].receiver);
+        self.stats.deliveries += n as u64;
         self.stats.commits += 1;
-        self.trace.push(format!("{} task{t} commit ({} applied)", self.step, applied.len()));
+        self.trace.push(format!("{} task{t} commit ({n} applied)", self.step));
+        self.running(t).host.committed();
     }
 
     /// The engine and the step in progress are gone; only committed rows remain.
@@ -1175,8 +1307,8 @@ impl World {
 
     fn task_crash(&mut self, t: usize) {
         let TaskState::Up(run) = &self.tasks[t].state else { return };
-        let held = run.engine.held_count();
-        let mid_step = run.step_open;
+        let held = run.engine().held_count();
+        let mid_step = run.host.step_open();
         self.stats.crashes += 1;
         if mid_step {
             self.stats.crashes_mid_step += 1;
@@ -1194,8 +1326,8 @@ impl World {
         let mut parts = Vec::new();
         for (i, t) in self.tasks.iter().enumerate() {
             if let TaskState::Up(run) = &t.state {
-                if run.engine.held_count() > 0 {
-                    parts.push(format!("task{i} holds {}", run.engine.held_count()));
+                if run.engine().held_count() > 0 {
+                    parts.push(format!("task{i} holds {}", run.engine().held_count()));
                 }
             }
         }
