@@ -28,6 +28,9 @@ use tokio::task::JoinHandle;
 use crate::support::*;
 
 const PARTITIONS: u32 = 2;
+
+/// Request headers as raw bytes: name, value.
+type RawHeaders<'a> = Vec<(&'a [u8], &'a [u8])>;
 const PROBLEM: &str = "https://parsley.dev/problems/";
 
 /// One raw HTTP answer.
@@ -71,7 +74,9 @@ fn request(method: &str, target: &[u8], headers: &[(&[u8], &[u8])], body: &[u8])
         out.extend_from_slice(b"\r\n");
     }
     if !body.is_empty() || method == "POST" {
-        out.extend_from_slice(format!("content-type: application/json\r\ncontent-length: {}\r\n", body.len()).as_bytes());
+        out.extend_from_slice(
+            format!("content-type: application/json\r\ncontent-length: {}\r\n", body.len()).as_bytes(),
+        );
     }
     out.extend_from_slice(b"\r\n");
     out.extend_from_slice(body);
@@ -227,7 +232,8 @@ impl BlackBox {
             // (just after a skip, say) is given time; what must come is the document.
             let deadline = Instant::now() + Duration::from_secs(45);
             loop {
-                let get = request("GET", &self.document_uri(key.as_bytes()), &[(b"parsley-session", token.as_bytes())], b"");
+                let get =
+                    request("GET", &self.document_uri(key.as_bytes()), &[(b"parsley-session", token.as_bytes())], b"");
                 let r = self.send(get).await;
                 if r.status == 503 && Instant::now() < deadline {
                     continue;
@@ -283,12 +289,13 @@ impl BlackBox {
 
     /// The ID the projector recorded for topic `name` of the model.
     async fn topic_id(&self, name: &str) -> TopicId {
-        let id: uuid::Uuid = sqlx::query_scalar("SELECT topic_id FROM parsley.topics WHERE model = $1 AND topic_name = $2")
-            .bind(&self.names.model)
-            .bind(name)
-            .fetch_one(&self.pool)
-            .await
-            .expect("the projector recorded the model's topics");
+        let id: uuid::Uuid =
+            sqlx::query_scalar("SELECT topic_id FROM parsley.topics WHERE model = $1 AND topic_name = $2")
+                .bind(&self.names.model)
+                .bind(name)
+                .fetch_one(&self.pool)
+                .await
+                .expect("the projector recorded the model's topics");
         TopicId::from_bytes(*id.as_bytes())
     }
 
@@ -393,9 +400,24 @@ async fn hostile_write_bodies_are_refused_at_the_door() {
         ("nesting 5000 deep", deep.into_bytes(), 400, "invalid-body"),
         ("a key that is a number", body(r#"{"key":7,"value":1}"#), 400, "invalid-body"),
         ("an unknown field", body(r#"{"key":"k","value":1,"partition":0}"#), 400, "invalid-body"),
-        ("a header value that is not a string", body(r#"{"key":"k","value":1,"headers":{"h":{}}}"#), 400, "invalid-body"),
-        ("the reserved causes header", body(r#"{"key":"k","value":1,"headers":{"parsley.causes":"AQA"}}"#), 400, "reserved-header"),
-        ("a reserved header in capitals", body(r#"{"key":"k","value":1,"headers":{"PARSLEY.x":"1"}}"#), 400, "reserved-header"),
+        (
+            "a header value that is not a string",
+            body(r#"{"key":"k","value":1,"headers":{"h":{}}}"#),
+            400,
+            "invalid-body",
+        ),
+        (
+            "the reserved causes header",
+            body(r#"{"key":"k","value":1,"headers":{"parsley.causes":"AQA"}}"#),
+            400,
+            "reserved-header",
+        ),
+        (
+            "a reserved header in capitals",
+            body(r#"{"key":"k","value":1,"headers":{"PARSLEY.x":"1"}}"#),
+            400,
+            "reserved-header",
+        ),
         ("a body over max_body_bytes", huge.into_bytes(), 413, "body-too-large"),
     ];
     for (what, bytes, status, kind) in &cases {
@@ -414,7 +436,9 @@ async fn hostile_write_bodies_are_refused_at_the_door() {
     let w = b.post(format!(r#"{{"key":"{key_at_limit}","value":{{"at":"limit"}}}}"#).as_bytes(), &[]).await;
     assert_eq!(w.status, 201, "a key of exactly max_key_bytes: {}", w.describe());
     let token = w.header("parsley-session").unwrap().to_string();
-    let r = b.send(request("GET", &b.document_uri(key_at_limit.as_bytes()), &[(b"parsley-session", token.as_bytes())], b"")).await;
+    let r = b
+        .send(request("GET", &b.document_uri(key_at_limit.as_bytes()), &[(b"parsley-session", token.as_bytes())], b""))
+        .await;
     assert_eq!((r.status, r.json()["document"].clone()), (200, json!({"at": "limit"})), "{}", r.describe());
     assert_eq!(cases.len() + 3, 24);
     b.serves_every_partition("accepted odd writes").await;
@@ -486,12 +510,17 @@ async fn hostile_tokens_are_refused_with_their_type() {
     let ahead = seal(CausalPast::from_pairs([(ChannelId::new(orders, 0), 1_000_000)]), far);
     let oversized = "A".repeat(6000);
     let uri = b.collection_uri(b"");
-    let cases: Vec<(&str, Vec<(&[u8], &[u8])>, u16, &str)> = vec![
+    let cases: Vec<(&str, RawHeaders<'_>, u16, &str)> = vec![
         ("garbage", vec![(b"parsley-session", b"not a token!")], 400, "token-malformed"),
         ("too short", vec![(b"parsley-session", b"AQ")], 400, "token-malformed"),
         ("tampered", vec![(b"parsley-session", &tampered)], 400, "token-invalid"),
         ("expired", vec![(b"parsley-session", expired.as_bytes())], 400, "token-expired"),
-        ("two session headers", vec![(b"parsley-session", valid.as_bytes()), (b"parsley-session", valid.as_bytes())], 400, "token-malformed"),
+        (
+            "two session headers",
+            vec![(b"parsley-session", valid.as_bytes()), (b"parsley-session", valid.as_bytes())],
+            400,
+            "token-malformed",
+        ),
         ("bytes that are not text", vec![(b"parsley-session", b"\xff\xfe\xfd")], 400, "token-malformed"),
         ("longer than the token limit", vec![(b"parsley-session", oversized.as_bytes())], 400, "token-malformed"),
         ("ahead of the log", vec![(b"parsley-session", ahead.as_bytes())], 400, "token-ahead-of-log"),
@@ -632,7 +661,8 @@ impl Poison {
 
 /// Produces a record whose one header has a name of raw bytes (not UTF-8).
 async fn raw_header_record(topic: &str, partition: i32, key: &[u8], value: &[u8], name: &[u8], header: &[u8]) {
-    let (topic, key, value, name, header) = (topic.to_string(), key.to_vec(), value.to_vec(), name.to_vec(), header.to_vec());
+    let (topic, key, value, name, header) =
+        (topic.to_string(), key.to_vec(), value.to_vec(), name.to_vec(), header.to_vec());
     tokio::task::spawn_blocking(move || {
         parsley_infra::headers::produce::produce_with_raw_headers(
             &bootstrap(),
