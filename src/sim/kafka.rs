@@ -216,9 +216,7 @@ impl SimKafka {
     /// marker, or a record of an aborted or still open transaction.
     pub fn is_control_or_aborted(&self, channel: &ChannelId, position: Position) -> bool {
         let p = self.partition(channel);
-        position >= 0
-            && (position as usize) < p.entries.len()
-            && self.visible(&p.entries[position as usize]).is_none()
+        position >= 0 && (position as usize) < p.entries.len() && self.visible(&p.entries[position as usize]).is_none()
     }
 
     /// A `read_committed` fetch of at most `max` records from offset `from`.
