@@ -6,17 +6,21 @@
 //! If a step does not commit, the engine is discarded and restored from the database, and
 //! the task reads again from `fed_up_to + 1` with a new consumer (no record fetched before
 //! the failure can reach the new engine).
+//!
+//! The sequence itself — what to do next, and every decision about the engine — is the
+//! core's host state machine ([`parsley::host::TaskHost`]), which the simulator drives
+//! too; this module is its I/O: the consumer, the SQL, the projection, the timers.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use parsley::channel::{ChannelId, Position};
 use parsley::engine::{ChannelFact, Delivery, Receipt};
+use parsley::host::{ChannelStart, Failure, LogStartCheck, Next, Recorded, StepCommit, TaskHost};
 use parsley::refusal::{Refusal, RefusalReason};
-use parsley::startup::check_task_width;
-use parsley::{CausalPast, Engine};
+use parsley::Engine;
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
@@ -29,7 +33,6 @@ use crate::metrics::{Metric, Metrics};
 use crate::model::ModelPlan;
 use crate::projection::{Delivered, Projection, ProjectionError, StepContext};
 use crate::record::{self, Consumed, RecordData};
-use crate::skip::mark_skipped_held;
 use crate::store::{self, LoadError, TaskStatusKind};
 
 /// Where a task stands.
@@ -101,7 +104,10 @@ impl std::fmt::Display for Rejection {
 
 impl std::error::Error for Rejection {}
 
-/// The runner of one task.
+/// The runner of one task: the I/O of the task's step protocol. What to do next, and every
+/// decision about the engine, is the host state machine's ([`parsley::host::TaskHost`], the
+/// one the simulator drives too); the runner answers it from Kafka and Postgres and keeps
+/// the timers.
 pub struct TaskRunner<P: Projection> {
     plan: Arc<ModelPlan>,
     task: u32,
@@ -110,18 +116,9 @@ pub struct TaskRunner<P: Projection> {
     projection: Arc<P>,
     metrics: Arc<Metrics>,
     consumer: Option<Arc<StreamConsumer>>,
-    engine: Engine<RecordData>,
+    /// The step protocol, and the engine it owns.
+    host: TaskHost<RecordData>,
     state: TaskState,
-    /// What the task's row says, so a recovered task writes `running` exactly once.
-    stored_status: TaskStatusKind,
-    /// The in-memory engine may be ahead of the database (a step did not commit, or was
-    /// cancelled): restore before the next step.
-    needs_restore: bool,
-    /// Offer held heads before feeding (after start or restore).
-    needs_drain: bool,
-    /// The consumer reported an out-of-range position: compare every log start with what
-    /// the task has settled.
-    check_log_start: bool,
     /// When log starts were last compared (at start, on an out-of-range fetch, or by the
     /// periodic check of the channels holding records).
     log_start_checked_at: Instant,
@@ -131,13 +128,9 @@ pub struct TaskRunner<P: Projection> {
     width_checked_at: Instant,
     /// This instance's name in the task's row.
     owner: String,
-    /// After a failure, steps feed one record at a time until the task is past every
-    /// position the failed step had fed, so records before a bad one still commit and
-    /// the status names the bad one.
-    careful_until: Option<BTreeMap<ChannelId, Position>>,
-    /// The records operators skipped (`parsley.skips`), read at every restore: fed without
-    /// causes, delivered without effect.
-    skipped: BTreeSet<(ChannelId, Position)>,
+    /// How many records operators had skipped (`parsley.skips`) when the task last
+    /// restored: a skip recorded since makes the start transaction restore again.
+    skips_read: usize,
     /// When each channel's current head started being held.
     head_since: BTreeMap<ChannelId, (Position, Instant)>,
 }
@@ -197,8 +190,16 @@ impl<P: Projection> TaskRunner<P> {
         owner: &str,
     ) -> anyhow::Result<TaskRunner<P>> {
         let row = store::take_task(&pool, &plan.name, task, owner).await?;
+        let recorded = match row.status {
+            TaskStatusKind::Running => Recorded::Running,
+            TaskStatusKind::Failing => Recorded::Failing,
+            TaskStatusKind::Refused => Recorded::Refused,
+        };
+        let host = TaskHost::new(plan.engine_config(), plan.channels(task), recorded)
+            .with_weigher(record::weight)
+            .with_skipped(|data: RecordData| RecordData::skipped(data.timestamp_ms));
         let mut runner = TaskRunner {
-            engine: Engine::new(plan.engine_config(), plan.channels(task)).with_weigher(record::weight),
+            host,
             plan,
             task,
             epoch: row.epoch,
@@ -207,24 +208,19 @@ impl<P: Projection> TaskRunner<P> {
             metrics,
             consumer: None,
             state: TaskState::Running,
-            stored_status: row.status,
-            needs_restore: true,
-            needs_drain: true,
-            check_log_start: false,
             log_start_checked_at: Instant::now(),
             pruned_at: Instant::now(),
             width_checked_at: Instant::now(),
             owner: owner.to_string(),
-            careful_until: None,
-            skipped: BTreeSet::new(),
+            skips_read: 0,
             head_since: BTreeMap::new(),
         };
         tracing::info!(model = %runner.plan.name, task, epoch = row.epoch, owner, "took task");
         // A refusal recorded by an earlier execution is not restored: it is derived again
         // from the same input (the refused record is never marked fed), so a fix the
         // operator made takes effect now, and an unfixed cause refuses identically.
-        if let Err(e) = runner.restore(true).await {
-            runner.fail(e, &[]).await;
+        if let Err(e) = runner.start_sequence().await {
+            runner.fail(e, Failure::Error).await;
         }
         Ok(runner)
     }
@@ -243,7 +239,7 @@ impl<P: Projection> TaskRunner<P> {
 
     /// The engine (for status and tests). Ahead of the database while a step is open.
     pub fn engine(&self) -> &Engine<RecordData> {
-        &self.engine
+        self.host.engine()
     }
 
     /// What this runner was started from, to start the task again (after a panic, or once
@@ -315,94 +311,132 @@ impl<P: Projection> TaskRunner<P> {
         self.state = TaskState::Fenced;
     }
 
-    /// Rebuilds the engine from the database and assigns a new consumer at `fed_up_to + 1`
-    /// (seeding channels with no state from their initial positions when `seed`).
-    async fn restore(&mut self, seed: bool) -> anyhow::Result<()> {
+    /// Brings the machine's refusal or fence into the runner's state (once).
+    fn settle_stop(&mut self) {
+        match self.host.next_action() {
+            Next::Refused(r) if !matches!(self.state, TaskState::Refused(_)) => {
+                self.metric_reason(&r);
+                self.become_refused(r);
+            }
+            Next::Fenced if self.state != TaskState::Fenced => self.become_fenced(),
+            _ => {}
+        }
+    }
+
+    /// Drives the start, as the machine orders it: restore the engine from the database,
+    /// seed channels with no state from their initial positions and check every log start,
+    /// commit that (the start transaction), and assign the channels to a new consumer at
+    /// `fed_up_to + 1`. Returns at the first step, or once refused or fenced; an error is a
+    /// failed start, for [`TaskRunner::fail`].
+    async fn start_sequence(&mut self) -> anyhow::Result<()> {
+        loop {
+            match self.host.next_action() {
+                Next::Restore => self.restore().await?,
+                Next::ReadStarts(channels) => self.read_starts(&channels).await?,
+                Next::CommitStart => self.commit_start().await?,
+                Next::Assign(positions) => self.assign(&positions)?,
+                Next::PersistRefusal(refusal) => self.persist_refusal(refusal).await?,
+                Next::Refused(_) | Next::Fenced => {
+                    self.settle_stop();
+                    return Ok(());
+                }
+                _ => return Ok(()),
+            }
+        }
+    }
+
+    /// Loads the task's stored state and the records operators skipped (answer to
+    /// [`Next::Restore`]).
+    async fn restore(&mut self) -> anyhow::Result<()> {
         self.consumer = None;
         let plan = Arc::clone(&self.plan);
         let mut conn = self.pool.acquire().await.context("acquiring a connection to restore the task")?;
         let model_row = store::load_model(&mut conn, &plan.name)
             .await?
             .with_context(|| format!("model {:?} has no row in parsley.models", plan.name))?;
-        let mut state = match store::load_state(&mut conn, &plan.name, self.task, model_row.format_version).await {
+        let state = match store::load_state(&mut conn, &plan.name, self.task, model_row.format_version).await {
             Ok(s) => s,
             Err(LoadError::Database(e)) => return Err(e),
-            Err(LoadError::Refused(r)) => return self.persist_start_refusal(r).await,
+            Err(LoadError::Refused(r)) => {
+                self.host.unrestorable(r);
+                return Ok(());
+            }
         };
-        self.skipped = store::skipped_positions(&mut conn, &plan.name, self.task).await?;
-        mark_skipped_held(&mut state, &self.skipped);
+        let skipped = store::skipped_positions(&mut conn, &plan.name, self.task).await?;
         drop(conn);
-        self.engine = match Engine::restore(plan.engine_config(), plan.channels(self.task), state) {
-            Ok(e) => e.with_weigher(record::weight),
-            Err(r) => return self.persist_start_refusal(r).await,
-        };
+        self.skips_read = skipped.len();
+        self.host.restored(state, skipped);
+        Ok(())
+    }
+
+    /// Each channel's log start and initial position (its watermarks), read with a new
+    /// consumer (answer to [`Next::ReadStarts`]).
+    async fn read_starts(&mut self, channels: &[ChannelId]) -> anyhow::Result<()> {
+        let plan = Arc::clone(&self.plan);
         let consumer = Arc::new(kafka::task_consumer(&plan.kafka, &plan.name)?);
-        let timeout = plan.kafka_timeout();
-        if seed {
-            self.log_start_checked_at = Instant::now();
-            let mut log_starts = Vec::with_capacity(plan.topics.len());
-            for topic in &plan.topics {
-                let channel = ChannelId::new(topic.id, self.task);
-                let (log_start, last_stable) = kafka::watermarks(&consumer, &topic.name, self.task, timeout).await?;
-                if self.engine.fed_up_to(&channel).is_none() {
-                    let baseline = match topic.initial {
-                        InitialPosition::Earliest => log_start - 1,
-                        InitialPosition::Latest => last_stable - 1,
-                    };
-                    let _ = self.engine.seed(channel, baseline);
-                }
-                log_starts.push((channel, log_start));
-            }
-            // In channel order, as every other check: a refusal (sticky in the engine and
-            // persisted just below) then names the same channel on every start.
-            log_starts.sort();
-            for (channel, log_start) in log_starts {
-                if self.engine.observe_log_start(channel, log_start).is_err() {
-                    break;
-                }
-            }
-            let changes = self.engine.take_changes();
-            let mut tx = self.pool.begin().await.context("beginning the start transaction")?;
-            if store::lock_epoch(&mut tx, &plan.name, self.task).await? != Some(self.epoch) {
-                drop(tx);
-                self.become_fenced();
-                return Ok(());
-            }
-            // A skip takes this lock too: one recorded since the skips were read means the
-            // engine was restored without it.
-            if store::count_skips(&mut tx, &plan.name, self.task).await? != self.skipped.len() {
-                anyhow::bail!("a record was skipped while the task was restoring; restoring again");
-            }
-            store::apply_changes(&mut tx, &plan.name, self.task, &changes).await?;
-            let status_reset = changes.refusal.is_none() && self.stored_status == TaskStatusKind::Refused;
-            if status_reset {
-                store::record_running(&mut tx, &plan.name, self.task).await?;
-            }
-            if changes.refusal.is_some() || status_reset {
-                store::notify(&mut tx, &plan.name, Some(self.task)).await?;
-            }
-            tx.commit().await.context("committing the start transaction")?;
-            if status_reset {
-                self.stored_status = TaskStatusKind::Running;
-            }
-            if let Some(r) = changes.refusal {
-                self.metric_reason(&r);
-                self.become_refused(r);
-                return Ok(());
-            }
+        self.log_start_checked_at = Instant::now();
+        let mut starts = Vec::with_capacity(channels.len());
+        for &channel in channels {
+            let topic = (plan.topics.iter().find(|t| t.id == channel.topic))
+                .with_context(|| format!("channel {channel} is not received by the model"))?;
+            let (log_start, last_stable) =
+                kafka::watermarks(&consumer, &topic.name, self.task, plan.kafka_timeout()).await?;
+            let initial_fed_up_to = match topic.initial {
+                InitialPosition::Earliest => log_start - 1,
+                InitialPosition::Latest => last_stable - 1,
+            };
+            starts.push(ChannelStart { channel, log_start, initial_fed_up_to });
         }
+        self.consumer = Some(consumer);
+        self.host.started(&starts);
+        Ok(())
+    }
+
+    /// The start transaction (answer to [`Next::CommitStart`]): seeds and a refusal the
+    /// start found, `running` again if the row said `refused` and this start refused
+    /// nothing.
+    async fn commit_start(&mut self) -> anyhow::Result<()> {
+        let start = self.host.take_start();
+        let plan = Arc::clone(&self.plan);
+        let mut tx = self.pool.begin().await.context("beginning the start transaction")?;
+        if store::lock_epoch(&mut tx, &plan.name, self.task).await? != Some(self.epoch) {
+            drop(tx);
+            self.host.fenced();
+            self.settle_stop();
+            return Ok(());
+        }
+        // A skip takes this lock too: one recorded since the skips were read means the
+        // engine was restored without it.
+        if store::count_skips(&mut tx, &plan.name, self.task).await? != self.skips_read {
+            anyhow::bail!("a record was skipped while the task was restoring; restoring again");
+        }
+        store::apply_changes(&mut tx, &plan.name, self.task, &start.changes).await?;
+        if start.write_running {
+            store::record_running(&mut tx, &plan.name, self.task).await?;
+        }
+        if start.notify {
+            store::notify(&mut tx, &plan.name, Some(self.task)).await?;
+        }
+        tx.commit().await.context("committing the start transaction")?;
+        self.host.committed();
+        self.settle_stop();
+        Ok(())
+    }
+
+    /// Assigns the channels to the consumer at the positions the machine gives
+    /// (`fed_up_to + 1`; answer to [`Next::Assign`]).
+    fn assign(&mut self, positions: &[(ChannelId, Position)]) -> anyhow::Result<()> {
+        let consumer = self.consumer.clone().context("no consumer to assign the task's channels to")?;
         let mut assignment = TopicPartitionList::new();
-        for topic in &plan.topics {
-            let channel = ChannelId::new(topic.id, self.task);
-            let fed = self.engine.fed_up_to(&channel).with_context(|| format!("channel {channel} has no baseline"))?;
+        for (channel, from) in positions {
+            let name = (self.plan.topic_name(&channel.topic))
+                .with_context(|| format!("channel {channel} is not received by the model"))?;
             assignment
-                .add_partition_offset(&topic.name, self.task as i32, Offset::Offset(fed + 1))
-                .with_context(|| format!("assigning {}/{}", topic.name, self.task))?;
+                .add_partition_offset(name, self.task as i32, Offset::Offset(*from))
+                .with_context(|| format!("assigning {name}/{}", self.task))?;
         }
         consumer.assign(&assignment).context("assigning the task's channels")?;
-        self.consumer = Some(consumer);
-        self.needs_restore = false;
-        self.needs_drain = true;
+        self.host.assigned();
         self.head_since.clear();
         self.refresh_gauges();
         Ok(())
@@ -417,26 +451,28 @@ impl<P: Projection> TaskRunner<P> {
         );
     }
 
-    /// Persists a refusal found outside a step's own transaction: while restoring (stored
-    /// state this build cannot use), or after a step rolled back on a record the projection
-    /// rejected.
-    async fn persist_start_refusal(&mut self, refusal: Refusal) -> anyhow::Result<()> {
+    /// Persists a refusal found outside a step's own transaction (answer to
+    /// [`Next::PersistRefusal`]): while restoring (stored state this build cannot use), or
+    /// after a step rolled back on a record the projection rejected.
+    async fn persist_refusal(&mut self, refusal: Refusal) -> anyhow::Result<()> {
         let mut tx = self.pool.begin().await.context("beginning a refusal transaction")?;
         if store::lock_epoch(&mut tx, &self.plan.name, self.task).await? != Some(self.epoch) {
             drop(tx);
-            self.become_fenced();
+            self.host.fenced();
+            self.settle_stop();
             return Ok(());
         }
         store::record_refusal(&mut tx, &self.plan.name, self.task, &refusal).await?;
         store::notify(&mut tx, &self.plan.name, Some(self.task)).await?;
         tx.commit().await.context("committing a refusal")?;
-        self.metric_reason(&refusal);
-        self.become_refused(refusal);
+        self.host.refusal_persisted();
+        self.settle_stop();
         Ok(())
     }
 
-    /// Runs one step: waits out a failing task's backoff, restores if needed, polls a batch
-    /// (bounded in records and time) and commits it in one transaction.
+    /// Runs one step: waits out a failing task's backoff, restores if the machine says so,
+    /// polls a batch (bounded in records and time), answers the checks that are due, feeds
+    /// the batch and commits it in one transaction.
     pub async fn run_once(&mut self) -> StepOutcome {
         match &self.state {
             TaskState::Refused(r) => return StepOutcome::Refused(r.clone()),
@@ -444,41 +480,15 @@ impl<P: Projection> TaskRunner<P> {
             TaskState::Failing { retry_at, .. } => tokio::time::sleep_until((*retry_at).into()).await,
             TaskState::Running => {}
         }
-        if self.needs_restore {
-            if let Err(e) = self.restore(true).await {
-                return self.fail(e, &[]).await;
-            }
-            if let Some(outcome) = self.stopped_outcome() {
-                return outcome;
-            }
+        // A round whose future was dropped midway left the engine ahead of the database.
+        self.host.interrupted();
+        if let Err(e) = self.start_sequence().await {
+            return self.fail(e, Failure::Error).await;
         }
-        let batch = self.poll().await;
-        // Both checks run before the batch is fed, against the engine as the database has
-        // it, so a refusal found here is derived identically by the next start.
-        let out_of_range = std::mem::take(&mut self.check_log_start);
-        if out_of_range {
-            if let Err(e) = self.observe_log_starts(&self.plan.channels(self.task)).await {
-                return self.fail(e, &[]).await;
-            }
-        } else if let Some(holding) = self.log_start_check_due() {
-            self.metric_add(Metric::LogStartChecksTotal, 1.0);
-            if let Err(e) = self.observe_log_starts(&holding).await {
-                // Not a failed step: nothing was fed, and the next check comes an interval
-                // later (a broker that cannot answer would stall every step otherwise).
-                self.metric_add(Metric::KafkaErrorsTotal, 1.0);
-                tracing::warn!(model = %self.plan.name, task = self.task, error = %format!("{e:#}"),
-                    "the periodic log-start check failed; trying again after the interval");
-            }
+        if let Some(outcome) = self.stopped_outcome() {
+            return outcome;
         }
-        self.check_width_if_due().await;
-        let pruned = self.prune_upstream_if_due().await;
-        let outcome = self.step(batch, pruned).await;
-        if out_of_range && self.state == TaskState::Running {
-            // Not refused: the log start is still within reach. Read on from fed_up_to + 1
-            // with a fresh consumer rather than trust the one that reported the error.
-            self.needs_restore = true;
-        }
-        outcome
+        self.step().await
     }
 
     fn stopped_outcome(&self) -> Option<StepOutcome> {
@@ -489,12 +499,31 @@ impl<P: Projection> TaskRunner<P> {
         }
     }
 
-    /// Collects up to the step's record bound, waiting at most the step's time bound.
-    async fn poll(&mut self) -> Vec<Consumed> {
-        let Some(consumer) = self.consumer.clone() else { return Vec::new() };
-        let max = if self.careful_until.is_some() { 1 } else { self.plan.max_step_records };
+    /// Tells the machine which intervals passed (the timers are the runner's), right after
+    /// the poll, so the checks come before the batch is fed.
+    fn tick(&mut self) {
+        if self.plan.log_start_check.is_some_and(|i| self.log_start_checked_at.elapsed() >= i) {
+            self.host.log_start_check_due();
+        }
+        if self.plan.width_check.is_some_and(|i| self.width_checked_at.elapsed() >= i) {
+            self.width_checked_at = Instant::now();
+            self.host.width_check_due();
+        }
+        if self.plan.prune_interval.is_some_and(|i| self.pruned_at.elapsed() >= i) {
+            self.pruned_at = Instant::now();
+            self.host.prune_due();
+        }
+    }
+
+    /// Collects up to the step's record bound (one record in a careful step), waiting at
+    /// most the step's time bound. Also answers whether the consumer reported a position
+    /// out of range.
+    async fn poll(&mut self, max_records: Option<usize>) -> (Vec<Consumed>, bool) {
+        let Some(consumer) = self.consumer.clone() else { return (Vec::new(), false) };
+        let max = max_records.map_or(self.plan.max_step_records, |m| m.min(self.plan.max_step_records));
         let deadline = tokio::time::Instant::now() + self.plan.max_step_time;
         let mut batch = Vec::new();
+        let mut out_of_range = false;
         while batch.len() < max {
             // Wait up to the step's deadline for the first record; after that, only while
             // records keep coming (`step_linger`), so a lone write is not held for the window.
@@ -512,7 +541,7 @@ impl<P: Projection> TaskRunner<P> {
                         RDKafkaErrorCode::AutoOffsetReset | RDKafkaErrorCode::OffsetOutOfRange,
                     ) = e
                     {
-                        self.check_log_start = true;
+                        out_of_range = true;
                         tracing::warn!(model = %self.plan.name, task = self.task, error = %e, "a position is out of range; checking log starts");
                         break;
                     }
@@ -524,27 +553,38 @@ impl<P: Projection> TaskRunner<P> {
                 }
             }
         }
-        batch
+        (batch, out_of_range)
     }
 
-    /// The channels due for the periodic log-start check: those holding records, once the
-    /// interval has passed since the last check. A running task never fetches below its
-    /// position, so without this, retention passing a held record would be noticed only
-    /// at the next start.
-    fn log_start_check_due(&self) -> Option<Vec<ChannelId>> {
-        let interval = self.plan.log_start_check?;
-        if self.log_start_checked_at.elapsed() < interval {
-            return None;
-        }
-        let holding: Vec<ChannelId> = self.engine.channels_holding().collect();
-        (!holding.is_empty()).then_some(holding)
-    }
-
-    /// Compares the log start of each of `channels` with what the task has settled; a
-    /// refusal is left in the engine (sticky) for the step to persist.
-    async fn observe_log_starts(&mut self, channels: &[ChannelId]) -> anyhow::Result<()> {
+    /// Reads the log start of each of `channels` (answer to [`Next::ObserveLogStarts`]).
+    /// A periodic check the broker cannot answer is not a failed step: nothing was fed,
+    /// and the next check comes an interval later (a broker that cannot answer would stall
+    /// every step otherwise). After an out-of-range poll it is: `Err`.
+    async fn observe_log_starts(&mut self, channels: &[ChannelId], check: LogStartCheck) -> anyhow::Result<()> {
         self.log_start_checked_at = Instant::now();
-        let Some(consumer) = self.consumer.clone() else { return Ok(()) };
+        if check == LogStartCheck::Periodic {
+            self.metric_add(Metric::LogStartChecksTotal, 1.0);
+        }
+        match self.read_log_starts(channels).await {
+            Ok(log_starts) => {
+                // A refusal is left in the engine (sticky); the step persists it.
+                self.host.log_starts(&log_starts);
+                Ok(())
+            }
+            Err(e) if check == LogStartCheck::Periodic => {
+                self.metric_add(Metric::KafkaErrorsTotal, 1.0);
+                tracing::warn!(model = %self.plan.name, task = self.task, error = %format!("{e:#}"),
+                    "the periodic log-start check failed; trying again after the interval");
+                self.host.skip_check();
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn read_log_starts(&self, channels: &[ChannelId]) -> anyhow::Result<Vec<(ChannelId, Position)>> {
+        let consumer = self.consumer.clone().context("no consumer to read log starts with")?;
+        let mut log_starts = Vec::with_capacity(channels.len());
         for channel in channels {
             let topic = self
                 .plan
@@ -552,108 +592,80 @@ impl<P: Projection> TaskRunner<P> {
                 .with_context(|| format!("channel {channel} is not received by the model"))?;
             let (log_start, _) =
                 kafka::watermarks(&consumer, topic, channel.partition, self.plan.kafka_timeout()).await?;
-            if self.engine.observe_log_start(*channel, log_start).is_err() {
-                break;
-            }
+            log_starts.push((*channel, log_start));
         }
-        Ok(())
+        Ok(log_starts)
     }
 
-    /// When due, compares each received topic's partition count with the model's task
-    /// count: partitions added while running move keys between tasks, so every task refuses
-    /// `TASK_WIDTH_CHANGED` (left in the engine, sticky, for the step to persist; a restart
-    /// derives it again at the model's start). A topic the broker does not list is not a
-    /// width change (start checks identities), and a broker that cannot answer is logged and
-    /// counted, never a failed step: the next interval tries again.
-    async fn check_width_if_due(&mut self) {
-        let Some(interval) = self.plan.width_check else { return };
-        if self.width_checked_at.elapsed() < interval || self.engine.refusal().is_some() {
-            return;
-        }
-        self.width_checked_at = Instant::now();
-        let Some(consumer) = self.consumer.clone() else { return };
-        let names: Vec<String> = self.plan.topics.iter().map(|t| t.name.clone()).collect();
-        let counts = match kafka::partition_counts(&consumer, names, self.plan.kafka_timeout()).await {
+    /// Reads each received topic's partition count (answer to [`Next::CheckWidths`]): the
+    /// machine refuses `TASK_WIDTH_CHANGED` when one differs from the model's task count
+    /// (partitions added while running move keys between tasks; a restart derives it again
+    /// at the model's start). A broker that cannot answer is logged and counted, never a
+    /// failed step: the next interval tries again.
+    async fn check_widths(&mut self) {
+        let plan = Arc::clone(&self.plan);
+        let names: Vec<String> = plan.topics.iter().map(|t| t.name.clone()).collect();
+        let counts = match self.consumer.clone() {
+            Some(consumer) => kafka::partition_counts(&consumer, names, plan.kafka_timeout()).await,
+            None => Err(anyhow::anyhow!("no consumer to read partition counts with")),
+        };
+        let counts = match counts {
             Ok(counts) => counts,
             Err(e) => {
                 self.metric_add(Metric::KafkaErrorsTotal, 1.0);
-                tracing::warn!(model = %self.plan.name, task = self.task, error = %format!("{e:#}"),
+                tracing::warn!(model = %plan.name, task = self.task, error = %format!("{e:#}"),
                     "the periodic width check failed; trying again after the interval");
+                self.host.skip_check();
                 return;
             }
         };
         self.metric_add(Metric::WidthChecksTotal, 1.0);
-        for (topic, count) in self.plan.topics.iter().zip(counts) {
-            let Some(count) = count else { continue };
-            if let Err(r) = check_task_width(Some(self.plan.task_count), count) {
-                let diagnosis = format!("model {}, topic {}: {}", self.plan.name, topic.name, r.diagnosis);
-                self.engine.refuse(Refusal::at(r.reason, ChannelId::new(topic.id, self.task), None, diagnosis));
-                return;
-            }
-        }
+        let counts: Vec<(ChannelId, Option<u32>)> =
+            plan.topics.iter().zip(counts).map(|(t, count)| (ChannelId::new(t.id, self.task), count)).collect();
+        self.host.widths(plan.task_count, &counts, |c| {
+            format!("model {}, topic {}", plan.name, plan.topic_name(&c.topic).unwrap_or("?"))
+        });
     }
 
-    /// Tells the engine how far the consumer has read each channel: its position, which
-    /// passes transaction markers and aborted runs that yield no record. Call only when
-    /// every record the consumer returned has been fed. Returns whether a channel's
-    /// `fed_up_to` moved (the step must then commit, though nothing was delivered).
-    fn observe_read_positions(&mut self) -> bool {
-        let Some(consumer) = self.consumer.clone() else { return false };
+    /// The consumer's position on each channel, which passes transaction markers and
+    /// aborted runs that yield no record (answer to [`Next::ReadPositions`], asked only once
+    /// every record the consumer returned was fed). Nothing when it cannot be read.
+    fn read_positions(&self) -> Vec<(ChannelId, Position)> {
+        let Some(consumer) = self.consumer.clone() else { return Vec::new() };
         let positions = match consumer.position() {
             Ok(p) => p,
             Err(e) => {
                 self.metric_add(Metric::KafkaErrorsTotal, 1.0);
                 tracing::warn!(model = %self.plan.name, task = self.task, error = %e, "reading the consumer's position failed");
-                return false;
+                return Vec::new();
             }
         };
-        let mut moved = false;
+        let mut read = Vec::new();
         for element in positions.elements() {
             let Offset::Offset(next) = element.offset() else { continue };
             let Some(channel) = self.plan.channel_of(element.topic(), element.partition()) else { continue };
-            let before = self.engine.fed_up_to(&channel);
-            if self.engine.observe_read_position(channel, next).is_err() {
-                break;
-            }
-            moved |= self.engine.fed_up_to(&channel) != before;
+            read.push((channel, next));
         }
-        moved
+        read
     }
 
-    /// The channels of the task's clock and frontier whose topics the model does not
-    /// receive (learned from records' causes), once the prune interval has passed; `None`
-    /// when not due or when there are none.
-    fn prune_due(&mut self) -> Option<Vec<ChannelId>> {
-        let interval = self.plan.prune_interval?;
-        if self.pruned_at.elapsed() < interval || self.engine.refusal().is_some() || self.consumer.is_none() {
-            return None;
-        }
-        self.pruned_at = Instant::now();
-        let received: BTreeSet<_> = self.plan.topics.iter().map(|t| t.id).collect();
-        let upstream: BTreeSet<ChannelId> = (self.engine.delivered_past().iter())
-            .chain(self.engine.frontier().iter())
-            .map(|(c, _)| c)
-            .filter(|c| !received.contains(&c.topic))
-            .collect();
-        (!upstream.is_empty()).then(|| upstream.into_iter().collect())
-    }
-
-    /// When due, learns the facts of the upstream channels and prunes the engine's frontier
-    /// and clock by them (the engine's rule: below log start, or topic gone). Channels of
-    /// received topics, and anything not learned, are `Unknown`: kept. Returns whether a
-    /// pair was pruned, so that the step commits even with nothing else to write. A broker
-    /// that cannot answer is logged and counted, never a failed step: the next interval
-    /// tries again.
-    async fn prune_upstream_if_due(&mut self) -> bool {
-        let Some(upstream) = self.prune_due() else { return false };
-        let Some(consumer) = self.consumer.clone() else { return false };
-        let learned = match kafka::upstream_facts(&consumer, upstream, self.plan.kafka_timeout()).await {
+    /// Learns the facts of the upstream channels (answer to [`Next::LearnUpstream`]) and
+    /// has the machine prune the frontier and clock by them (the engine's rule: below log
+    /// start, or topic gone; anything not learned is `Unknown`: kept). A broker that cannot
+    /// answer is logged and counted, never a failed step: the next interval tries again.
+    async fn prune_upstream(&mut self, upstream: Vec<ChannelId>) {
+        let learned = match self.consumer.clone() {
+            Some(consumer) => kafka::upstream_facts(&consumer, upstream, self.plan.kafka_timeout()).await,
+            None => Err(anyhow::anyhow!("no consumer to learn upstream facts with")),
+        };
+        let learned = match learned {
             Ok(learned) => learned,
             Err(e) => {
                 self.metric_add(Metric::KafkaErrorsTotal, 1.0);
                 tracing::warn!(model = %self.plan.name, task = self.task, error = %format!("{e:#}"),
                     "learning the facts of upstream channels failed; pruning again after the interval");
-                return false;
+                self.host.skip_check();
+                return;
             }
         };
         if !learned.errors.is_empty() {
@@ -662,44 +674,24 @@ impl<P: Projection> TaskRunner<P> {
                 "some upstream facts are unknown; their pairs are kept until a later prune");
         }
         self.metric_add(Metric::PruneChecksTotal, 1.0);
-        let before = self.engine.frontier().len() + self.engine.delivered_past().len();
-        self.engine.prune(|c| learned.facts.get(c).copied().unwrap_or(ChannelFact::Unknown));
-        let pruned = before - (self.engine.frontier().len() + self.engine.delivered_past().len());
+        let pruned = self.host.upstream_facts(|c| learned.facts.get(c).copied().unwrap_or(ChannelFact::Unknown));
         if pruned > 0 {
             self.metric_add(Metric::PairsPrunedTotal, pruned as f64);
             tracing::info!(model = %self.plan.name, task = self.task, pruned, "pruned upstream pairs");
         }
-        pruned > 0
     }
 
-    /// One step; `pruned`: the engine pruned pairs since the last commit, which must commit
-    /// even when nothing else happened.
-    async fn step(&mut self, batch: Vec<Consumed>, pruned: bool) -> StepOutcome {
-        let plan = Arc::clone(&self.plan);
-        let mut deliveries: Vec<Delivery<RecordData>> = Vec::new();
-        if self.needs_drain {
-            deliveries.extend(self.engine.drain());
-        }
-        // Nothing returned: the consumer may still have read past control records.
-        let read_past = batch.is_empty() && self.engine.refusal().is_none() && self.observe_read_positions();
-        let idle = batch.is_empty() && deliveries.is_empty() && !self.needs_drain && !pruned && !read_past;
-        if idle && self.engine.refusal().is_none() && self.stored_status != TaskStatusKind::Failing {
-            self.refresh_gauges();
-            return StepOutcome::Idle;
-        }
-        // From here the engine runs ahead of the database until the commit succeeds.
-        self.needs_restore = true;
+    /// Feeds the polled batch (answer to [`Next::Feed`]); returns how many records were
+    /// fed and how many were replays. A record of a channel the task does not receive
+    /// refuses `SUBSTRATE_MISCONFIGURED`; a refusal stops the feed.
+    fn feed(&mut self, batch: Vec<Consumed>, deliveries: &mut Vec<Delivery<RecordData>>) -> (usize, usize) {
         let mut fed = 0usize;
         let mut replayed = 0usize;
-        let mut fed_marks: BTreeMap<ChannelId, Position> = BTreeMap::new();
         for record in batch {
-            if self.engine.refusal().is_some() {
-                break;
-            }
-            let channel = match plan.channel_of(&record.topic, record.partition) {
+            let channel = match self.plan.channel_of(&record.topic, record.partition) {
                 Some(c) if c.partition == self.task => c,
                 _ => {
-                    self.engine.refuse(Refusal::new(
+                    self.host.refuse(Refusal::new(
                         RefusalReason::SubstrateMisconfigured,
                         format!(
                             "task {} was handed a record of {}/{}, which it does not receive",
@@ -709,16 +701,8 @@ impl<P: Projection> TaskRunner<P> {
                     break;
                 }
             };
-            fed_marks.insert(channel, record.offset);
-            let receipt = if self.skipped.contains(&(channel, record.offset)) {
-                // Skipped by an operator: fed with no causes and none of its bytes.
-                let skipped = RecordData::skipped(record.data.timestamp_ms);
-                self.engine.receive_decoded(channel, record.offset, CausalPast::new(), skipped)
-            } else {
-                let headers: Vec<Option<&[u8]>> = record.causes_headers.iter().map(|h| h.as_deref()).collect();
-                self.engine.receive(channel, record.offset, &headers, record.data)
-            };
-            match receipt {
+            let headers: Vec<Option<&[u8]>> = record.causes_headers.iter().map(|h| h.as_deref()).collect();
+            match self.host.receive(channel, record.offset, &headers, record.data) {
                 Ok(Receipt::Duplicate) => replayed += 1,
                 Ok(Receipt::Accepted { deliveries: d }) => {
                     fed += 1;
@@ -727,40 +711,72 @@ impl<P: Projection> TaskRunner<P> {
                 Err(_refusal) => break,
             }
         }
-        if self.engine.refusal().is_none() {
-            // Every returned record was fed (a refusal is the only way the loop stops early).
-            self.observe_read_positions();
+        self.host.batch_done();
+        (fed, replayed)
+    }
+
+    /// One step, as the machine orders it: the poll, the checks that are due, the drain
+    /// after a restore, the feed, the consumer's position, then the transaction (or none
+    /// when the step is idle).
+    async fn step(&mut self) -> StepOutcome {
+        let plan = Arc::clone(&self.plan);
+        let mut deliveries: Vec<Delivery<RecordData>> = Vec::new();
+        let mut batch = Vec::new();
+        let mut polled = false;
+        let mut fed = 0usize;
+        let mut replayed = 0usize;
+        loop {
+            match self.host.next_action() {
+                Next::Poll { max_records } if !polled => {
+                    let (records, out_of_range) = self.poll(max_records).await;
+                    batch = records;
+                    polled = true;
+                    self.tick();
+                    self.host.polled(out_of_range);
+                }
+                // One batch per step; a refusal or an out-of-range poll ends it.
+                Next::Poll { .. } | Next::Commit => break,
+                Next::ObserveLogStarts { channels, check } => {
+                    if let Err(e) = self.observe_log_starts(&channels, check).await {
+                        return self.fail(e, Failure::Error).await;
+                    }
+                }
+                Next::CheckWidths => self.check_widths().await,
+                Next::LearnUpstream(channels) => self.prune_upstream(channels).await,
+                Next::Drain => deliveries.extend(self.host.drain()),
+                Next::Feed => (fed, replayed) = self.feed(std::mem::take(&mut batch), &mut deliveries),
+                Next::ReadPositions => {
+                    let positions = self.read_positions();
+                    self.host.read_positions(&positions);
+                }
+                other => {
+                    let error = anyhow::anyhow!("the task's step met {other:?}; restoring");
+                    return self.fail(error, Failure::Error).await;
+                }
+            }
         }
-        let changes = self.engine.take_changes();
+        let Some(commit) = self.host.end_step() else {
+            self.refresh_gauges();
+            return StepOutcome::Idle;
+        };
         let step_started = Instant::now();
-        let committed = self.commit(&plan, &deliveries, &changes).await;
-        match committed {
+        match self.commit(&plan, &deliveries, &commit).await {
             Err(e) => match e.downcast::<Rejection>() {
                 Ok(Rejection { record: Some((channel, position, coordinate)), reason }) => {
                     self.refuse_rejected(channel, position, &coordinate, &reason).await
                 }
-                Ok(batch) => {
-                    // A batch cannot say which record the projection rejected: retry one
-                    // record at a time, including the held records this step delivered.
-                    for d in &deliveries {
-                        let mark = fed_marks.entry(d.channel).or_insert(d.position);
-                        *mark = (*mark).max(d.position);
-                    }
-                    let marks: Vec<(ChannelId, Position)> = fed_marks.into_iter().collect();
-                    self.fail(anyhow::Error::new(batch), &marks).await
-                }
-                Err(e) => {
-                    let marks: Vec<(ChannelId, Position)> = fed_marks.into_iter().collect();
-                    self.fail(e, &marks).await
-                }
+                // A batch cannot say which record the projection rejected: retry one
+                // record at a time, including the held records this step delivered.
+                Ok(batch) => self.fail(anyhow::Error::new(batch), Failure::BatchRejected).await,
+                Err(e) => self.fail(e, Failure::Error).await,
             },
             Ok(false) => {
+                self.host.fenced();
                 self.become_fenced();
                 StepOutcome::Fenced
             }
             Ok(true) => {
-                self.needs_restore = false;
-                self.needs_drain = false;
+                self.host.committed();
                 let commit_seconds = step_started.elapsed().as_secs_f64();
                 self.metrics.observe(Metric::StepCommitSeconds, &[("model", &plan.name)], commit_seconds);
                 self.metrics.observe(Metric::StepRecords, &[("model", &plan.name)], fed as f64);
@@ -768,28 +784,23 @@ impl<P: Projection> TaskRunner<P> {
                 self.metric_add(Metric::RecordsReceivedTotal, fed as f64);
                 self.metric_add(Metric::RecordsReplayedTotal, replayed as f64);
                 self.metric_add(Metric::RecordsDeliveredTotal, deliveries.len() as f64);
-                if self.stored_status == TaskStatusKind::Failing && changes.refusal.is_none() {
+                if commit.write_running {
                     tracing::info!(model = %plan.name, task = self.task, "task recovered");
-                    self.stored_status = TaskStatusKind::Running;
                     self.metric_set(Metric::TaskFailing, 0.0);
                 }
                 if !matches!(self.state, TaskState::Refused(_)) {
                     self.state = TaskState::Running;
                 }
-                if let Some(until) = &self.careful_until {
-                    if until.iter().all(|(c, p)| self.engine.fed_up_to(c).is_some_and(|f| f >= *p)) {
-                        self.careful_until = None;
-                    }
-                }
                 self.refresh_gauges();
+                let held = self.host.engine().held_count();
                 tracing::debug!(model = %plan.name, task = self.task, fed, replayed, delivered = deliveries.len(),
-                    held = self.engine.held_count(), "step committed");
-                if let Some(r) = changes.refusal {
+                    held, "step committed");
+                if let Some(r) = commit.changes.refusal {
                     self.metric_reason(&r);
                     self.become_refused(r.clone());
                     return StepOutcome::Refused(r);
                 }
-                StepOutcome::Committed { fed, replayed, delivered: deliveries.len(), held: self.engine.held_count() }
+                StepOutcome::Committed { fed, replayed, delivered: deliveries.len(), held }
             }
         }
     }
@@ -799,20 +810,19 @@ impl<P: Projection> TaskRunner<P> {
         &mut self,
         plan: &ModelPlan,
         deliveries: &[Delivery<RecordData>],
-        changes: &parsley::StepChanges<RecordData>,
+        commit: &StepCommit<RecordData>,
     ) -> anyhow::Result<bool> {
         let mut tx = self.pool.begin().await.context("beginning a step")?;
         if store::lock_epoch(&mut tx, &plan.name, self.task).await? != Some(self.epoch) {
             tx.rollback().await.context("rolling back a fenced step")?;
             return Ok(false);
         }
-        let (skipped, dead_lettered) = self.project(&mut tx, plan, deliveries).await?;
-        let clock_changed = store::apply_changes(&mut tx, &plan.name, self.task, changes).await?;
-        let status_changed = self.stored_status == TaskStatusKind::Failing;
-        if status_changed && changes.refusal.is_none() {
+        let (skipped, dead_lettered) = self.project(&mut tx, plan, deliveries, commit.careful).await?;
+        let clock_changed = store::apply_changes(&mut tx, &plan.name, self.task, &commit.changes).await?;
+        if commit.write_running {
             store::record_running(&mut tx, &plan.name, self.task).await?;
         }
-        if clock_changed || status_changed || changes.refusal.is_some() {
+        if clock_changed || commit.notify {
             store::notify(&mut tx, &plan.name, Some(self.task)).await?;
         }
         tx.commit().await.context("committing a step")?;
@@ -839,13 +849,14 @@ impl<P: Projection> TaskRunner<P> {
         conn: &mut PgConnection,
         plan: &ModelPlan,
         deliveries: &[Delivery<RecordData>],
+        careful: bool,
     ) -> anyhow::Result<(usize, usize)> {
         let (skipped, effective): (Vec<_>, Vec<_>) = deliveries.iter().partition(|d| d.payload.skipped);
         if effective.is_empty() {
             return Ok((skipped.len(), 0));
         }
         let ctx = StepContext { model: &plan.name, task: self.task };
-        if self.careful_until.is_none() {
+        if !careful {
             let views: Vec<Delivered<'_>> = effective.iter().map(|d| view(plan, d)).collect();
             return match self.projection.apply_batch(conn, ctx, &views).await {
                 Ok(()) => Ok((skipped.len(), 0)),
@@ -898,31 +909,26 @@ impl<P: Projection> TaskRunner<P> {
         coordinate: &str,
         reason: &str,
     ) -> StepOutcome {
-        self.needs_restore = true;
         let diagnosis = if reason.contains(coordinate) {
             format!("the projection rejected the record: {reason}")
         } else {
             format!("the projection rejected {coordinate}: {reason}")
         };
-        let refusal = Refusal::at(RefusalReason::ProjectionRejected, channel, Some(position), diagnosis);
-        if let Err(e) = self.persist_start_refusal(refusal).await {
-            return self.fail(e, &[]).await;
+        self.host.rejected(channel, position, diagnosis);
+        if let Next::PersistRefusal(refusal) = self.host.next_action() {
+            if let Err(e) = self.persist_refusal(refusal).await {
+                return self.fail(e, Failure::Error).await;
+            }
         }
         self.stopped_outcome().unwrap_or_else(|| StepOutcome::Failed { error: "the refusal was not recorded".into() })
     }
 
-    /// A step failed: record it (own transaction), back off, and restore before retrying.
-    async fn fail(&mut self, error: anyhow::Error, fed_marks: &[(ChannelId, Position)]) -> StepOutcome {
+    /// A step (or a start) failed: the machine restores before anything is fed again (and
+    /// feeds carefully past what the step had fed); record it (own transaction) and back off.
+    async fn fail(&mut self, error: anyhow::Error, failure: Failure) -> StepOutcome {
         let message = format!("{error:#}");
-        self.needs_restore = true;
+        self.host.failed(failure);
         self.consumer = None;
-        if !fed_marks.is_empty() {
-            let until = self.careful_until.get_or_insert_with(BTreeMap::new);
-            for (c, p) in fed_marks {
-                let e = until.entry(*c).or_insert(*p);
-                *e = (*e).max(*p);
-            }
-        }
         let failures = match &self.state {
             TaskState::Failing { failures, .. } => failures + 1,
             _ => 1,
@@ -934,8 +940,9 @@ impl<P: Projection> TaskRunner<P> {
         self.metric_add(Metric::FailuresTotal, 1.0);
         self.metric_set(Metric::TaskFailing, 1.0);
         match store::record_failure(&self.pool, &self.plan.name, self.task, self.epoch, &message).await {
-            Ok(true) => self.stored_status = TaskStatusKind::Failing,
+            Ok(true) => self.host.failure_recorded(),
             Ok(false) => {
+                self.host.fenced();
                 self.become_fenced();
                 return StepOutcome::Fenced;
             }
@@ -950,23 +957,25 @@ impl<P: Projection> TaskRunner<P> {
     fn refresh_gauges(&mut self) {
         let now = Instant::now();
         let mut oldest = Duration::ZERO;
-        for channel in self.engine.received().clone() {
-            match self.engine.held(&channel).next().map(|h| h.position) {
+        let engine = self.host.engine();
+        for channel in engine.received() {
+            match engine.held(channel).next().map(|h| h.position) {
                 Some(head) => {
-                    let since = self.head_since.entry(channel).or_insert((head, now));
+                    let since = self.head_since.entry(*channel).or_insert((head, now));
                     if since.0 != head {
                         *since = (head, now);
                     }
                     oldest = oldest.max(now - since.1);
                 }
                 None => {
-                    self.head_since.remove(&channel);
+                    self.head_since.remove(channel);
                 }
             }
         }
-        self.metric_set(Metric::HeldRecords, self.engine.held_count() as f64);
-        self.metric_set(Metric::HeldBytes, self.engine.held_bytes() as f64);
+        let (held, bytes, clock) = (engine.held_count(), engine.held_bytes(), engine.delivered_past().len());
+        self.metric_set(Metric::HeldRecords, held as f64);
+        self.metric_set(Metric::HeldBytes, bytes as f64);
         self.metric_set(Metric::HeadHoldAgeSeconds, oldest.as_secs_f64());
-        self.metric_set(Metric::ClockWidth, self.engine.delivered_past().len() as f64);
+        self.metric_set(Metric::ClockWidth, clock as f64);
     }
 }
