@@ -27,6 +27,14 @@ t1="$(now_s)"
 export DATABASE_URL="$DATABASE_URL_LOCAL"
 export PARSLEY_KAFKA_BOOTSTRAP="$KAFKA_BOOTSTRAP"
 
+# The invariants prose cannot keep: formatting and lints, on every crate and target.
+phase "lint (cargo fmt --check; cargo clippy -D warnings)"
+command -v rustfmt >/dev/null 2>&1 || fail "rustfmt not found: \`rustup component add rustfmt\`"
+cargo fmt --all --check || fail "the tree is not formatted: run \`cargo fmt --all\`"
+cargo clippy --version >/dev/null 2>&1 || fail "clippy not found: \`rustup component add clippy\`"
+cargo clippy --workspace --all-targets -- -D warnings || fail "clippy found warnings (denied)"
+t_lint="$(now_s)"
+
 phase "build (cargo test --workspace --no-run)"
 cargo test --workspace --no-run
 t2="$(now_s)"
@@ -43,7 +51,8 @@ if [ -s "$RUN_DIR/last-up-timings" ]; then
 fi
 phase "timings"
 printf '  services up: %4ss  (install/check %ss, start/readiness %ss)\n' "$((t1 - t0))" "$install_s" "$start_s"
-printf '  build:       %4ss\n' "$((t2 - t1))"
+printf '  lint:        %4ss\n' "$((t_lint - t1))"
+printf '  build:       %4ss\n' "$((t2 - t_lint))"
 printf '  test:        %4ss\n' "$((t3 - t2))"
 printf '  total:       %4ss\n' "$((t3 - t0))"
 if [ "$rc" = 0 ]; then
