@@ -11,7 +11,8 @@
 //! - [`projection`]: the [`Projection`] seam; [`documents`]: the shipped document
 //!   projection (replace / JSON merge patch / tombstone; its statements are the store's).
 //! - [`kafka`]: topic resolution, the task consumer's settings, watermarks.
-//! - [`task`]: one task's runner — consumer, engine, steps, fencing, failure and restore.
+//! - [`task`]: one task's runner — the I/O of the core's step protocol
+//!   (`parsley::host::TaskHost`): consumer, transactions, fencing, failure backoff, timers.
 //! - [`model`]: a model's topics checked against recorded identities and width, and its
 //!   task runners; `run` (until shutdown) and `run_once` (one step per task).
 //! - [`metrics`]: Prometheus text.
