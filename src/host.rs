@@ -224,6 +224,20 @@ fn unchanged<P>(payload: P) -> P {
     payload
 }
 
+/// Applies operators' skips to stored state before an engine is restored from it: a held
+/// record that was skipped waits for nothing (its causes go) and carries what `skip` makes
+/// of its payload. A skipped record not yet fed is treated alike when it is fed
+/// ([`TaskHost::receive`]). Whatever restores an engine outside the machine (a status read)
+/// applies the same rule with this function.
+pub fn skip_held<P: Clone>(state: &mut PersistedState<P>, skipped: &BTreeSet<(ChannelId, Position)>, skip: fn(P) -> P) {
+    for held in &mut state.held {
+        if skipped.contains(&(held.channel, held.position)) {
+            held.causes = CausalPast::new();
+            held.payload = skip(held.payload.clone());
+        }
+    }
+}
+
 /// The host's side of one task: see the [module documentation](self).
 #[derive(Debug)]
 pub struct TaskHost<P> {
@@ -415,13 +429,7 @@ impl<P: Clone> TaskHost<P> {
     /// engine; state this build cannot use is a refusal to persist.
     pub fn restored(&mut self, mut state: PersistedState<P>, skipped: BTreeSet<(ChannelId, Position)>) {
         self.expect(self.phase == Phase::Restore, "restored");
-        for held in &mut state.held {
-            if skipped.contains(&(held.channel, held.position)) {
-                // Skipped while held: it waits for nothing and carries none of its bytes.
-                held.causes = CausalPast::new();
-                held.payload = (self.skip)(held.payload.clone());
-            }
-        }
+        skip_held(&mut state, &skipped, self.skip);
         self.skipped = skipped;
         self.step = StepMarks::default();
         self.out_of_range = false;
