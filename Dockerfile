@@ -7,7 +7,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends zlib1g-dev \
  && rm -rf /var/lib/apt/lists/*
 COPY . .
-RUN cargo build --release -p parsley-projector -p parsley-gateway -p parsley \
+RUN cargo build --release -p parsley-projector -p parsley-gateway -p parsley-cli \
  && cp target/release/parsley-projector target/release/parsley-gateway target/release/parsley /usr/local/bin/
 
 FROM debian:bookworm-slim

@@ -18,7 +18,7 @@ fuzz:
 # A long simulator sweep: SEEDS=<n> seeds per scenario (default 20000, five scenarios),
 # in release mode (see docs/verification.md).
 soak:
-	@SIM_SEEDS=$(or $(SEEDS),20000) cargo test --release -p parsley --test simulation -- _sweep
+	@SIM_SEEDS=$(or $(SEEDS),20000) cargo test --release -p parsley-sim --test simulation -- _sweep
 
 services-up:
 	@bash scripts/services.sh up

@@ -4,10 +4,10 @@
 
 use std::collections::BTreeMap;
 
-use crate::channel::{ChannelId, Position};
-use crate::engine::{HeldRecord, PersistedState, StepChanges, ORDERING_STATE_FORMAT};
-use crate::gate::ClockRow;
-use crate::refusal::Refusal;
+use parsley::channel::{ChannelId, Position};
+use parsley::engine::{HeldRecord, PersistedState, StepChanges, ORDERING_STATE_FORMAT};
+use parsley::gate::ClockRow;
+use parsley::refusal::Refusal;
 
 /// What a task keeps of a record: the oracle's id for it (its value) and its key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

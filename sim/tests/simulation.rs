@@ -11,7 +11,7 @@
 //!
 //! See `docs/verification.md` for what each check guards and how to reproduce a seed.
 
-use parsley::sim::{run, RunReport, Sabotage, Scenario, Stats, ViolationKind};
+use parsley_sim::{run, RunReport, Sabotage, Scenario, Stats, ViolationKind};
 
 fn env_u64(name: &str) -> Option<u64> {
     let value = std::env::var(name).ok()?;

@@ -1,19 +1,20 @@
-//! The deterministic simulator and its ground-truth oracle (feature `sim`): the primary
-//! evidence that causal delivery and the session guarantees hold.
+//! The deterministic simulator and its ground-truth oracle: the primary evidence that
+//! causal delivery and the session guarantees hold. It drives the core (`parsley`, with its
+//! hidden sabotage hooks on through the core's `sim` feature) and nothing else.
 //!
 //! One run is one seed: a simulated Kafka ([`kafka`]), a simulated database ([`store`]),
 //! and a world ([`world`]) of upstream processes, edge producers, session clients and
 //! projector tasks whose enabled actions a seeded scheduler draws from, one per step. The
-//! hosts drive the real core: the projector's step protocol ([`crate::host::TaskHost`],
+//! hosts drive the real core: the projector's step protocol ([`parsley::host::TaskHost`],
 //! which each projector task drives exactly as the projector's runner does),
-//! [`crate::Engine`] (receive, drain, `take_changes`,
+//! [`parsley::Engine`] (receive, drain, `take_changes`,
 //! `restore`, `seed`, `observe_log_start`, `channels_holding`, `prune`, `stamp`),
-//! [`crate::CausalPast`] tokens, [`crate::gate::gate`] and [`crate::gate::refresh`] on
-//! clock rows read in one snapshot, [`crate::murmur2::partition_for_key`]. The [`oracle`]
+//! [`parsley::CausalPast`] tokens, [`parsley::gate::gate`] and [`parsley::gate::refresh`] on
+//! clock rows read in one snapshot, [`parsley::murmur2::partition_for_key`]. The [`oracle`]
 //! never reads an engine's state: it tracks real happened-before and judges every
 //! delivery, every served read, every refusal and every log-start check that passes.
 //!
-//! The simulator is pure like the rest of the crate — no clock, no threads, no I/O; its
+//! The simulator is pure like the core — no clock, no threads, no I/O; its
 //! only source of choice is [`rng::SimRng`] seeded by the run's seed — so a seed names a
 //! run, and running a seed twice yields the same trace.
 //!
@@ -27,9 +28,9 @@ pub mod rng;
 pub mod store;
 mod world;
 
-use crate::engine::EngineSabotage;
-use crate::gate::GateSabotage;
 pub use oracle::{Violation, ViolationKind};
+use parsley::engine::EngineSabotage;
+use parsley::gate::GateSabotage;
 
 /// The shape and mix of one family of runs.
 #[derive(Clone, Debug)]

@@ -5,8 +5,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::channel::{ChannelId, Position, TopicId};
-use crate::engine::ChannelFact;
+use parsley::channel::{ChannelId, Position, TopicId};
+use parsley::engine::ChannelFact;
 
 pub type TxnId = u32;
 

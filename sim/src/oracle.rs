@@ -19,8 +19,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use crate::channel::{ChannelId, Position, TopicId};
-use crate::sim::bits::RecordSet;
+use crate::bits::RecordSet;
+use parsley::channel::{ChannelId, Position, TopicId};
 
 pub type RecordId = u32;
 

@@ -6,18 +6,18 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::channel::{ChannelId, Position, TopicId};
-use crate::engine::{ChannelFact, Engine, EngineConfig, Receipt};
-use crate::gate::{self, ModelShape, Verdict};
-use crate::host::{ChannelStart, LogStartCheck, Next, Observed, Recorded, TaskHost};
-use crate::murmur2::partition_for_key;
-use crate::past::CausalPast;
-use crate::refusal::{Refusal, RefusalReason};
-use crate::sim::kafka::{FetchError, SimKafka, TxnId};
-use crate::sim::oracle::{Actor, Oracle, RecordId, ViolationKind};
-use crate::sim::rng::SimRng;
-use crate::sim::store::{Payload, SimDb};
-use crate::sim::{RunReport, Sabotage, Scenario, Stats};
+use crate::kafka::{FetchError, SimKafka, TxnId};
+use crate::oracle::{Actor, Oracle, RecordId, ViolationKind};
+use crate::rng::SimRng;
+use crate::store::{Payload, SimDb};
+use crate::{RunReport, Sabotage, Scenario, Stats};
+use parsley::channel::{ChannelId, Position, TopicId};
+use parsley::engine::{ChannelFact, Engine, EngineConfig, Receipt};
+use parsley::gate::{self, ModelShape, Verdict};
+use parsley::host::{ChannelStart, LogStartCheck, Next, Observed, Recorded, TaskHost};
+use parsley::murmur2::partition_for_key;
+use parsley::past::CausalPast;
+use parsley::refusal::{Refusal, RefusalReason};
 
 const MODEL_TOPICS: [&str; 2] = ["orders", "payments"];
 
@@ -908,7 +908,7 @@ impl World {
 
     // ---- projector tasks -----------------------------------------------------------------
     //
-    // A task is the host state machine (`crate::host::TaskHost`) the projector's task runner
+    // A task is the host state machine (`parsley::host::TaskHost`) the projector's task runner
     // drives: it says what to do next, and the functions below answer from the simulated
     // Kafka and database, as the runner answers from the real ones. The scheduler decides
     // only what the machine leaves to a host: which channel to fetch, when a step ends,

@@ -1,11 +1,12 @@
 //! Architecture invariant: the `parsley` library performs no I/O, reads no clock and draws
-//! no randomness. This test fails if its dependencies or its source say otherwise.
-//! (`src/bin/` is the operator CLI, a host like any other: it may read stdin.)
+//! no randomness, and depends on nothing but error derivation. This test fails if its
+//! dependencies or its source say otherwise. (The operator CLI, which reads stdin and
+//! speaks JSON, is a host like any other: the `parsley-cli` crate.)
 
 use std::path::{Path, PathBuf};
 
-/// Dependencies the core may have: error derivation and JSON (for the CLI and typed values).
-const ALLOWED_DEPENDENCIES: &[&str] = &["thiserror", "serde", "serde_json"];
+/// Dependencies the core may have: error derivation, nothing else.
+const ALLOWED_DEPENDENCIES: &[&str] = &["thiserror"];
 
 /// Source fragments that mean I/O, time, randomness, concurrency or a substrate client.
 const FORBIDDEN: &[&str] = &[

@@ -18,8 +18,9 @@
 //!   projector's task runner and the simulator's tasks both drive.
 //! - [`refusal`]: named refusals.
 //! - [`murmur2`]: Kafka's default key partitioner.
-//! - `sim` (feature `sim`): the deterministic simulator, its ground-truth oracle and the
-//!   sabotage switches its meta-tests flip (see `docs/verification.md`).
+//!
+//! Feature `sim` switches on hidden sabotage hooks (deliberately broken behaviours) for the
+//! simulator's meta-tests in the `parsley-sim` crate; production builds never enable it.
 //!
 //! The crate performs no I/O, reads no clock and draws no randomness; `tests/purity.rs`
 //! fails if that stops being true.
@@ -33,8 +34,6 @@ pub mod host;
 pub mod murmur2;
 pub mod past;
 pub mod refusal;
-#[cfg(feature = "sim")]
-pub mod sim;
 pub mod startup;
 
 pub use channel::{ChannelId, Position, TopicId};

@@ -9,14 +9,10 @@
 use std::io::{Read, Write};
 use std::process::ExitCode;
 
+use clap::{Arg, Command};
 use parsley::codec::{self, DecodeError};
 use parsley::{CausalPast, ChannelId, TopicId};
 use serde::{Deserialize, Serialize};
-
-const USAGE: &str = "usage:
-  parsley causes encode         read a JSON array of {\"topic_id\", \"partition\", \"position\"} on stdin,
-                                print the canonical parsley.causes value as lowercase hex
-  parsley causes decode <hex>   print the pairs of a parsley.causes value as that JSON array";
 
 /// One pair in the CLI's JSON form. Fields are read as wide integers so out-of-range
 /// values get a precise message instead of a generic type error.
@@ -28,17 +24,46 @@ struct PairJson {
     position: i64,
 }
 
+/// The command line: `causes encode` and `causes decode <hex>`, parsed by clap (as every
+/// binary of the workspace is); a usage error exits 2, like invalid input.
+fn command() -> Command {
+    Command::new("parsley")
+        .about("Inspect parsley.causes values")
+        .subcommand_required(true)
+        .arg_required_else_help(true)
+        .subcommand(
+            Command::new("causes")
+                .about("Encode or decode a parsley.causes value")
+                .subcommand_required(true)
+                .arg_required_else_help(true)
+                .subcommand(Command::new("encode").about(
+                    "read a JSON array of {\"topic_id\", \"partition\", \"position\"} on stdin, \
+                     print the canonical parsley.causes value as lowercase hex",
+                ))
+                .subcommand(
+                    Command::new("decode")
+                        .about("print the pairs of a parsley.causes value (hex) as that JSON array")
+                        .arg(Arg::new("hex").required(true).help("the value, as hex digits")),
+                ),
+        )
+}
+
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let result = match args.as_slice() {
-        ["causes", "encode"] => encode_stdin(),
-        ["causes", "decode", hex] => decode_hex(hex),
-        ["-h" | "--help" | "help"] => {
-            println!("{USAGE}");
-            Ok(())
+    let matches = match command().try_get_matches() {
+        Ok(m) => m,
+        Err(e) => {
+            // Help and version print to stdout and succeed; anything else is a usage error.
+            let _ = e.print();
+            return if e.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
         }
-        _ => Err(format!("unrecognised arguments {args:?}\n{USAGE}")),
+    };
+    let result = match matches.subcommand() {
+        Some(("causes", causes)) => match causes.subcommand() {
+            Some(("encode", _)) => encode_stdin(),
+            Some(("decode", args)) => decode_hex(args.get_one::<String>("hex").expect("required")),
+            _ => unreachable!("clap requires a subcommand"),
+        },
+        _ => unreachable!("clap requires a subcommand"),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
