@@ -161,7 +161,7 @@ pub struct ChannelStatus {
 
 /// A task's status snapshot.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TaskStatus {
+pub struct EngineStatus {
     pub refusal: Option<Refusal>,
     pub channels: Vec<ChannelStatus>,
     pub held_total: usize,
@@ -804,7 +804,7 @@ impl<P: Clone> Engine<P> {
     }
 
     /// Per-channel holds and blockers, the refusal if any, and the widths of the pasts.
-    pub fn status(&self) -> TaskStatus {
+    pub fn status(&self) -> EngineStatus {
         let channels = self
             .channels
             .iter()
@@ -828,7 +828,7 @@ impl<P: Clone> Engine<P> {
                 }
             })
             .collect();
-        TaskStatus {
+        EngineStatus {
             refusal: self.refusal.clone(),
             channels,
             held_total: self.held_count(),

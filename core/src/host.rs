@@ -75,14 +75,42 @@ use crate::past::CausalPast;
 use crate::refusal::{Refusal, RefusalReason};
 use crate::startup::check_task_width;
 
-/// What the task's row says of its status, as far as the step protocol decides on it.
+/// A task's status as its row records it — the one status type of the workspace: the step
+/// protocol decides on it, the store persists it (`parsley.tasks.status`), every status view
+/// shows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Recorded {
+pub enum TaskStatus {
+    /// Stepping normally.
     Running,
-    /// A step failed; the next commit writes `running` again.
+    /// A step failed; it is retried with backoff, and the next commit writes `running` again.
     Failing,
-    /// A refusal is recorded; a start that does not derive it again writes `running`.
+    /// Stopped delivering with a named reason until an operator acts; a start that does not
+    /// derive the refusal again writes `running`.
     Refused,
+}
+
+impl TaskStatus {
+    pub const ALL: [TaskStatus; 3] = [TaskStatus::Running, TaskStatus::Failing, TaskStatus::Refused];
+
+    /// The word stored in `parsley.tasks.status` and shown by every status view.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            TaskStatus::Running => "running",
+            TaskStatus::Failing => "failing",
+            TaskStatus::Refused => "refused",
+        }
+    }
+
+    /// The status a stored word names, if any.
+    pub fn parse(word: &str) -> Option<TaskStatus> {
+        TaskStatus::ALL.into_iter().find(|t| t.as_str() == word)
+    }
+}
+
+impl std::fmt::Display for TaskStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// Why log starts are to be read while the task runs.
@@ -251,7 +279,7 @@ pub struct TaskHost<P> {
     #[cfg(feature = "sim")]
     sabotage: EngineSabotage,
     phase: Phase,
-    recorded: Recorded,
+    recorded: TaskStatus,
     /// Records an operator skipped: fed without causes, as `skip` makes them.
     skipped: BTreeSet<(ChannelId, Position)>,
     /// Careful until `fed_up_to` reaches each of these.
@@ -269,7 +297,7 @@ pub struct TaskHost<P> {
 
 impl<P: Clone> TaskHost<P> {
     /// A task receiving `received`, whose row says `recorded`. It restores first.
-    pub fn new(config: EngineConfig, received: impl IntoIterator<Item = ChannelId>, recorded: Recorded) -> Self {
+    pub fn new(config: EngineConfig, received: impl IntoIterator<Item = ChannelId>, recorded: TaskStatus) -> Self {
         let received: Vec<ChannelId> = received.into_iter().collect::<BTreeSet<_>>().into_iter().collect();
         TaskHost {
             engine: Engine::new(config.clone(), received.iter().copied()),
@@ -326,7 +354,7 @@ impl<P: Clone> TaskHost<P> {
     }
 
     /// What the task's row says, as far as this machine knows.
-    pub fn recorded(&self) -> Recorded {
+    pub fn recorded(&self) -> TaskStatus {
         self.recorded
     }
 
@@ -494,7 +522,7 @@ impl<P: Clone> TaskHost<P> {
     pub fn take_start(&mut self) -> StartCommit<P> {
         self.expect(self.phase == Phase::CommitStart, "take_start");
         let changes = self.engine.take_changes();
-        let write_running = changes.refusal.is_none() && self.recorded == Recorded::Refused;
+        let write_running = changes.refusal.is_none() && self.recorded == TaskStatus::Refused;
         let notify = changes.refusal.is_some() || write_running;
         self.phase = Phase::StartCommitting { refusal: changes.refusal.clone(), write_running };
         StartCommit { changes, write_running, notify }
@@ -687,14 +715,14 @@ impl<P: Clone> TaskHost<P> {
                 || (refused && self.in_step(&[Batch::Polled, Batch::Feeding])),
             "end_step",
         );
-        if !self.step.open && !refused && self.recorded != Recorded::Failing {
+        if !self.step.open && !refused && self.recorded != TaskStatus::Failing {
             self.step = StepMarks::default();
             self.phase = self.after_step();
             return None;
         }
         let changes = self.engine.take_changes();
-        let write_running = self.recorded == Recorded::Failing && changes.refusal.is_none();
-        let notify = self.recorded == Recorded::Failing || changes.refusal.is_some();
+        let write_running = self.recorded == TaskStatus::Failing && changes.refusal.is_none();
+        let notify = self.recorded == TaskStatus::Failing || changes.refusal.is_some();
         self.phase = Phase::Committing { refusal: changes.refusal.clone(), write_running };
         Some(StepCommit { changes, careful: self.careful_until.is_some(), write_running, notify })
     }
@@ -715,10 +743,10 @@ impl<P: Clone> TaskHost<P> {
             _ => return self.expect(false, "committed"),
         };
         if write_running {
-            self.recorded = Recorded::Running;
+            self.recorded = TaskStatus::Running;
         }
         if let Some(r) = refusal {
-            self.recorded = Recorded::Refused;
+            self.recorded = TaskStatus::Refused;
             self.phase = Phase::Refused(r);
             return;
         }
@@ -763,7 +791,7 @@ impl<P: Clone> TaskHost<P> {
 
     /// The host recorded the failure in the task's row.
     pub fn failure_recorded(&mut self) {
-        self.recorded = Recorded::Failing;
+        self.recorded = TaskStatus::Failing;
     }
 
     /// The projection rejected the one record at `(channel, position)` of a careful step
@@ -778,7 +806,7 @@ impl<P: Clone> TaskHost<P> {
     /// The refusal of [`Next::PersistRefusal`] is recorded: final.
     pub fn refusal_persisted(&mut self) {
         let Phase::PersistRefusal(r) = &self.phase else { return self.expect(false, "refusal_persisted") };
-        self.recorded = Recorded::Refused;
+        self.recorded = TaskStatus::Refused;
         self.phase = Phase::Refused(r.clone());
     }
 

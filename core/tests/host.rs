@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use parsley::engine::{ChannelFact, HeldRecord, Receipt};
-use parsley::host::{ChannelStart, Failure, LogStartCheck, Next, Recorded, TaskHost};
+use parsley::host::{ChannelStart, Failure, LogStartCheck, Next, TaskHost, TaskStatus};
 use parsley::{CausalPast, ChannelId, EngineConfig, PersistedState, Position, RefusalReason, TopicId};
 
 fn ch(topic: u8) -> ChannelId {
@@ -29,7 +29,7 @@ fn causes(pairs: &[(ChannelId, Position)]) -> Vec<u8> {
 /// A record to feed: channel, position, the encoded causes (if any), the payload.
 type Rec = (ChannelId, Position, Option<Vec<u8>>, u32);
 
-fn host(recorded: Recorded) -> TaskHost<u32> {
+fn host(recorded: TaskStatus) -> TaskHost<u32> {
     TaskHost::new(EngineConfig::default(), [b(), a()], recorded)
 }
 
@@ -50,7 +50,7 @@ fn start_from(host: &mut TaskHost<u32>, state: PersistedState<u32>, log_start: P
     observed
 }
 
-fn started(recorded: Recorded) -> TaskHost<u32> {
+fn started(recorded: TaskStatus) -> TaskHost<u32> {
     let mut h = host(recorded);
     start_from(&mut h, PersistedState::default(), 0);
     assert_eq!(h.next_action(), Next::Assign(vec![(a(), 0), (b(), 0)]));
@@ -104,7 +104,7 @@ fn batch(h: &mut TaskHost<u32>, records: Vec<Rec>, read_to: &[(ChannelId, Positi
 
 #[test]
 fn a_start_restores_seeds_checks_every_log_start_commits_and_assigns() {
-    let mut h = host(Recorded::Refused);
+    let mut h = host(TaskStatus::Refused);
     assert_eq!(h.next_action(), Next::Restore);
     let mut state = PersistedState::default();
     state.fed_up_to.insert(a(), 4);
@@ -123,7 +123,7 @@ fn a_start_restores_seeds_checks_every_log_start_commits_and_assigns() {
     assert!(start.write_running && start.notify, "a refusal not derived again is cleared");
     assert_eq!(h.next_action(), Next::AwaitCommit);
     h.committed();
-    assert_eq!(h.recorded(), Recorded::Running);
+    assert_eq!(h.recorded(), TaskStatus::Running);
     assert_eq!(h.next_action(), Next::Assign(vec![(a(), 5), (b(), 7)]));
     h.assigned();
     assert!(h.drain_pending(), "the first step after a restore drains");
@@ -132,7 +132,7 @@ fn a_start_restores_seeds_checks_every_log_start_commits_and_assigns() {
 
 #[test]
 fn a_start_that_finds_a_refusal_commits_it_and_the_refusal_is_final() {
-    let mut h = host(Recorded::Running);
+    let mut h = host(TaskStatus::Running);
     let mut state = PersistedState::default();
     state.fed_up_to.insert(a(), 4);
     state.fed_up_to.insert(b(), 4);
@@ -150,7 +150,7 @@ fn a_start_that_finds_a_refusal_commits_it_and_the_refusal_is_final() {
     assert!(!start.write_running && start.notify);
     h.committed();
     assert_eq!(h.next_action(), Next::Refused(refusal.clone()));
-    assert_eq!(h.recorded(), Recorded::Refused);
+    assert_eq!(h.recorded(), TaskStatus::Refused);
     h.log_start_check_due();
     h.prune_due();
     h.width_check_due();
@@ -161,7 +161,7 @@ fn a_start_that_finds_a_refusal_commits_it_and_the_refusal_is_final() {
 
 #[test]
 fn a_refusal_ends_the_step_without_observing_the_read_position_and_is_final() {
-    let mut h = started(Recorded::Running);
+    let mut h = started(TaskStatus::Running);
     let fed = batch(&mut h, vec![(a(), 0, None, 10), (a(), 1, Some(vec![0xff]), 11), (a(), 2, None, 12)], &[(a(), 9)]);
     assert!(fed.refused && !fed.read_positions_asked, "{fed:?}");
     assert_eq!(fed.delivered, vec![(a(), 0)], "nothing after the refused record is fed");
@@ -173,7 +173,7 @@ fn a_refusal_ends_the_step_without_observing_the_read_position_and_is_final() {
     assert!(commit.notify);
     h.committed();
     assert_eq!(h.next_action(), Next::Refused(refusal.clone()));
-    assert_eq!(h.recorded(), Recorded::Refused);
+    assert_eq!(h.recorded(), TaskStatus::Refused);
     h.log_start_check_due();
     assert_eq!(h.next_action(), Next::Refused(refusal));
 }
@@ -181,7 +181,7 @@ fn a_refusal_ends_the_step_without_observing_the_read_position_and_is_final() {
 #[test]
 #[should_panic(expected = "host protocol: polled")]
 fn a_refused_task_cannot_poll() {
-    let mut h = started(Recorded::Running);
+    let mut h = started(TaskStatus::Running);
     batch(&mut h, vec![(a(), 0, Some(vec![0xff]), 10)], &[]);
     h.end_step();
     h.committed();
@@ -190,7 +190,7 @@ fn a_refused_task_cannot_poll() {
 
 #[test]
 fn the_read_position_is_observed_after_a_complete_feed_and_moves_fed_up_to() {
-    let mut h = started(Recorded::Running);
+    let mut h = started(TaskStatus::Running);
     let fed = batch(&mut h, vec![(a(), 0, None, 10)], &[(a(), 3), (b(), 0)]);
     assert!(fed.read_positions_asked);
     assert_eq!(h.engine().fed_up_to(&a()), Some(2), "read past markers up to 2");
@@ -208,7 +208,7 @@ fn the_read_position_is_observed_after_a_complete_feed_and_moves_fed_up_to() {
 
 #[test]
 fn a_failed_commit_forces_a_restore_before_the_next_feed() {
-    let mut h = started(Recorded::Running);
+    let mut h = started(TaskStatus::Running);
     batch(&mut h, vec![], &[]);
     h.end_step().expect("the first step after a start drains and commits");
     h.committed();
@@ -219,7 +219,7 @@ fn a_failed_commit_forces_a_restore_before_the_next_feed() {
     h.failed(Failure::Error);
     assert_eq!(h.next_action(), Next::Restore, "the engine is ahead of the database");
     h.failure_recorded();
-    assert_eq!(h.recorded(), Recorded::Failing);
+    assert_eq!(h.recorded(), TaskStatus::Failing);
     start_from(&mut h, persisted, 0);
     assert_eq!(h.engine().fed_up_to(&a()), Some(-1), "rebuilt from what was persisted");
     h.assigned();
@@ -230,13 +230,13 @@ fn a_failed_commit_forces_a_restore_before_the_next_feed() {
     let commit = h.end_step().expect("a failing task commits");
     assert!(commit.write_running && commit.notify);
     h.committed();
-    assert_eq!(h.recorded(), Recorded::Running);
+    assert_eq!(h.recorded(), TaskStatus::Running);
 }
 
 #[test]
 #[should_panic(expected = "host protocol: receive")]
 fn a_failed_step_cannot_feed_before_it_restores() {
-    let mut h = started(Recorded::Running);
+    let mut h = started(TaskStatus::Running);
     batch(&mut h, vec![(a(), 0, None, 10)], &[]);
     h.failed(Failure::Error);
     h.receive(a(), 1, &[], 11).ok();
@@ -244,7 +244,7 @@ fn a_failed_step_cannot_feed_before_it_restores() {
 
 #[test]
 fn careful_after_a_failure_feeds_one_record_at_a_time_until_past_the_failed_steps_positions() {
-    let mut h = started(Recorded::Running);
+    let mut h = started(TaskStatus::Running);
     batch(&mut h, vec![], &[]);
     h.end_step();
     h.committed();
@@ -272,7 +272,7 @@ fn careful_after_a_failure_feeds_one_record_at_a_time_until_past_the_failed_step
 
 #[test]
 fn a_rejected_batch_makes_the_records_it_delivered_careful_too() {
-    let mut h = host(Recorded::Running);
+    let mut h = host(TaskStatus::Running);
     // b@3 is held with no cause left to wait for: the restore's drain delivers it.
     let mut state = PersistedState::default();
     state.fed_up_to.insert(a(), 6);
@@ -293,7 +293,7 @@ fn a_rejected_batch_makes_the_records_it_delivered_careful_too() {
     assert!(!h.careful(), "past a@7 and the delivered b@3");
 
     // A transient failure of the same step covers only what it fed.
-    let mut h = host(Recorded::Running);
+    let mut h = host(TaskStatus::Running);
     let mut state = PersistedState::default();
     state.fed_up_to.insert(a(), 6);
     state.fed_up_to.insert(b(), 8);
@@ -308,7 +308,7 @@ fn a_rejected_batch_makes_the_records_it_delivered_careful_too() {
 
 #[test]
 fn an_out_of_range_poll_checks_every_channel_ends_the_step_and_restores() {
-    let mut h = started(Recorded::Running);
+    let mut h = started(TaskStatus::Running);
     h.log_start_check_due();
     assert_eq!(h.next_action(), Next::Poll { max_records: None }, "holding nothing: no periodic check");
     h.polled(true);
@@ -333,7 +333,7 @@ fn an_out_of_range_poll_checks_every_channel_ends_the_step_and_restores() {
 
 #[test]
 fn an_out_of_range_poll_past_unread_positions_refuses() {
-    let mut h = started(Recorded::Running);
+    let mut h = started(TaskStatus::Running);
     h.polled(true);
     let observed = h.log_starts(&[(a(), 5), (b(), 0)]);
     let refusal = observed.refusal.expect("a@0..4 were never read");
@@ -346,7 +346,7 @@ fn an_out_of_range_poll_past_unread_positions_refuses() {
 
 #[test]
 fn the_periodic_check_looks_at_the_channels_holding_records() {
-    let mut h = started(Recorded::Running);
+    let mut h = started(TaskStatus::Running);
     batch(&mut h, vec![(b(), 0, Some(causes(&[(a(), 0)])), 20)], &[]);
     h.end_step();
     h.committed();
@@ -370,7 +370,7 @@ fn the_periodic_check_looks_at_the_channels_holding_records() {
 
 #[test]
 fn a_prune_asks_for_the_upstream_channels_only_and_commits_when_it_drops_pairs() {
-    let mut h = started(Recorded::Running);
+    let mut h = started(TaskStatus::Running);
     batch(&mut h, vec![(a(), 0, Some(causes(&[(up(), 3)])), 10)], &[]);
     h.end_step();
     h.committed();
@@ -397,7 +397,7 @@ fn a_prune_asks_for_the_upstream_channels_only_and_commits_when_it_drops_pairs()
 
 #[test]
 fn a_width_change_refuses_on_the_grown_topics_channel() {
-    let mut h = started(Recorded::Running);
+    let mut h = started(TaskStatus::Running);
     h.width_check_due();
     assert_eq!(h.next_action(), Next::CheckWidths);
     h.widths(1, &[(a(), Some(1)), (b(), None)], |c| format!("topic {c}"));
@@ -413,7 +413,7 @@ fn a_width_change_refuses_on_the_grown_topics_channel() {
 #[test]
 fn a_skipped_record_is_fed_without_causes_and_marked() {
     let mut h: TaskHost<u32> =
-        TaskHost::new(EngineConfig::default(), [a(), b()], Recorded::Running).with_skipped(|p| p + 1000);
+        TaskHost::new(EngineConfig::default(), [a(), b()], TaskStatus::Running).with_skipped(|p| p + 1000);
     assert_eq!(h.next_action(), Next::Restore);
     let mut state = PersistedState::default();
     state.fed_up_to.insert(a(), -1);
@@ -448,7 +448,7 @@ fn a_skipped_record_is_fed_without_causes_and_marked() {
 
 #[test]
 fn a_rejection_of_one_record_is_persisted_as_a_refusal() {
-    let mut h = started(Recorded::Running);
+    let mut h = started(TaskStatus::Running);
     batch(&mut h, vec![(a(), 0, None, 10)], &[]);
     h.end_step().unwrap();
     h.rejected(a(), 0, "the projection rejected orders/0@0: not JSON".into());
@@ -456,12 +456,12 @@ fn a_rejection_of_one_record_is_persisted_as_a_refusal() {
     assert_eq!((refusal.reason, refusal.position), (RefusalReason::ProjectionRejected, Some(0)));
     h.refusal_persisted();
     assert_eq!(h.next_action(), Next::Refused(refusal));
-    assert_eq!(h.recorded(), Recorded::Refused);
+    assert_eq!(h.recorded(), TaskStatus::Refused);
 }
 
 #[test]
 fn stored_state_the_build_cannot_use_is_a_refusal_to_persist() {
-    let mut h = host(Recorded::Running);
+    let mut h = host(TaskStatus::Running);
     h.next_action();
     h.restored(PersistedState { format_version: 99, ..PersistedState::default() }, BTreeSet::new());
     let Next::PersistRefusal(refusal) = h.next_action() else { panic!("{:?}", h.next_action()) };
@@ -473,13 +473,13 @@ fn stored_state_the_build_cannot_use_is_a_refusal_to_persist() {
 
 #[test]
 fn a_fence_is_final_and_an_abandoned_round_restores() {
-    let mut h = started(Recorded::Running);
+    let mut h = started(TaskStatus::Running);
     h.interrupted();
     assert_eq!(h.next_action(), Next::Poll { max_records: None }, "at rest: nothing to do");
     h.polled(false);
     h.interrupted();
     assert_eq!(h.next_action(), Next::Restore, "a batch polled and never fed: read it again");
-    let mut h = started(Recorded::Running);
+    let mut h = started(TaskStatus::Running);
     batch(&mut h, vec![(a(), 0, None, 10)], &[]);
     h.end_step().unwrap();
     h.fenced();

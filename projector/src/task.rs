@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use parsley::channel::{ChannelId, Position};
 use parsley::engine::{ChannelFact, Delivery, Receipt};
-use parsley::host::{ChannelStart, Failure, LogStartCheck, Next, Recorded, StepCommit, TaskHost};
+use parsley::host::{ChannelStart, Failure, LogStartCheck, Next, StepCommit, TaskHost, TaskStatus};
 use parsley::refusal::{Refusal, RefusalReason};
 use parsley::Engine;
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
@@ -33,7 +33,7 @@ use crate::metrics::{Metric, Metrics};
 use crate::model::ModelPlan;
 use crate::projection::{Delivered, Projection, ProjectionError, StepContext};
 use crate::record::{self, Consumed, RecordData};
-use crate::store::{self, LoadError, TaskStatusKind};
+use crate::store::{self, LoadError};
 
 /// Where a task stands.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -190,12 +190,7 @@ impl<P: Projection> TaskRunner<P> {
         owner: &str,
     ) -> anyhow::Result<TaskRunner<P>> {
         let row = store::take_task(&pool, &plan.name, task, owner).await?;
-        let recorded = match row.status {
-            TaskStatusKind::Running => Recorded::Running,
-            TaskStatusKind::Failing => Recorded::Failing,
-            TaskStatusKind::Refused => Recorded::Refused,
-        };
-        let host = TaskHost::new(plan.engine_config(), plan.channels(task), recorded)
+        let host = TaskHost::new(plan.engine_config(), plan.channels(task), row.status)
             .with_weigher(record::weight)
             .with_skipped(|data: RecordData| RecordData::skipped(data.timestamp_ms));
         let mut runner = TaskRunner {
@@ -266,7 +261,7 @@ impl<P: Projection> TaskRunner<P> {
         let mut conn = self.pool.acquire().await.context("acquiring a connection to re-read a refused task")?;
         let rows = store::load_tasks(&mut conn, &self.plan.name).await?;
         let Some(row) = rows.into_iter().find(|r| r.task == self.task) else { return Ok(false) };
-        if row.status == TaskStatusKind::Refused {
+        if row.status == TaskStatus::Refused {
             return Ok(false);
         }
         if row.epoch != self.epoch && row.owner != self.owner {

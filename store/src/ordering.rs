@@ -9,7 +9,6 @@
 //! (`projector/tests/it/store.rs` and the rest) run every statement here.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
 
 use anyhow::Context as _;
 use parsley::channel::{ChannelId, Position, TopicId};
@@ -44,7 +43,7 @@ fn channel_of(topic_id: Uuid, partition: i32) -> anyhow::Result<ChannelId> {
 pub struct ModelRow {
     pub task_count: u32,
     pub format_version: i32,
-    /// Recorded topic identities, by name.
+    /// TaskStatus topic identities, by name.
     pub topics: BTreeMap<String, TopicId>,
 }
 
@@ -127,42 +126,8 @@ pub struct TaskRow {
     pub refusal: Option<Refusal>,
 }
 
-/// A task's status as persisted (`parsley.tasks.status`), the one status type: what the
-/// projector's `status` command, the gateway's `/v1/status` and its `503` show. Not the task
-/// runner's in-memory state (which also knows when the next retry is due and that another
-/// owner took the task), nor the engine's status snapshot (held queues and blockers).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum TaskStatus {
-    /// Stepping normally.
-    Running,
-    /// The last step failed; it is retried with backoff (`last_error`, `failures`).
-    Failing,
-    /// Stopped delivering with a named reason until an operator acts (`refusal_*`).
-    Refused,
-}
-
-impl TaskStatus {
-    pub const ALL: [TaskStatus; 3] = [TaskStatus::Running, TaskStatus::Failing, TaskStatus::Refused];
-
-    /// The word stored in `parsley.tasks.status` and shown by every status view.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            TaskStatus::Running => "running",
-            TaskStatus::Failing => "failing",
-            TaskStatus::Refused => "refused",
-        }
-    }
-
-    pub fn parse(s: &str) -> anyhow::Result<Self> {
-        TaskStatus::ALL.into_iter().find(|t| t.as_str() == s).with_context(|| format!("unknown task status {s:?}"))
-    }
-}
-
-impl fmt::Display for TaskStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+/// The task status type is the core's: one type for the protocol, the rows and every view.
+pub use parsley::host::TaskStatus;
 
 /// The columns of a task row, in the order [`task_row`] reads them by name.
 macro_rules! task_columns {
@@ -197,7 +162,10 @@ fn task_row(row: &sqlx::postgres::PgRow) -> anyhow::Result<TaskRow> {
         task: row.get::<i32, _>("task") as u32,
         epoch: row.get("epoch"),
         owner: row.get("owner"),
-        status: TaskStatus::parse(row.get::<&str, _>("status"))?,
+        status: {
+            let word = row.get::<&str, _>("status");
+            TaskStatus::parse(word).with_context(|| format!("unknown task status {word:?}"))?
+        },
         last_error: row.get("last_error"),
         failures: row.get("failures"),
         refusal,

@@ -1,0 +1,713 @@
+//! The simulated world and its scheduler: upstream processes, edge producers, session
+//! clients and database-hosted projector tasks, each a set of enabled actions the seeded
+//! scheduler draws from, one per step. Every host here drives the real core — `Engine`,
+//! `CausalPast`, `gate`, `refresh`, `partition_for_key` — exactly as a production host
+//! would; the oracle watches from outside.
+//!
+//! This module holds the world's state, its scheduler (`enabled`, `perform`), the
+//! environment's actions (retention, recreation, replica syncs) and the final checks; each
+//! kind of actor has its own file: [`producers`] (edge producers, session clients and their
+//! reads), [`processes`] (upstream processes), [`tasks`] (projector tasks).
+
+mod processes;
+mod producers;
+mod tasks;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::kafka::{FetchError, SimKafka, TxnId};
+use crate::oracle::{Actor, Oracle, RecordId, ViolationKind};
+use crate::rng::SimRng;
+use crate::store::{Payload, SimDb};
+use crate::{RunReport, Sabotage, Scenario, Stats};
+use parsley::channel::{ChannelId, Position, TopicId};
+use parsley::engine::{ChannelFact, Engine, EngineConfig, Receipt};
+use parsley::gate::{self, ModelShape, Verdict};
+use parsley::host::{ChannelStart, LogStartCheck, Next, Observed, TaskHost, TaskStatus};
+use parsley::murmur2::partition_for_key;
+use parsley::past::CausalPast;
+use parsley::refusal::{Refusal, RefusalReason};
+
+const MODEL_TOPICS: [&str; 2] = ["orders", "payments"];
+
+/// The weight of an idle task's periodic log-start check once it is due (a task that
+/// commits checks right after, before its next step).
+const LOG_START_CHECK_WEIGHT: u32 = 2;
+
+/// Where an upstream process sends.
+#[derive(Clone, Copy, Debug)]
+enum Dest {
+    /// A fixed channel (an intermediate topic).
+    Channel(ChannelId),
+    /// A model topic, partitioned by the record's key.
+    Model(usize),
+}
+
+struct Process {
+    receiver: usize,
+    received: Vec<ChannelId>,
+    outputs: Vec<Dest>,
+    engine: Engine<Payload>,
+    next_fetch: BTreeMap<ChannelId, Position>,
+    txn: Option<(TxnId, Vec<RecordId>)>,
+    /// Deliveries not yet followed by a send.
+    pending_sends: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReadKind {
+    Key(u16),
+    Collection,
+}
+
+/// An edge producer or a session client: a token, stamped onto every write.
+struct Producer {
+    actor: Actor,
+    token: CausalPast,
+    pending_read: Option<ReadKind>,
+    /// The database version of the last attempt that was not covered.
+    last_attempt: u64,
+}
+
+/// A task that is up: the host state machine the projector's runner drives too (it owns
+/// the engine and says what to do next), and what the simulated host keeps beside it.
+struct Running {
+    host: TaskHost<Payload>,
+    /// Per channel, where the next fetch reads (the consumer's position).
+    next_fetch: BTreeMap<ChannelId, Position>,
+    /// Projection writes of the step in progress.
+    applied: Vec<Payload>,
+    /// Per channel, the log start the host last checked with the engine: the periodic
+    /// check is due once retention moved a holding channel's log start past it.
+    log_start_checked: BTreeMap<ChannelId, Position>,
+    /// Per channel, the log start read at this start (what `StaleLogStart` keeps telling
+    /// the engine).
+    log_start_at_start: BTreeMap<ChannelId, Position>,
+    /// Per channel, the consumer's position: past the last record fed and past the
+    /// markers and aborted runs after it.
+    read_to: BTreeMap<ChannelId, Position>,
+}
+
+impl Running {
+    fn engine(&self) -> &Engine<Payload> {
+        self.host.engine()
+    }
+
+    /// A step is open (the engine is ahead of the database) or due (a drain after a
+    /// restore): its commit is worth drawing.
+    fn step_pending(&self) -> bool {
+        self.host.step_open() || self.host.drain_pending()
+    }
+}
+
+enum TaskState {
+    Down,
+    Up(Box<Running>),
+}
+
+struct Task {
+    receiver: usize,
+    received: Vec<ChannelId>,
+    state: TaskState,
+    started_once: bool,
+    refused: bool,
+    /// A refusal the stored status says this task hit: a restart must hit it again.
+    expect_refusal: Option<Refusal>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Work,
+    Drain,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Action {
+    EdgeWrite(usize),
+    RogueWrite,
+    ClientWrite(usize),
+    ClientRead(usize, ReadKind),
+    ClientRetry(usize),
+    ReplicaSync,
+    ProcFetch(usize, ChannelId),
+    ProcSend(usize),
+    ProcBegin(usize),
+    ProcEnd(usize, bool),
+    ProcPrune(usize),
+    TaskStart(usize),
+    TaskFeed(usize, ChannelId),
+    TaskPrune(usize),
+    TaskCommit(usize),
+    TaskCheckLogStart(usize),
+    TaskAbort(usize),
+    TaskCrash(usize),
+    Retention,
+    RecreateExt,
+}
+
+pub(crate) struct World {
+    scenario: Scenario,
+    sabotage: Sabotage,
+    rng: SimRng,
+    kafka: SimKafka,
+    db: SimDb,
+    /// Bumped by every commit.
+    db_version: u64,
+    /// A read replica that lags the primary (when the scenario has one): a consistent
+    /// but older snapshot, brought up to date by `ReplicaSync`.
+    replica: Option<SimDb>,
+    replica_version: u64,
+    /// Bumped by every commit and replica sync: a waiting read retries only after
+    /// something it could read changed.
+    changes: u64,
+    oracle: Oracle,
+    names: BTreeMap<TopicId, String>,
+    model: ModelShape,
+    model_topics: Vec<TopicId>,
+    raw: TopicId,
+    /// Per key, the task that owns it (murmur2 of the key bytes).
+    owner_of_key: Vec<u32>,
+    tasks: Vec<Task>,
+    processes: Vec<Process>,
+    edges: Vec<Producer>,
+    clients: Vec<Producer>,
+    rogue: Option<Producer>,
+    recreations: u32,
+    /// Per model channel, how far its owner's consumer had read (its position, past
+    /// control records) at the owner's last commit: what retention may pass.
+    committed_read: BTreeMap<ChannelId, Position>,
+    phase: Phase,
+    step: u64,
+    stats: Stats,
+    trace: Vec<String>,
+}
+
+fn key_bytes(key: u16) -> Vec<u8> {
+    format!("k{key}").into_bytes()
+}
+
+fn header_values(headers: &[Option<Vec<u8>>]) -> Vec<Option<&[u8]>> {
+    headers.iter().map(|h| h.as_deref()).collect()
+}
+
+impl World {
+    pub(crate) fn new(seed: u64, scenario: &Scenario, sabotage: Sabotage) -> World {
+        let mut rng = SimRng::new(seed);
+        let n = *rng.pick(scenario.task_counts);
+        let mut kafka = SimKafka::new();
+        let mut names = BTreeMap::new();
+        let mut used = BTreeSet::new();
+        let mut new_id = |rng: &mut SimRng| loop {
+            let id = TopicId::from_halves(rng.next_u64(), rng.next_u64());
+            if !id.is_zero() && used.insert(id) {
+                return id;
+            }
+        };
+        let mut create = |kafka: &mut SimKafka, rng: &mut SimRng, name: &str, partitions: u32| {
+            let id = new_id(rng);
+            kafka.create_topic(name, id, partitions);
+            names.insert(id, name.to_string());
+            id
+        };
+        let raw = create(&mut kafka, &mut rng, "raw", 2);
+        let mid = create(&mut kafka, &mut rng, "mid", 1);
+        create(&mut kafka, &mut rng, "ext", 1);
+        let model_topics: Vec<TopicId> = MODEL_TOPICS.iter().map(|t| create(&mut kafka, &mut rng, t, n)).collect();
+        let model = ModelShape { received_topics: model_topics.iter().copied().collect(), task_count: n };
+        let mut oracle = Oracle::new(model_topics.iter().copied());
+        for (id, name) in &names {
+            oracle.name_topic(*id, name);
+        }
+        let owner_of_key = (0..scenario.keys).map(|k| partition_for_key(&key_bytes(k), n)).collect();
+
+        let tasks = (0..n)
+            .map(|i| {
+                let received: Vec<ChannelId> = model_topics.iter().map(|&t| ChannelId::new(t, i)).collect();
+                let receiver = oracle.add_receiver(&format!("task{i}"), None, &received);
+                Task {
+                    receiver,
+                    received,
+                    state: TaskState::Down,
+                    started_once: false,
+                    refused: false,
+                    expect_refusal: None,
+                }
+            })
+            .collect();
+
+        // P0 receives both raw partitions and feeds mid and the model; P1 receives mid and
+        // one raw partition, so some causes reach it only through P0's stamps.
+        let raw0 = ChannelId::new(raw, 0);
+        let raw1 = ChannelId::new(raw, 1);
+        let mid0 = ChannelId::new(mid, 0);
+        let mut shapes: Vec<(Vec<ChannelId>, Vec<Dest>)> = vec![
+            (vec![raw0, raw1], vec![Dest::Channel(mid0), Dest::Model(0), Dest::Model(1)]),
+            (vec![mid0, raw1], vec![Dest::Model(0), Dest::Model(1)]),
+        ];
+        if scenario.audit {
+            // An auditor downstream of the gateway: it receives an upstream channel and
+            // every partition of a topic session clients write to, and sends nothing.
+            let mut received = vec![raw0];
+            received.extend((0..n).map(|p| ChannelId::new(model_topics[1], p)));
+            shapes.push((received, Vec::new()));
+        }
+        let processes = shapes
+            .into_iter()
+            .enumerate()
+            .map(|(i, (received, outputs))| {
+                let actor = Actor::Process(i as u32);
+                let receiver = oracle.add_receiver(&format!("P{i}"), Some(actor), &received);
+                let mut engine = Engine::new(EngineConfig::default(), received.iter().copied());
+                engine.set_sabotage(sabotage.engine());
+                let mut next_fetch = BTreeMap::new();
+                let mut baselines = Vec::new();
+                for &c in &received {
+                    let start = kafka.log_start(&c);
+                    let fed = engine.seed(c, start - 1).expect("a fresh engine seeds");
+                    next_fetch.insert(c, fed + 1);
+                    baselines.push((c, start));
+                }
+                oracle.start(receiver, &baselines);
+                Process { receiver, received, outputs, engine, next_fetch, txn: None, pending_sends: 0 }
+            })
+            .collect();
+
+        let producer = |actor| Producer { actor, token: CausalPast::new(), pending_read: None, last_attempt: 0 };
+        let edges = (0..scenario.edges).map(|i| producer(Actor::Edge(i))).collect();
+        let clients = (0..scenario.clients).map(|i| producer(Actor::Client(i))).collect();
+        let rogue = scenario.corrupt.then(|| producer(Actor::Edge(scenario.edges)));
+
+        World {
+            scenario: scenario.clone(),
+            sabotage,
+            rng,
+            kafka,
+            db: SimDb::new(n),
+            db_version: 1,
+            replica: scenario.replica.then(|| SimDb::new(n)),
+            replica_version: 1,
+            changes: 1,
+            oracle,
+            names,
+            model,
+            model_topics,
+            raw,
+            owner_of_key,
+            tasks,
+            processes,
+            edges,
+            clients,
+            rogue,
+            recreations: 0,
+            committed_read: BTreeMap::new(),
+            phase: Phase::Work,
+            step: 0,
+            stats: Stats { tasks: n, ..Stats::default() },
+            trace: Vec::new(),
+        }
+    }
+
+    /// Runs the world to quiescence and judges it.
+    pub(crate) fn run(mut self, seed: u64) -> RunReport {
+        let mut drained = false;
+        loop {
+            if self.phase == Phase::Work && self.step >= self.scenario.work_steps {
+                self.phase = Phase::Drain;
+                self.trace.push(format!("{} drain", self.step));
+            }
+            if self.phase == Phase::Drain && self.step >= self.scenario.work_steps + self.scenario.drain_budget {
+                break;
+            }
+            let enabled = self.enabled();
+            if enabled.is_empty() {
+                if self.phase == Phase::Drain {
+                    drained = true;
+                    break;
+                }
+                self.step += 1;
+                continue;
+            }
+            let weights: Vec<u32> = enabled.iter().map(|(_, w)| *w).collect();
+            let (action, _) = enabled[self.rng.weighted(&weights)];
+            self.step += 1;
+            self.oracle.set_step(self.step);
+            self.perform(action);
+        }
+        if drained {
+            self.final_checks();
+        } else {
+            let stuck = self.describe_stuck();
+            self.oracle.report(ViolationKind::Wedged, format!("no quiescence within the drain budget: {stuck}"));
+        }
+        self.stats.steps = self.step;
+        self.stats.records = self.oracle.record_count() as u64;
+        self.stats.deliveries_checked = self.oracle.deliveries_checked;
+        self.stats.deliveries_below_log_start = self.oracle.deliveries_below_log_start;
+        RunReport {
+            seed,
+            scenario: self.scenario.name,
+            sabotage: self.sabotage,
+            violations: self.oracle.violations().to_vec(),
+            stats: self.stats,
+            trace: self.trace,
+        }
+    }
+
+    fn name(&self, c: &ChannelId) -> String {
+        let topic = self.names.get(&c.topic).map_or("?", |s| s.as_str());
+        format!("{topic}/{}", c.partition)
+    }
+
+    fn model_channel(&self, topic: usize, key: u16) -> ChannelId {
+        ChannelId::new(self.model_topics[topic], self.owner_of_key[key as usize])
+    }
+
+    fn is_model(&self, c: &ChannelId) -> bool {
+        self.model.received_topics.contains(&c.topic)
+    }
+
+    /// What a host learns of a channel to prune by; `PruneDropsLiveCause` makes the host
+    /// report the log end as the log start.
+    fn fact(&self, c: &ChannelId) -> ChannelFact {
+        let fact = self.kafka.fact(c);
+        match fact {
+            ChannelFact::Live { .. } if self.sabotage == Sabotage::PruneDropsLiveCause => {
+                ChannelFact::Live { log_start: self.kafka.partition(c).log_end() }
+            }
+            other => other,
+        }
+    }
+
+    /// The gateway's token pruning: pairs on topics that are gone, and pairs on upstream
+    /// channels below the log start. Pairs on the model's own channels are kept, as the
+    /// clock rows that would cover them are: retention may pass a record its owner still
+    /// holds, and dropping the pair would let a read skip it.
+    fn prune_token(&self, token: CausalPast) -> CausalPast {
+        let keep_received = self.sabotage != Sabotage::TokenPrunesReceivedChannels;
+        token.retain(|c, p| match self.fact(&c) {
+            ChannelFact::TopicGone => false,
+            ChannelFact::Live { log_start } => keep_received && self.is_model(&c) || p >= log_start,
+            ChannelFact::Unknown => true,
+        })
+    }
+
+    fn enabled(&self) -> Vec<(Action, u32)> {
+        let s = &self.scenario;
+        let work = self.phase == Phase::Work;
+        let mut out = Vec::new();
+        let mut push = |a: Action, w: u32| {
+            if w > 0 {
+                out.push((a, w));
+            }
+        };
+        if work {
+            for e in 0..self.edges.len() {
+                push(Action::EdgeWrite(e), 3);
+            }
+            if self.rogue.is_some() && self.step > s.work_steps / 4 {
+                push(Action::RogueWrite, 1);
+            }
+        }
+        for (i, c) in self.clients.iter().enumerate() {
+            match c.pending_read {
+                Some(_) if self.changes > c.last_attempt => push(Action::ClientRetry(i), 4),
+                Some(_) => {}
+                None if work => {
+                    push(Action::ClientWrite(i), 3);
+                    // The key is drawn when the read is performed.
+                    push(Action::ClientRead(i, ReadKind::Key(0)), 3);
+                    push(Action::ClientRead(i, ReadKind::Collection), 1);
+                }
+                None => {}
+            }
+        }
+        for (i, p) in self.processes.iter().enumerate() {
+            for &c in &p.received {
+                if self.kafka.fetchable(&c, p.next_fetch[&c]) && p.engine.refusal().is_none() {
+                    // The auditor lags: a backlog is what lets a later write overtake.
+                    push(Action::ProcFetch(i, c), if p.outputs.is_empty() { 1 } else { 4 });
+                }
+            }
+            match &p.txn {
+                Some(_) => {
+                    push(Action::ProcEnd(i, true), if work { 2 } else { 4 });
+                    push(Action::ProcEnd(i, false), if work { 1 } else { 2 });
+                }
+                None if work => push(Action::ProcBegin(i), s.txn_weight),
+                None => {}
+            }
+            if work && !p.outputs.is_empty() {
+                push(Action::ProcSend(i), if p.pending_sends > 0 { 4 } else { 1 });
+                push(Action::ProcPrune(i), 1);
+            }
+        }
+        for (i, t) in self.tasks.iter().enumerate() {
+            match &t.state {
+                TaskState::Down => push(Action::TaskStart(i), 3),
+                TaskState::Up(run) => {
+                    if !t.refused {
+                        for &c in &t.received {
+                            // Out of range counts: the host must learn of it and act.
+                            let from = run.next_fetch[&c];
+                            // Markers and aborted runs alone are worth a fetch too: the
+                            // consumer's position moves past them.
+                            let unread = from < self.kafka.partition(&c).last_stable();
+                            if unread || from < self.kafka.log_start(&c) {
+                                push(Action::TaskFeed(i, c), 4);
+                            }
+                        }
+                        if run.step_pending() {
+                            push(Action::TaskCommit(i), 3);
+                            if work {
+                                push(Action::TaskAbort(i), s.abort_weight);
+                            }
+                        }
+                        if work {
+                            push(Action::TaskPrune(i), 1);
+                        }
+                        // The projector's periodic check runs between steps, on the channels
+                        // holding records; it is worth drawing once a log start moved.
+                        if !run.step_pending() && self.log_start_check_due(run) {
+                            push(Action::TaskCheckLogStart(i), LOG_START_CHECK_WEIGHT);
+                        }
+                    }
+                    if work {
+                        // A task holding records is crashed at double weight: that is the
+                        // one road into the held-record restore path.
+                        let holding = run.engine().held_count() > 0;
+                        let w = if t.refused { 1 } else { s.crash_weight * if holding { 2 } else { 1 } };
+                        push(Action::TaskCrash(i), w);
+                    }
+                }
+            }
+        }
+        if self.replica.is_some() && self.replica_version < self.db_version {
+            push(Action::ReplicaSync, if work { 2 } else { 3 });
+        }
+        if work && s.retention_weight > 0 {
+            // Which channels can move is worked out when it is drawn (it may be none).
+            push(Action::Retention, s.retention_weight);
+        }
+        if work && s.recreate_weight > 0 && self.recreations < 2 && self.step > s.work_steps / 3 {
+            push(Action::RecreateExt, s.recreate_weight);
+        }
+        out
+    }
+
+    /// Whether retention moved the log start of a channel the task holds records on since
+    /// the host last checked it.
+    fn log_start_check_due(&self, run: &Running) -> bool {
+        run.engine()
+            .channels_holding()
+            .any(|c| run.log_start_checked.get(&c).is_none_or(|&seen| self.kafka.log_start(&c) > seen))
+    }
+
+    /// How far retention may move each channel's log start: never past what its
+    /// receivers have read (and, on a model channel, never past what its owner has
+    /// delivered), never into an open transaction.
+    fn retention_bound(&self, c: &ChannelId) -> Position {
+        let part = self.kafka.partition(c);
+        let mut bound = part.last_stable();
+        if self.is_model(c) {
+            let rows = &self.db.tasks[c.partition as usize];
+            // How far the owner's consumer had read at its last commit: past the markers
+            // and aborted runs after its last record. What the host told its engine is not
+            // consulted, so a host that keeps only the last record's position refuses
+            // falsely once retention passes a trailing marker (`ReadPositionIgnored`).
+            let committed_read = self.committed_read.get(c).copied().unwrap_or(0);
+            let read = rows.fed_up_to.get(c).map_or(0, |f| f + 1).max(committed_read);
+            let holding = rows.held.keys().any(|(h, _)| h == c);
+            let limit = if self.scenario.retention_passes_held || !holding {
+                read
+            } else {
+                self.db.undelivered_from(c.partition, c)
+            };
+            bound = bound.min(limit);
+        }
+        for p in &self.processes {
+            if p.received.contains(c) {
+                bound = bound.min(p.engine.fed_up_to(c).map_or(0, |f| f + 1));
+            }
+        }
+        bound
+    }
+
+    fn retention_candidates(&self) -> Vec<ChannelId> {
+        let mut channels = Vec::new();
+        for name in ["raw", "mid", "ext", MODEL_TOPICS[0], MODEL_TOPICS[1]] {
+            let Some(id) = self.kafka.resolve(name) else { continue };
+            let parts = self.kafka.topic(&id).map_or(0, |t| t.partitions.len() as u32);
+            for p in 0..parts {
+                let c = ChannelId::new(id, p);
+                if self.retention_bound(&c) > self.kafka.log_start(&c) {
+                    channels.push(c);
+                }
+            }
+        }
+        channels
+    }
+
+    fn perform(&mut self, action: Action) {
+        match action {
+            Action::EdgeWrite(e) => self.edge_write(e),
+            Action::RogueWrite => self.rogue_write(),
+            Action::ClientWrite(c) => self.client_write(c),
+            Action::ClientRead(c, kind) => {
+                let kind = match kind {
+                    ReadKind::Key(_) => ReadKind::Key(self.rng.below(u64::from(self.scenario.keys)) as u16),
+                    k => k,
+                };
+                let from_replica = self.replica.is_some() && self.rng.chance(1, 2);
+                self.client_read(c, kind, false, from_replica);
+            }
+            Action::ClientRetry(c) => {
+                let kind = self.clients[c].pending_read.expect("a pending read");
+                let from_replica = self.replica.is_some() && self.rng.chance(1, 2);
+                self.client_read(c, kind, false, from_replica);
+            }
+            Action::ReplicaSync => {
+                self.replica = Some(self.db.clone());
+                self.replica_version = self.db_version;
+                self.changes += 1;
+                self.trace.push(format!("{} replica sync to version {}", self.step, self.db_version));
+            }
+            Action::ProcFetch(p, c) => self.proc_fetch(p, c),
+            Action::ProcSend(p) => self.proc_send(p),
+            Action::ProcBegin(p) => {
+                let txn = self.kafka.begin_txn();
+                self.processes[p].txn = Some((txn, Vec::new()));
+                self.trace.push(format!("{} P{p} begin txn{txn}", self.step));
+            }
+            Action::ProcEnd(p, commit) => self.proc_end(p, commit),
+            Action::ProcPrune(p) => {
+                let facts: BTreeMap<ChannelId, ChannelFact> =
+                    self.processes[p].engine.frontier().iter().map(|(c, _)| (c, self.fact(&c))).collect();
+                let before = self.processes[p].engine.frontier().len();
+                self.processes[p].engine.prune(|c| facts.get(c).copied().unwrap_or(ChannelFact::Unknown));
+                let after = self.processes[p].engine.frontier().len();
+                if after < before {
+                    self.stats.prunes += 1;
+                }
+                self.trace.push(format!("{} P{p} prune frontier {before}->{after}", self.step));
+            }
+            Action::TaskStart(t) => self.task_start(t),
+            Action::TaskFeed(t, c) => self.task_feed(t, c),
+            Action::TaskPrune(t) => self.task_prune(t),
+            Action::TaskCommit(t) => {
+                self.task_end_step(t);
+                // The projector checks before it feeds its next step, once the interval has
+                // passed; here, whenever a log start moved under held records since the last
+                // check. A record released within the step that retention passed it in is
+                // not caught: that window is real (`deliveries_below_log_start`).
+                let due = !self.tasks[t].refused
+                    && matches!(&self.tasks[t].state, TaskState::Up(run) if self.log_start_check_due(run));
+                if due {
+                    self.task_check_log_start(t);
+                }
+            }
+            Action::TaskCheckLogStart(t) => self.task_check_log_start(t),
+            Action::TaskAbort(t) => {
+                self.stats.step_aborts += 1;
+                self.trace.push(format!("{} task{t} abort step", self.step));
+                self.task_down(t);
+                self.task_start(t);
+            }
+            Action::TaskCrash(t) => self.task_crash(t),
+            Action::Retention => {
+                let candidates = self.retention_candidates();
+                if candidates.is_empty() {
+                    return;
+                }
+                let c = *self.rng.pick(&candidates);
+                let from = self.kafka.log_start(&c) + 1;
+                let to = self.rng.range(from, self.retention_bound(&c));
+                self.kafka.advance_log_start(&c, to);
+                self.oracle.log_start_advanced(c, to);
+                self.stats.retention_advances += 1;
+                if self.is_model(&c) && self.db.undelivered_from(c.partition, &c) < to {
+                    self.stats.retention_passed_held += 1;
+                }
+                if self.is_model(&c) && self.kafka.is_control_or_aborted(&c, to - 1) {
+                    self.stats.retention_past_control_records += 1;
+                }
+                self.trace.push(format!("{} retention {} log start {to}", self.step, self.name(&c)));
+            }
+            Action::RecreateExt => {
+                let old = self.kafka.delete_topic("ext").expect("ext exists");
+                self.oracle.topic_deleted(old);
+                let id = loop {
+                    let id = TopicId::from_halves(self.rng.next_u64(), self.rng.next_u64());
+                    if !id.is_zero() && self.kafka.topic(&id).is_none() {
+                        break id;
+                    }
+                };
+                self.recreations += 1;
+                self.kafka.create_topic("ext", id, 1);
+                self.names.insert(id, format!("ext#{}", self.recreations));
+                self.oracle.name_topic(id, &format!("ext#{}", self.recreations));
+                self.stats.topic_recreations += 1;
+                self.trace.push(format!("{} ext deleted and recreated as {id}", self.step));
+            }
+        }
+    }
+
+    // ---- quiescence ----------------------------------------------------------------------
+
+    fn describe_stuck(&self) -> String {
+        let mut parts = Vec::new();
+        for (i, t) in self.tasks.iter().enumerate() {
+            if let TaskState::Up(run) = &t.state {
+                if run.engine().held_count() > 0 {
+                    parts.push(format!("task{i} holds {}", run.engine().held_count()));
+                }
+            }
+        }
+        for (i, c) in self.clients.iter().enumerate() {
+            if let Some(kind) = c.pending_read {
+                parts.push(format!("C{i} waits on {kind:?}"));
+            }
+        }
+        parts.join(", ")
+    }
+
+    /// Channels a refused task owns: a gap on one of them is the refusal speaking.
+    fn refused_channels(&self) -> BTreeSet<ChannelId> {
+        self.tasks.iter().filter(|t| t.refused).flat_map(|t| t.received.iter().copied()).collect()
+    }
+
+    fn final_checks(&mut self) {
+        let refused = self.refused_channels();
+        for t in 0..self.tasks.len() {
+            if self.tasks[t].refused {
+                continue;
+            }
+            if let Some(before) = &self.tasks[t].expect_refusal {
+                let detail = format!("task{t} refused {before} before its restart and not after");
+                self.oracle.report(ViolationKind::RefusalNotRecurring, detail);
+            }
+            self.oracle.check_complete(self.tasks[t].receiver);
+        }
+        for p in 0..self.processes.len() {
+            self.oracle.check_complete(self.processes[p].receiver);
+        }
+        // Every read still waiting, and one last collection read per client, must be
+        // covered now that everything is delivered — unless a refusal is in the way.
+        for c in 0..self.clients.len() {
+            let kinds: Vec<ReadKind> =
+                self.clients[c].pending_read.into_iter().chain(std::iter::once(ReadKind::Collection)).collect();
+            for kind in kinds {
+                if let Verdict::NotCovered { gaps } = self.client_read(c, kind, true, false) {
+                    let blocking: Vec<String> = gaps
+                        .iter()
+                        .filter(|g| !refused.contains(&g.channel))
+                        .map(|g| format!("{} needs {} has {:?}", self.name(&g.channel), g.required, g.recorded))
+                        .collect();
+                    if !blocking.is_empty() {
+                        let detail = format!("client {c}'s {kind:?} read is never covered: {}", blocking.join("; "));
+                        self.oracle.report(ViolationKind::ReadNeverCovered, detail);
+                    }
+                }
+            }
+        }
+    }
+}

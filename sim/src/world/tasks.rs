@@ -1,0 +1,420 @@
+//! The world's projector tasks: each drives the core's host protocol (`TaskHost`) exactly as
+//! the projector's runner does, answered from the simulated database and Kafka, with the
+//! host sabotages injected in the answers.
+
+use super::*;
+
+impl World {
+    //
+    // A task is the host state machine (`parsley::host::TaskHost`) the projector's task runner
+    // drives: it says what to do next, and the functions below answer from the simulated
+    // Kafka and database, as the runner answers from the real ones. The scheduler decides
+    // only what the machine leaves to a host: which channel to fetch, when a step ends,
+    // when an interval passed, and crashes. Host sabotage is injected in the answers.
+
+    pub(super) fn running(&mut self, t: usize) -> &mut Running {
+        match &mut self.tasks[t].state {
+            TaskState::Up(run) => run,
+            TaskState::Down => panic!("task{t} is down"),
+        }
+    }
+
+    /// Takes the task: a new machine, which restores from the stored rows (and seeds,
+    /// checks log starts, commits the start, resumes each channel's fetch).
+    pub(super) fn task_start(&mut self, t: usize) {
+        let recorded = if self.db.tasks[t].refusal.is_some() { TaskStatus::Refused } else { TaskStatus::Running };
+        let received = self.tasks[t].received.clone();
+        let host = TaskHost::new(EngineConfig::default(), received, recorded).with_sabotage(self.sabotage.engine());
+        self.tasks[t].expect_refusal = self.db.tasks[t].refusal.clone();
+        self.tasks[t].refused = false;
+        let run = Running {
+            host,
+            next_fetch: BTreeMap::new(),
+            applied: Vec::new(),
+            log_start_checked: BTreeMap::new(),
+            log_start_at_start: BTreeMap::new(),
+            read_to: BTreeMap::new(),
+        };
+        self.tasks[t].state = TaskState::Up(Box::new(run));
+        self.task_drive(t);
+    }
+
+    /// Answers task `t`'s machine until it wants a poll or a feed (the caller's to do), or
+    /// stops: the restore path, due checks, the drain, read positions, and a commit the
+    /// machine calls for (a refusal, the end of an out-of-range step). Returns where it
+    /// stopped.
+    pub(super) fn task_drive(&mut self, t: usize) -> Next {
+        loop {
+            let next = self.running(t).host.next_action();
+            match next {
+                Next::Restore => self.task_restore(t),
+                Next::ReadStarts(channels) => self.task_read_starts(t, &channels),
+                Next::CommitStart => {
+                    let start = self.running(t).host.take_start();
+                    if start.write_running {
+                        self.db.tasks[t].refusal = None;
+                    }
+                    // Seeds and a refusal: nothing a read sees, so no read retries on it.
+                    self.db.commit(t as u32, start.changes, &[], self.sabotage != Sabotage::HeldNotPersisted);
+                    self.oracle.commit(self.tasks[t].receiver);
+                    self.trace.push(format!("{} task{t} commit start", self.step));
+                    self.running(t).host.committed();
+                }
+                Next::Assign(positions) => self.task_assign(t, positions),
+                Next::ObserveLogStarts { channels, check } => {
+                    let names: Vec<String> = channels.iter().map(|c| self.name(c)).collect();
+                    self.trace.push(format!("{} task{t} checks log start of {}", self.step, names.join(" ")));
+                    let refused = self.task_observe_log_starts(t, &channels);
+                    if check == LogStartCheck::Periodic {
+                        self.stats.log_start_checks += 1;
+                        if refused {
+                            self.stats.discard_refusals_by_check += 1;
+                        }
+                    }
+                }
+                // The simulated topics never change their partition counts.
+                Next::CheckWidths => self.running(t).host.skip_check(),
+                Next::LearnUpstream(channels) => self.task_prune_upstream(t, &channels),
+                Next::Drain => {
+                    let receiver = self.tasks[t].receiver;
+                    let run = self.running(t);
+                    let deliveries = run.host.drain();
+                    run.applied.extend(deliveries.iter().map(|d| d.payload));
+                    for d in &deliveries {
+                        self.oracle.delivered(receiver, d.channel, d.position, d.payload.id);
+                    }
+                    self.trace.push(format!("{} task{t} drained {}", self.step, deliveries.len()));
+                }
+                Next::ReadPositions => {
+                    // The consumer's position on every channel: past the last record fed
+                    // and past the markers and aborted runs after it.
+                    let ignore = self.sabotage == Sabotage::ReadPositionIgnored;
+                    let run = self.running(t);
+                    let positions: Vec<(ChannelId, Position)> =
+                        if ignore { Vec::new() } else { run.next_fetch.iter().map(|(&c, &p)| (c, p)).collect() };
+                    run.host.read_positions(&positions);
+                }
+                Next::Commit => self.task_commit(t),
+                Next::PersistRefusal(refusal) => {
+                    self.oracle.report(ViolationKind::UnexpectedRefusal, format!("task{t} cannot restore: {refusal}"));
+                    self.tasks[t].refused = true;
+                    return Next::PersistRefusal(refusal);
+                }
+                Next::Refused(refusal) => {
+                    self.tasks[t].refused = true;
+                    return Next::Refused(refusal);
+                }
+                Next::Poll { .. } | Next::Feed | Next::AwaitCommit | Next::Fenced => return next,
+            }
+        }
+    }
+
+    /// The stored rows, as the projector loads them.
+    pub(super) fn task_restore(&mut self, t: usize) {
+        let persisted = self.db.persisted(t as u32);
+        let held = persisted.held.len();
+        self.stats.starts += 1;
+        if held > 0 {
+            self.stats.restores_with_held += 1;
+        }
+        self.trace.push(format!("{} task{t} restore ({held} held)", self.step));
+        self.running(t).host.restored(persisted, BTreeSet::new());
+    }
+
+    /// Each channel's log start (what seeds a channel with no baseline, from its earliest
+    /// position) and the log start the host tells the engine, for the start's check.
+    pub(super) fn task_read_starts(&mut self, t: usize, channels: &[ChannelId]) {
+        let mut starts = Vec::new();
+        let mut baselines = Vec::new();
+        for &channel in channels {
+            let log_start = self.kafka.log_start(&channel);
+            let told = self.told_log_start(t, channel, log_start);
+            starts.push(ChannelStart { channel, log_start: told, initial_fed_up_to: log_start - 1 });
+            baselines.push((channel, log_start));
+        }
+        let receiver = self.tasks[t].receiver;
+        if !self.tasks[t].started_once {
+            self.oracle.start(receiver, &baselines);
+            self.tasks[t].started_once = true;
+        }
+        let observed = self.running(t).host.started(&starts);
+        self.judge_log_starts(t, observed);
+    }
+
+    /// Resumes each channel's fetch where the machine says (`fed_up_to + 1`); sometimes
+    /// from a coarser, older checkpoint (as a host trusting a lagging consumer offset
+    /// would), which the engine must drop.
+    pub(super) fn task_assign(&mut self, t: usize, positions: Vec<(ChannelId, Position)>) {
+        let mut next_fetch = BTreeMap::new();
+        for (c, from) in positions {
+            let log_start = self.kafka.log_start(&c);
+            let mut resume = from;
+            if self.scenario.replay_on_restart && self.rng.chance(1, 3) {
+                resume = (resume - self.rng.range(1, 4)).max(log_start);
+            }
+            next_fetch.insert(c, resume);
+        }
+        let resume: Vec<String> = next_fetch.iter().map(|(c, p)| format!("{}@{p}", self.name(c))).collect();
+        self.trace.push(format!("{} task{t} resume {}", self.step, resume.join(" ")));
+        let run = self.running(t);
+        run.next_fetch = next_fetch;
+        run.host.assigned();
+    }
+
+    /// The log start the host tells the engine for `channel`, whose log start is
+    /// `log_start`: `StaleLogStart` tells the one read at the task's start, `LogStartAhead`
+    /// one two positions further on.
+    pub(super) fn told_log_start(&mut self, t: usize, channel: ChannelId, log_start: Position) -> Position {
+        let sabotage = self.sabotage;
+        let run = self.running(t);
+        run.log_start_checked.insert(channel, log_start);
+        let at_start = *run.log_start_at_start.entry(channel).or_insert(log_start);
+        match sabotage {
+            Sabotage::StaleLogStart => at_start,
+            Sabotage::LogStartAhead => log_start + 2,
+            _ => log_start,
+        }
+    }
+
+    /// Answers a log-start check of `channels` (on an out-of-range fetch, or the periodic
+    /// check of the channels holding records). Returns whether the task refused.
+    pub(super) fn task_observe_log_starts(&mut self, t: usize, channels: &[ChannelId]) -> bool {
+        let mut told = Vec::new();
+        for &c in channels {
+            let log_start = self.kafka.log_start(&c);
+            told.push((c, self.told_log_start(t, c, log_start)));
+        }
+        let observed = self.running(t).host.log_starts(&told);
+        self.judge_log_starts(t, observed)
+    }
+
+    /// Has the oracle judge each answer of a log-start check: every log start the engine
+    /// let pass, and the refusal if any. Returns whether the task refused.
+    pub(super) fn judge_log_starts(&mut self, t: usize, observed: Observed) -> bool {
+        let receiver = self.tasks[t].receiver;
+        for c in &observed.accepted {
+            self.oracle.log_start_accepted(receiver, c);
+        }
+        match observed.refusal {
+            Some(refusal) => {
+                self.task_refused(t, refusal, None);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Fetches a batch of channel `c` and feeds it as the machine says: the poll, due checks,
+    /// the drain after a restore, the records, the consumer's position. An out-of-range
+    /// fetch has the machine check every log start; if nothing unsettled was lost, the step
+    /// ends and the task restores, reading again from `fed_up_to + 1`.
+    pub(super) fn task_feed(&mut self, t: usize, c: ChannelId) {
+        let receiver = self.tasks[t].receiver;
+        let max = self.rng.range(1, self.scenario.max_batch) as usize;
+        let Next::Poll { max_records } = self.running(t).host.next_action() else { return };
+        let max = max_records.map_or(max, |m| m.min(max));
+        let from = self.running(t).next_fetch[&c];
+        let (records, next) = match self.kafka.fetch_to(&c, from, max) {
+            Ok(r) => r,
+            Err(FetchError::OutOfRange { log_start }) => {
+                let name = self.name(&c);
+                let line =
+                    format!("{} task{t} fetch {name} from {from} out of range (log start {log_start})", self.step);
+                self.trace.push(line);
+                self.running(t).host.polled(true);
+                if self.task_drive(t) == Next::Feed {
+                    self.running(t).host.batch_done();
+                    self.task_drive(t);
+                }
+                return;
+            }
+            Err(FetchError::TopicGone) => panic!("model topics are never deleted"),
+        };
+        self.running(t).host.polled(false);
+        if self.task_drive(t) != Next::Feed {
+            return;
+        }
+        let mut previous = from;
+        let mut line = format!("{} task{t} feed {}", self.step, self.name(&c));
+        let mut refused = None;
+        for f in records {
+            if self.kafka.aborted_between(&c, previous, f.position) {
+                self.stats.aborted_runs_crossed += 1;
+            }
+            previous = f.position + 1;
+            let run = self.running(t);
+            run.next_fetch.insert(c, f.position + 1);
+            let payload = Payload { id: f.id, key: f.key };
+            match run.host.receive(c, f.position, &header_values(&f.headers), payload) {
+                Ok(Receipt::Duplicate) => {
+                    self.stats.replays_dropped += 1;
+                    line.push_str(&format!(" @{}:dup", f.position));
+                }
+                Ok(Receipt::Accepted { deliveries }) => {
+                    let held = !deliveries.iter().any(|d| d.channel == c && d.position == f.position);
+                    if held {
+                        self.stats.held += 1;
+                    }
+                    line.push_str(&format!(" @{}:{}", f.position, if held { "held" } else { "ok" }));
+                    for d in &deliveries {
+                        self.oracle.delivered(receiver, d.channel, d.position, d.payload.id);
+                        line.push_str(&format!(" +#{}", d.payload.id));
+                    }
+                    let run = self.running(t);
+                    run.applied.extend(deliveries.iter().map(|d| d.payload));
+                }
+                Err(refusal) => {
+                    refused = Some((refusal, f.id));
+                    break;
+                }
+            }
+        }
+        if refused.is_none() {
+            // Every record below the consumer's position was fed.
+            let run = self.running(t);
+            run.next_fetch.insert(c, next);
+            run.read_to.insert(c, next);
+            if next > previous {
+                line.push_str(&format!(" read to {next}"));
+            }
+        }
+        self.trace.push(line);
+        if let Some((refusal, id)) = refused {
+            self.task_refused(t, refusal, Some(id));
+        }
+        self.running(t).host.batch_done();
+        self.task_drive(t);
+    }
+
+    /// A refusal, judged: it is expected only on a damaged record (`UNDECODABLE_METADATA`),
+    /// or where the oracle says retention passed a record the task had not delivered
+    /// (`POSITIONS_DISCARDED_UNREAD`). The machine then commits the step (or the start)
+    /// with the refusal as status.
+    pub(super) fn task_refused(&mut self, t: usize, refusal: Refusal, record: Option<RecordId>) {
+        self.stats.refusals += 1;
+        self.trace.push(format!("{} task{t} refused {}: {}", self.step, refusal.reason, refusal.diagnosis));
+        let receiver = self.tasks[t].receiver;
+        let unjustified = match (refusal.reason, refusal.channel) {
+            (RefusalReason::UndecodableMetadata, _) if record.is_some_and(|id| self.oracle.record(id).corrupt) => None,
+            (RefusalReason::PositionsDiscardedUnread, Some(c)) if self.tasks[t].received.contains(&c) => {
+                self.oracle.discard_refusal_unjustified(receiver, &c, refusal.position)
+            }
+            _ => Some("no damaged record or discarded delivery calls for it".to_string()),
+        };
+        if let Some(why) = unjustified {
+            self.oracle.report(ViolationKind::UnexpectedRefusal, format!("task{t} refused: {refusal} ({why})"));
+        }
+        let discarded = refusal.reason == RefusalReason::PositionsDiscardedUnread;
+        if let Some(before) = self.tasks[t].expect_refusal.take() {
+            let same = before.reason == refusal.reason
+                && before.channel == refusal.channel
+                && before.position == refusal.position;
+            if same {
+                self.stats.refusals_recurred += 1;
+                if discarded {
+                    self.stats.discard_refusals_recurred += 1;
+                }
+            } else {
+                self.oracle.report(
+                    ViolationKind::RefusalNotRecurring,
+                    format!("task{t} refused {before} before its restart, but {refusal} after"),
+                );
+            }
+        } else if discarded {
+            self.stats.discard_refusals += 1;
+        }
+    }
+
+    /// The prune interval passed: the machine asks for the facts of the upstream channels
+    /// in the task's clock and frontier, if it has any.
+    pub(super) fn task_prune(&mut self, t: usize) {
+        self.running(t).host.prune_due();
+        self.task_drive(t);
+    }
+
+    /// What Kafka says of each upstream channel (`PruneDropsLiveCause` reports the log end
+    /// as the log start); the machine prunes by it.
+    pub(super) fn task_prune_upstream(&mut self, t: usize, channels: &[ChannelId]) {
+        let facts: BTreeMap<ChannelId, ChannelFact> = channels.iter().map(|&c| (c, self.fact(&c))).collect();
+        let run = self.running(t);
+        let before = run.engine().delivered_past().len();
+        run.host.upstream_facts(|c| facts.get(c).copied().unwrap_or(ChannelFact::Unknown));
+        let after = run.engine().delivered_past().len();
+        if after < before {
+            self.stats.prunes += 1;
+        }
+        self.trace.push(format!("{} task{t} prune clock {before}->{after}", self.step));
+    }
+
+    /// The periodic log-start check is due: the machine asks for the channels holding
+    /// records.
+    pub(super) fn task_check_log_start(&mut self, t: usize) {
+        self.running(t).host.log_start_check_due();
+        self.task_drive(t);
+    }
+
+    /// The scheduler ends the step: an empty poll (which drains, if the step is the first
+    /// after a restore and no feed did) and the commit.
+    pub(super) fn task_end_step(&mut self, t: usize) {
+        if !matches!(self.running(t).host.next_action(), Next::Poll { .. }) {
+            return;
+        }
+        self.running(t).host.polled(false);
+        if self.task_drive(t) != Next::Feed {
+            return;
+        }
+        self.running(t).host.batch_done();
+        if matches!(self.task_drive(t), Next::Poll { .. }) {
+            self.task_commit(t);
+            self.task_drive(t);
+        }
+    }
+
+    /// Ends the step as the machine says: nothing when it is idle, else one commit of the
+    /// engine's changes with the projection writes.
+    pub(super) fn task_commit(&mut self, t: usize) {
+        let Some(commit) = self.running(t).host.end_step() else {
+            self.trace.push(format!("{} task{t} step idle", self.step));
+            return;
+        };
+        if commit.write_running {
+            self.db.tasks[t].refusal = None;
+        }
+        let run = self.running(t);
+        let applied = std::mem::take(&mut run.applied);
+        let read_to = run.read_to.clone();
+        self.committed_read.extend(read_to);
+        let n = applied.len();
+        let persist_held = self.sabotage != Sabotage::HeldNotPersisted;
+        self.db.commit(t as u32, commit.changes, &applied, persist_held);
+        self.db_version += 1;
+        self.changes += 1;
+        self.oracle.commit(self.tasks[t].receiver);
+        self.stats.deliveries += n as u64;
+        self.stats.commits += 1;
+        self.trace.push(format!("{} task{t} commit ({n} applied)", self.step));
+        self.running(t).host.committed();
+    }
+
+    /// The engine and the step in progress are gone; only committed rows remain.
+    pub(super) fn task_down(&mut self, t: usize) {
+        let receiver = self.tasks[t].receiver;
+        self.oracle.discard(receiver);
+        self.tasks[t].state = TaskState::Down;
+    }
+
+    pub(super) fn task_crash(&mut self, t: usize) {
+        let TaskState::Up(run) = &self.tasks[t].state else { return };
+        let held = run.engine().held_count();
+        let mid_step = run.host.step_open();
+        self.stats.crashes += 1;
+        if mid_step {
+            self.stats.crashes_mid_step += 1;
+        }
+        if held > 0 {
+            self.stats.crashes_while_held += 1;
+        }
+        self.trace.push(format!("{} task{t} crash (held {held}, mid-step {mid_step})", self.step));
+        self.task_down(t);
+    }
+}
