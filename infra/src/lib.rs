@@ -19,8 +19,8 @@
 //! - [`process`]: the binaries' start-up scaffolding (logging, runtime, shutdown signal).
 //! - [`cli`]: the binaries' one argument parser (clap's builder), the shared `--config`
 //!   option, and how help and usage errors end the process.
-//! - `testing` (feature `test-support`, tests only): the integration tests' helpers for the
-//!   real services — environment, unique names, topics, producers.
+//! - (feature `test-support`, tests only) `headers::produce`: records with raw header names,
+//!   for the integration tests (through `parsley-testkit`).
 
 pub mod cli;
 pub mod env;
@@ -30,8 +30,6 @@ pub mod kafka;
 pub mod metrics;
 pub mod pg;
 pub mod process;
-#[cfg(feature = "test-support")]
-pub mod testing;
 pub mod topic_id;
 
 pub use kafka::PartitionOffsets;

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use parsley::murmur2::partition_for_key;
 use parsley_infra::kafka::{consumer_config, partition_offsets, producer_config, transactional_producer_config};
-use parsley_infra::testing::{bootstrap, create_topics, database_url, delete_topic, unique, TIMEOUT};
 use parsley_infra::{describe_topics, pg, PartitionOffsets};
+use parsley_testkit::{bootstrap, create_topics, database_url, delete_topic, unique, TIMEOUT};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};

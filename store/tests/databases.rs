@@ -4,8 +4,8 @@
 
 use std::str::FromStr as _;
 
-use parsley_infra::testing::{database_url, unique};
 use parsley_store::database::{self, DatabaseName};
+use parsley_testkit::{database_url, unique};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions as _, Connection as _};
 

@@ -135,9 +135,9 @@ async fn writes_to_a_topic_whose_width_changed_are_refused() {
     assert_eq!(w.status, StatusCode::CREATED, "{}", w.json);
     // The model was recorded one task wide; stop it and widen `orders`.
     s.stop_projector().await;
-    let admin = parsley_infra::testing::admin();
+    let admin = parsley_testkit::admin();
     let results = admin
-        .create_partitions(&[NewPartitions::new(&orders, 2)], &parsley_infra::testing::admin_options())
+        .create_partitions(&[NewPartitions::new(&orders, 2)], &parsley_testkit::admin_options())
         .await
         .expect("create_partitions request");
     assert!(results[0].is_ok(), "{results:?}");

@@ -611,8 +611,8 @@ async fn partitions_added_while_running_are_refused_not_written() {
 
 async fn add_partitions(topic: &str, total: usize) {
     use rdkafka::admin::NewPartitions;
-    let results = parsley_infra::testing::admin()
-        .create_partitions(&[NewPartitions::new(topic, total)], &parsley_infra::testing::admin_options())
+    let results = parsley_testkit::admin()
+        .create_partitions(&[NewPartitions::new(topic, total)], &parsley_testkit::admin_options())
         .await
         .expect("create_partitions");
     for r in results {

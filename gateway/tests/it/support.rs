@@ -11,13 +11,12 @@ use parsley::{CausalPast, ChannelId, TopicId};
 use parsley_gateway::session::unix_now;
 use parsley_gateway::token::{self, KeyRing, SecretKey, Session, TokenLimits};
 use parsley_gateway::{admin_app, app, AppState, Gateway, GatewayConfig, SESSION_HEADER};
-use parsley_infra::testing;
-pub use parsley_infra::testing::{
-    bootstrap, create_topics, database_url, delete_records, producer, transactional_producer, unique, TIMEOUT,
-};
 use parsley_projector::config::{Apply, Config, InitialPosition, ModelConfig, TopicConfig};
 use parsley_projector::metrics::{Metrics, METRICS};
 use parsley_projector::{migrations, DocumentProjection, ModelProjector};
+pub use parsley_testkit::{
+    bootstrap, create_topics, database_url, delete_records, producer, transactional_producer, unique, TIMEOUT,
+};
 use rdkafka::producer::FutureProducer;
 use serde_json::Value;
 use sqlx::PgPool;
@@ -43,7 +42,7 @@ pub async fn produce(
     causes: Option<&CausalPast>,
 ) -> i64 {
     let causes = causes.map(CausalPast::encode);
-    testing::produce(producer, topic, partition, key, Some(value), causes.as_deref()).await
+    parsley_testkit::produce(producer, topic, partition, key, Some(value), causes.as_deref()).await
 }
 
 /// The key ring every test gateway seals with.

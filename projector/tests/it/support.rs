@@ -9,15 +9,15 @@ use std::time::Instant;
 
 use parsley::channel::{ChannelId, TopicId};
 use parsley::CausalPast;
-pub use parsley_infra::testing::{
-    admin, admin_options, bootstrap, create_topics, database_url, delete_records, delete_topic, produce, producer,
-    transactional_producer, unique, TIMEOUT,
-};
 use parsley_projector::config::{Apply, Config, InitialPosition, ModelConfig, TopicConfig};
 use parsley_projector::metrics::{Metrics, METRICS};
 use parsley_projector::projection::{Delivered, Projection, ProjectionError, StepContext};
 use parsley_projector::status::{model_report, ModelReport};
 use parsley_projector::{migrations, DocumentProjection, ModelProjector};
+pub use parsley_testkit::{
+    admin, admin_options, bootstrap, create_topics, database_url, delete_records, delete_topic, produce, producer,
+    transactional_producer, unique, TIMEOUT,
+};
 use sqlx::{PgConnection, PgPool, Row as _};
 
 /// A pool on the test database, with the schema migrated and the test log table present.

@@ -1,7 +1,8 @@
-//! Helpers for integration tests against the real local services (feature `test-support`,
-//! enabled only by the workspace's dev-dependencies): the services from the environment,
-//! unique names, an admin client, topics and producers. They panic with a clear message,
-//! as a test should, instead of returning errors.
+//! The workspace's test kit: helpers for integration tests against the real local services
+//! (a dev-dependency of every crate that has such tests): the services from the environment,
+//! unique names, an admin client, topics and producers, and records with raw header names.
+//! They panic with a clear message, as a test should, instead of returning errors. The
+//! workspace's own invariants (`tests/invariants.rs`) are checked here too.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -14,7 +15,11 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::{env, kafka};
+use parsley_infra::{env, kafka};
+
+/// Producing a record whose header names are raw bytes (not UTF-8): the one audited
+/// `unsafe` producer lives in `parsley_infra::headers`.
+pub use parsley_infra::headers::produce::produce_with_raw_headers;
 
 /// How long any one broker or database operation of a test may take.
 pub const TIMEOUT: Duration = Duration::from_secs(30);
