@@ -163,9 +163,39 @@ fn write_failed(state: &AppState, topic: &str, e: KafkaError) -> ApiError {
     if e.rdkafka_error_code() == Some(RDKafkaErrorCode::MessageSizeTooLarge) {
         return ApiError::BodyTooLarge { limit: state.config.settings.max_body_bytes };
     }
-    let detail = match e.rdkafka_error_code() {
-        Some(code) => format!("{code:?}"),
-        None => "the producer failed".to_string(),
-    };
-    ApiError::WriteFailed { detail, retry_after: state.config.settings.retry_after_s }
+    ApiError::WriteFailed {
+        detail: write_failed_detail(e.rdkafka_error_code()),
+        retry_after: state.config.settings.retry_after_s,
+    }
+}
+
+/// What a client is told of an unacknowledged write: which side failed, in the gateway's
+/// words — never the client library's error names (they are in the log above).
+fn write_failed_detail(code: Option<RDKafkaErrorCode>) -> String {
+    match code {
+        Some(RDKafkaErrorCode::MessageTimedOut | RDKafkaErrorCode::RequestTimedOut) => {
+            "Kafka did not acknowledge the write in time; it may or may not have been written".to_string()
+        }
+        Some(RDKafkaErrorCode::QueueFull) => "the gateway's queue of writes to Kafka is full".to_string(),
+        _ => "Kafka refused or could not take the write".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_failures_are_told_without_the_client_library_s_error_names() {
+        for code in [
+            Some(RDKafkaErrorCode::MessageTimedOut),
+            Some(RDKafkaErrorCode::QueueFull),
+            Some(RDKafkaErrorCode::NotLeaderForPartition),
+            None,
+        ] {
+            let detail = write_failed_detail(code);
+            assert!(detail.contains("Kafka"), "{detail}");
+            assert!(!detail.contains("Timed") && !detail.contains("Leader") && !detail.contains('_'), "{detail}");
+        }
+    }
 }
