@@ -95,12 +95,7 @@ mod tests {
     /// The exposition lists every declared metric, with its kind and help.
     #[test]
     fn the_exposition_lists_every_declared_metric() {
-        let text = Metrics::new(METRICS).render();
-        for m in Metric::ALL {
-            let (name, kind, help) = (m.name(), m.kind().as_str(), m.help());
-            assert!(text.contains(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n")), "{name}:\n{text}");
-        }
-        assert_eq!(text.lines().filter(|l| l.starts_with("# TYPE ")).count(), Metric::ALL.len());
+        parsley_infra::metrics::check_exposition(Metric::ALL).unwrap();
     }
 
     /// docs/gateway.md's metrics paragraph names exactly the declared metrics.

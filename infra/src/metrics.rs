@@ -132,6 +132,23 @@ pub fn check_declarations<M: MetricName>(all: &[M], expect_seconds: bool) -> Res
     Ok(())
 }
 
+/// What is missing from the exposition of a fresh registry of `all`, if anything: every
+/// declared metric must be listed once, with its help and kind. For each service's tests.
+pub fn check_exposition<M: MetricName>(all: &'static [M]) -> Result<(), String> {
+    let text = Registry::new(all).render();
+    for m in all {
+        let (name, kind, help) = (m.name(), m.kind().as_str(), m.help());
+        if !text.contains(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n")) {
+            return Err(format!("{name} is not listed with its help and kind:\n{text}"));
+        }
+    }
+    let listed = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
+    if listed != all.len() {
+        return Err(format!("{listed} metrics listed, {} declared", all.len()));
+    }
+    Ok(())
+}
+
 const SECONDS_BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
 const RECORDS_BUCKETS: &[f64] = &[1.0, 10.0, 100.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0];
 
