@@ -14,13 +14,16 @@
 //! - [`task`]: one task's runner — the I/O of the core's step protocol
 //!   (`parsley::host::TaskHost`): consumer, transactions, fencing, failure backoff, timers.
 //! - [`model`]: a model's topics checked against recorded identities and width, and its
-//!   task runners; `run` (until shutdown) and `run_once` (one step per task).
+//!   task runners under supervisors; `run` (until shutdown) and `run_once` (one step per task).
+//! - [`balance`]: sharing a model's tasks between instances — membership, leases,
+//!   takeover on an expired lease, hand-back on rebalancing and at shutdown.
 //! - [`metrics`]: Prometheus text.
 //! - [`skip`]: the audited way past the one record a task is refused at (`parsley-projector
 //!   skip`), and how a restore applies skips.
 //!
 //! See `docs/projector.md` for the model, schema, step, fencing and restart.
 
+pub mod balance;
 pub mod config;
 pub mod documents;
 pub mod kafka;

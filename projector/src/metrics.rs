@@ -88,6 +88,32 @@ parsley_infra::metric_names! {
             Gauge,
             "Bytes the task's held records weigh (toward max_held_bytes).",
         ),
+        TasksOwned = ("parsley_projector_tasks_owned", Gauge, "Tasks of the model this instance runs."),
+        TakeoversTotal = (
+            "parsley_projector_takeovers_total",
+            Counter,
+            "Tasks this instance took from an owner whose lease had expired.",
+        ),
+        TasksReleasedTotal = (
+            "parsley_projector_tasks_released_total",
+            Counter,
+            "Tasks this instance handed back (rebalancing, or stopping).",
+        ),
+        TasksLostTotal = (
+            "parsley_projector_tasks_lost_total",
+            Counter,
+            "Tasks another instance took from this one (its lease had expired).",
+        ),
+        LeaseRenewFailuresTotal = (
+            "parsley_projector_lease_renew_failures_total",
+            Counter,
+            "Heartbeats that could not renew this instance's membership and leases.",
+        ),
+        SecondsSinceStep = (
+            "parsley_projector_seconds_since_step",
+            Gauge,
+            "Time since the task's runner last stepped (committed or found nothing to do).",
+        ),
     }
 }
 

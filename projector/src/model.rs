@@ -5,8 +5,8 @@
 //! steps each task once, for tests that want to drive the loop deterministically.
 
 use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use parsley::channel::ChannelId;
@@ -63,6 +63,10 @@ pub struct ModelPlan {
     pub max_held_bytes: Option<usize>,
     /// What a task does with a record the projection rejects.
     pub on_rejected: OnRejected,
+    /// How long a task's lease lasts unless renewed (by a step or a heartbeat).
+    pub lease: Duration,
+    /// How often the instance renews its membership and leases and rebalances.
+    pub heartbeat: Duration,
     pub kafka: KafkaConfig,
 }
 
@@ -112,17 +116,55 @@ impl ModelPlan {
 pub struct ModelProjector<P: Projection> {
     plan: Option<Arc<ModelPlan>>,
     name: String,
+    /// Runners of tasks taken at start ([`ModelProjector::start`]); `run` adopts them.
     tasks: Vec<TaskRunner<P>>,
     refusal: Option<Refusal>,
+    /// The services and identity `run` starts runners with.
+    pool: PgPool,
+    projection: Arc<P>,
+    metrics: Arc<Metrics>,
+    owner: String,
+    /// The model's static `tasks` list: this instance runs only these (`None`: it shares
+    /// all of the model's tasks with the other instances).
+    only: Option<Vec<u32>>,
 }
 
 impl<P: Projection> ModelProjector<P> {
-    /// Resolves and checks the model's topics, records the model, and starts every task it
-    /// owns (`model.tasks`, or all). A model-wide refusal (a recreated topic, a changed
-    /// partition count, topics that are not co-partitioned) is recorded on every task of
-    /// the model when the model has state, and returned as a projector with no tasks.
-    /// Errors are for unreachable services and broken databases.
+    /// [`ModelProjector::prepare`], then takes every task the instance may run
+    /// (`model.tasks`, or all) at once — a new epoch each, fencing any other owner — and
+    /// starts their runners: the way to drive tasks step by step ([`Self::run_once`]) in
+    /// tests and tools. `run` adopts them and then shares them like any other.
     pub async fn start(
+        config: &Config,
+        model: &ModelConfig,
+        pool: PgPool,
+        projection: Arc<P>,
+        metrics: Arc<Metrics>,
+    ) -> anyhow::Result<ModelProjector<P>> {
+        let mut projector = ModelProjector::prepare(config, model, pool, projection, metrics).await?;
+        let Some(plan) = projector.plan.clone() else { return Ok(projector) };
+        let tasks = projector.only.clone().unwrap_or_else(|| (0..plan.task_count).collect());
+        for task in tasks {
+            let runner = TaskRunner::start(
+                Arc::clone(&plan),
+                task,
+                projector.pool.clone(),
+                Arc::clone(&projector.projection),
+                Arc::clone(&projector.metrics),
+                &projector.owner,
+            )
+            .await?;
+            projector.tasks.push(runner);
+        }
+        Ok(projector)
+    }
+
+    /// Resolves and checks the model's topics and records the model, taking no task: `run`
+    /// then takes the instance's share. A model-wide refusal (a recreated topic, a changed
+    /// partition count, topics that are not co-partitioned) is recorded on every task of
+    /// the model when the model has state, and returned as a projector with no plan.
+    /// Errors are for unreachable services and broken databases.
+    pub async fn prepare(
         config: &Config,
         model: &ModelConfig,
         pool: PgPool,
@@ -135,11 +177,17 @@ impl<P: Projection> ModelProjector<P> {
             let mut conn = pool.acquire().await.context("acquiring a connection")?;
             store::load_model(&mut conn, &model.name).await?
         };
+        let owner = config.owner();
         let refused = |refusal: Refusal| ModelProjector {
             plan: None,
             name: model.name.clone(),
             tasks: Vec::new(),
             refusal: Some(refusal),
+            pool: pool.clone(),
+            projection: Arc::clone(&projection),
+            metrics: Arc::clone(&metrics),
+            owner: owner.clone(),
+            only: None,
         };
 
         // Identity first: a recreated topic must be named as such, whatever its width.
@@ -197,33 +245,24 @@ impl<P: Projection> ModelProjector<P> {
             max_held_records: model.held_limits().0,
             max_held_bytes: model.held_limits().1,
             on_rejected: model.on_rejected,
+            lease: config.projector.lease(),
+            heartbeat: config.projector.heartbeat(),
             kafka: config.kafka.clone(),
         });
-        let owned: Vec<u32> = match &model.tasks {
-            Some(tasks) => {
-                if let Some(t) = tasks.iter().find(|t| **t >= width) {
-                    anyhow::bail!("models[{:?}].tasks names task {t}, but the model has {width} tasks", model.name);
-                }
-                tasks.clone()
-            }
-            None => (0..width).collect(),
-        };
-        let owner = config.owner();
-        let mut tasks = Vec::with_capacity(owned.len());
-        for task in owned {
-            tasks.push(
-                TaskRunner::start(
-                    Arc::clone(&plan),
-                    task,
-                    pool.clone(),
-                    Arc::clone(&projection),
-                    Arc::clone(&metrics),
-                    &owner,
-                )
-                .await?,
-            );
+        if let Some(t) = model.tasks.iter().flatten().find(|t| **t >= width) {
+            anyhow::bail!("models[{:?}].tasks names task {t}, but the model has {width} tasks", model.name);
         }
-        Ok(ModelProjector { plan: Some(plan), name: model.name.clone(), tasks, refusal: None })
+        Ok(ModelProjector {
+            plan: Some(plan),
+            name: model.name.clone(),
+            tasks: Vec::new(),
+            refusal: None,
+            pool,
+            projection,
+            metrics,
+            owner,
+            only: model.tasks.clone(),
+        })
     }
 
     pub fn name(&self) -> &str {
@@ -257,66 +296,124 @@ impl<P: Projection> ModelProjector<P> {
         outcomes
     }
 
-    /// Drives every task on its own tokio task until `shutdown` turns true, each under a
-    /// supervisor (see [`supervise`]). A step in progress finishes (commits or rolls back)
-    /// before its task stops.
+    /// Runs the model's tasks until `shutdown` turns true: joins the model's members and,
+    /// every heartbeat, renews this instance's leases and takes or hands back tasks so that
+    /// the instances share them evenly (or, with a static `tasks` list, takes those of them
+    /// nobody holds) — see [`crate::balance`]. Each task runs on its own tokio task under a
+    /// supervisor (see [`supervise`]). At shutdown every step in progress finishes (commits
+    /// or rolls back), the tasks are handed back and the instance leaves, so the others take
+    /// them at once.
     pub async fn run(self, shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
-        let mut handles = Vec::new();
-        for runner in self.tasks {
-            handles.push(tokio::spawn(supervise(runner, shutdown.clone())));
-        }
-        let mut shutdown = shutdown;
-        if handles.is_empty() {
+        let Some(plan) = self.plan else {
+            let mut shutdown = shutdown;
             let _ = shutdown.wait_for(|stop| *stop).await;
-        }
-        for h in handles {
-            h.await.context("a task supervisor panicked")?;
-        }
-        Ok(())
+            return Ok(());
+        };
+        let spec = |task: u32| RunnerSpec {
+            plan: Arc::clone(&plan),
+            task,
+            pool: self.pool.clone(),
+            projection: Arc::clone(&self.projection),
+            metrics: Arc::clone(&self.metrics),
+            owner: self.owner.clone(),
+        };
+        let balancer = crate::balance::Balancer::new(Arc::clone(&plan), spec(0), self.only.clone());
+        balancer.run(self.tasks, shutdown).await
     }
+}
+
+/// What a task's supervisor shares with the balancer: the epoch its current runner holds
+/// and when that runner last stepped.
+#[derive(Debug)]
+pub(crate) struct Tracker {
+    epoch: AtomicI64,
+    stepped_at: Mutex<Option<Instant>>,
+}
+
+impl Tracker {
+    pub(crate) fn new(epoch: i64) -> Arc<Tracker> {
+        Arc::new(Tracker { epoch: AtomicI64::new(epoch), stepped_at: Mutex::new(None) })
+    }
+
+    pub(crate) fn epoch(&self) -> i64 {
+        self.epoch.load(Ordering::SeqCst)
+    }
+
+    /// How long ago the runner last stepped; `None`: not yet.
+    pub(crate) fn since_step(&self) -> Option<Duration> {
+        self.stepped_at.lock().unwrap_or_else(|e| e.into_inner()).map(|at| at.elapsed())
+    }
+
+    fn stepped(&self) {
+        *self.stepped_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    }
+}
+
+/// How a task's first runner comes to be.
+pub(crate) enum Start<P: Projection> {
+    /// A runner already started (adopted from [`ModelProjector::start`]).
+    Runner(TaskRunner<P>),
+    /// The task was just taken at this row's epoch; the supervisor starts its runner.
+    Taken(store::TaskRow),
+}
+
+/// How a task's supervisor ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ended {
+    /// `stop` turned true; the runner's last step finished.
+    Stopped,
+    /// Another instance took the task (the runner was fenced, or could not take it again).
+    Lost,
 }
 
 /// How one run of a task's runner ended.
 enum RunEnded {
-    /// `shutdown` turned true.
-    Shutdown,
+    /// `stop` turned true.
+    Stopped,
+    /// Another owner took the task.
+    Fenced,
     /// The runner's refusal was lifted: start the task again.
     RefusalLifted,
     /// Taking the task again failed (e.g. the database is unreachable).
     StartFailed(anyhow::Error),
 }
 
-/// Runs one task until shutdown, so that it is never silently dead while its row says
-/// `running`: each run of the runner is a tokio task of its own, and when it panics (a bug,
-/// or a projection that panics on a record) the supervisor records the panic's message as
-/// the task's failure (`failing`, `parsley_projector_panics_total`), waits out a backoff
-/// (the projector's, doubling per consecutive panic and reset by a step that goes well),
-/// and starts the task again with a new runner — a new epoch, state restored from the
-/// database, as after a restart. A refused runner re-reads its row every
-/// `refused_recheck` and starts again once the refusal was lifted.
-async fn supervise<P: Projection>(first: TaskRunner<P>, mut shutdown: watch::Receiver<bool>) {
-    let spec = first.spec();
+/// Runs one task until `stop` turns true or another instance takes it, so that it is never
+/// silently dead while its row says `running`: each run of the runner is a tokio task of
+/// its own, and when it panics (a bug, or a projection that panics on a record) the
+/// supervisor records the panic's message as the task's failure (`failing`,
+/// `parsley_projector_panics_total`), waits out a backoff (the projector's, doubling per
+/// consecutive panic and reset by a step that goes well), and starts the task again with a
+/// new runner — a new epoch, only while this instance still holds the task, state restored
+/// from the database, as after a restart. A refused runner re-reads its row every
+/// `refused_recheck` and starts again once the refusal was lifted. A fenced runner ends the
+/// supervisor: the balancer decides what this instance runs next.
+pub(crate) async fn supervise<P: Projection>(
+    spec: RunnerSpec<P>,
+    first: Start<P>,
+    tracker: Arc<Tracker>,
+    mut stop: watch::Receiver<bool>,
+) -> Ended {
     let (model, task) = (spec.plan.name.clone(), spec.task);
     let task_label = task.to_string();
     let labels = [("model", model.as_str()), ("task", task_label.as_str())];
-    // The epoch of the current runner (for recording its panic) and the number of panics
-    // since a step last went well (for the backoff).
-    let epoch = Arc::new(AtomicI64::new(first.epoch()));
+    // The number of panics since a step last went well (for the backoff).
     let panics = Arc::new(AtomicU32::new(0));
     let mut next = Some(first);
     loop {
-        if *shutdown.borrow() {
-            return;
+        if *stop.borrow() {
+            return Ended::Stopped;
         }
         let run = tokio::spawn(run_runner(
             spec.clone(),
             next.take(),
-            shutdown.clone(),
-            Arc::clone(&epoch),
+            stop.clone(),
+            Arc::clone(&tracker),
             Arc::clone(&panics),
         ));
         let wait = match run.await {
-            Ok(RunEnded::Shutdown) => return,
+            Ok(RunEnded::Stopped) => return Ended::Stopped,
+            Ok(RunEnded::Fenced) => return Ended::Lost,
             Ok(RunEnded::RefusalLifted) => {
                 // The new runner sets it again if the refusal recurs.
                 spec.metrics.set(Metric::TaskRefused, &labels, 0.0);
@@ -338,52 +435,55 @@ async fn supervise<P: Projection>(first: TaskRunner<P>, mut shutdown: watch::Rec
                 spec.metrics.add(Metric::PanicsTotal, &labels, 1.0);
                 spec.metrics.add(Metric::FailuresTotal, &labels, 1.0);
                 spec.metrics.set(Metric::TaskFailing, &labels, 1.0);
-                let at = epoch.load(Ordering::SeqCst);
-                if let Err(e) = store::record_failure(&spec.pool, &model, task, at, &message).await {
+                if let Err(e) = store::record_failure(&spec.pool, &model, task, tracker.epoch(), &message).await {
                     tracing::warn!(model = %model, task, error = %format!("{e:#}"), "could not record the panic");
                 }
                 wait
             }
             // Cancelled: only when the runtime shuts down.
-            Err(_) => return,
+            Err(_) => return Ended::Stopped,
         };
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
-            _ = shutdown.wait_for(|stop| *stop) => return,
+            _ = stop.wait_for(|stop| *stop) => return Ended::Stopped,
         }
     }
 }
 
-/// One run of a task's runner (`runner`, or a new one taking the task): steps until
-/// shutdown; a fenced runner waits for shutdown, a refused one for its refusal to be lifted.
+/// One run of a task's runner (`start`, or a new one taking the task again at a new
+/// epoch): steps until `stop`; a fenced runner ends the run, a refused one waits for its
+/// refusal to be lifted.
 async fn run_runner<P: Projection>(
     spec: RunnerSpec<P>,
-    runner: Option<TaskRunner<P>>,
-    mut shutdown: watch::Receiver<bool>,
-    epoch: Arc<AtomicI64>,
+    start: Option<Start<P>>,
+    mut stop: watch::Receiver<bool>,
+    tracker: Arc<Tracker>,
     panics: Arc<AtomicU32>,
 ) -> RunEnded {
-    let mut runner = match runner {
-        Some(r) => r,
-        None => match spec.start().await {
-            Ok(r) => r,
+    let mut runner = match start {
+        Some(Start::Runner(r)) => r,
+        Some(Start::Taken(row)) => spec.start_taken(row).await,
+        None => match spec.restart(tracker.epoch()).await {
+            Ok(Some(r)) => r,
+            Ok(None) => {
+                tracing::warn!(model = %spec.plan.name, task = spec.task, "another instance took the task meanwhile");
+                return RunEnded::Fenced;
+            }
             Err(e) => return RunEnded::StartFailed(e),
         },
     };
-    epoch.store(runner.epoch(), Ordering::SeqCst);
+    tracker.epoch.store(runner.epoch(), Ordering::SeqCst);
     loop {
-        if *shutdown.borrow() {
-            return RunEnded::Shutdown;
+        if *stop.borrow() {
+            return RunEnded::Stopped;
         }
         match runner.state() {
-            TaskState::Fenced => {
-                let _ = shutdown.wait_for(|stop| *stop).await;
-                return RunEnded::Shutdown;
-            }
+            TaskState::Fenced => return RunEnded::Fenced,
             TaskState::Refused(_) => {
+                tracker.stepped();
                 tokio::select! {
                     _ = tokio::time::sleep(spec.plan.refused_recheck) => {}
-                    _ = shutdown.wait_for(|stop| *stop) => return RunEnded::Shutdown,
+                    _ = stop.wait_for(|stop| *stop) => return RunEnded::Stopped,
                 }
                 match runner.refusal_lifted().await {
                     Ok(true) => return RunEnded::RefusalLifted,
@@ -397,13 +497,14 @@ async fn run_runner<P: Projection>(
                 let at = *retry_at;
                 tokio::select! {
                     _ = tokio::time::sleep_until(at.into()) => {}
-                    _ = shutdown.wait_for(|stop| *stop) => return RunEnded::Shutdown,
+                    _ = stop.wait_for(|stop| *stop) => return RunEnded::Stopped,
                 }
             }
             TaskState::Running => {}
         }
         if let StepOutcome::Committed { .. } | StepOutcome::Idle = runner.run_once().await {
             panics.store(0, Ordering::SeqCst);
+            tracker.stepped();
         }
     }
 }

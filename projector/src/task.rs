@@ -34,6 +34,7 @@ use crate::model::ModelPlan;
 use crate::projection::{Delivered, Projection, ProjectionError, StepContext};
 use crate::record::{self, Consumed, RecordData};
 use crate::store::{self, LoadError};
+use parsley_store::leases;
 
 /// Where a task stands.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -164,17 +165,27 @@ impl<P: Projection> Clone for RunnerSpec<P> {
 }
 
 impl<P: Projection> RunnerSpec<P> {
-    /// [`TaskRunner::start`]: takes the task (a new epoch) and restores it.
-    pub async fn start(&self) -> anyhow::Result<TaskRunner<P>> {
-        TaskRunner::start(
+    /// [`TaskRunner::start_taken`] with this spec's services, for a task taken at `row`.
+    pub async fn start_taken(&self, row: store::TaskRow) -> TaskRunner<P> {
+        TaskRunner::start_taken(
             Arc::clone(&self.plan),
-            self.task,
+            row,
             self.pool.clone(),
             Arc::clone(&self.projection),
             Arc::clone(&self.metrics),
             &self.owner,
         )
         .await
+    }
+
+    /// Starts the task again after its runner at `epoch` ended (a panic, a lifted refusal):
+    /// a new epoch, only while `epoch` still holds the task. `None`: another instance took it.
+    pub async fn restart(&self, epoch: i64) -> anyhow::Result<Option<TaskRunner<P>>> {
+        let row = leases::retake(&self.pool, &self.plan.name, self.task, &self.owner, epoch, self.plan.lease).await?;
+        Ok(match row {
+            Some(row) => Some(self.start_taken(row).await),
+            None => None,
+        })
     }
 }
 
@@ -190,6 +201,22 @@ impl<P: Projection> TaskRunner<P> {
         owner: &str,
     ) -> anyhow::Result<TaskRunner<P>> {
         let row = store::take_task(&pool, &plan.name, task, owner).await?;
+        Ok(TaskRunner::start_taken(plan, row, pool, projection, metrics, owner).await)
+    }
+
+    /// Starts the runner of a task this instance has just taken (`row`, at its new epoch:
+    /// a claim under the balancer, or [`TaskRunner::start`]): restores its state, seeds and
+    /// checks its positions, and assigns its channels to a new consumer. A start that fails
+    /// leaves the runner failing, retried with backoff.
+    pub async fn start_taken(
+        plan: Arc<ModelPlan>,
+        row: store::TaskRow,
+        pool: PgPool,
+        projection: Arc<P>,
+        metrics: Arc<Metrics>,
+        owner: &str,
+    ) -> TaskRunner<P> {
+        let task = row.task;
         let host = TaskHost::new(plan.engine_config(), plan.channels(task), row.status)
             .with_weigher(record::weight)
             .with_skipped(|data: RecordData| RecordData::skipped(data.timestamp_ms));
@@ -217,7 +244,7 @@ impl<P: Projection> TaskRunner<P> {
         if let Err(e) = runner.start_sequence().await {
             runner.fail(e, Failure::Error).await;
         }
-        Ok(runner)
+        runner
     }
 
     pub fn task(&self) -> u32 {
@@ -394,7 +421,7 @@ impl<P: Projection> TaskRunner<P> {
         let start = self.host.take_start();
         let plan = Arc::clone(&self.plan);
         let mut tx = self.pool.begin().await.context("beginning the start transaction")?;
-        if store::lock_epoch(&mut tx, &plan.name, self.task).await? != Some(self.epoch) {
+        if !leases::lock_and_renew(&mut tx, &plan.name, self.task, self.epoch, plan.lease).await? {
             drop(tx);
             self.host.fenced();
             self.settle_stop();
@@ -451,7 +478,7 @@ impl<P: Projection> TaskRunner<P> {
     /// after a step rolled back on a record the projection rejected.
     async fn persist_refusal(&mut self, refusal: Refusal) -> anyhow::Result<()> {
         let mut tx = self.pool.begin().await.context("beginning a refusal transaction")?;
-        if store::lock_epoch(&mut tx, &self.plan.name, self.task).await? != Some(self.epoch) {
+        if !leases::lock_and_renew(&mut tx, &self.plan.name, self.task, self.epoch, self.plan.lease).await? {
             drop(tx);
             self.host.fenced();
             self.settle_stop();
@@ -808,7 +835,7 @@ impl<P: Projection> TaskRunner<P> {
         commit: &StepCommit<RecordData>,
     ) -> anyhow::Result<bool> {
         let mut tx = self.pool.begin().await.context("beginning a step")?;
-        if store::lock_epoch(&mut tx, &plan.name, self.task).await? != Some(self.epoch) {
+        if !leases::lock_and_renew(&mut tx, &plan.name, self.task, self.epoch, plan.lease).await? {
             tx.rollback().await.context("rolling back a fenced step")?;
             return Ok(false);
         }

@@ -175,6 +175,17 @@ pub struct ProjectorSettings {
     /// milliseconds; 0 disables the check while running (start still checks).
     #[serde(default = "default_width_check_ms")]
     pub width_check_ms: u64,
+    /// How long a task's lease lasts unless renewed, in milliseconds: an instance that dies
+    /// or freezes loses its tasks this long after its last renewal, and the other instances
+    /// take them. Shorter: faster failover; longer: fewer needless takeovers when an instance
+    /// or the database pauses (a takeover costs a restore and a repeated step, never a double
+    /// delivery).
+    #[serde(default = "default_lease_ms")]
+    pub lease_ms: u64,
+    /// How often an instance renews its membership and its tasks' leases and rebalances, in
+    /// milliseconds; less than a third of `lease_ms`.
+    #[serde(default = "default_heartbeat_ms")]
+    pub heartbeat_ms: u64,
 }
 
 impl Default for ProjectorSettings {
@@ -189,6 +200,8 @@ impl Default for ProjectorSettings {
             prune_interval_ms: default_prune_interval_ms(),
             refused_recheck_ms: default_refused_recheck_ms(),
             width_check_ms: default_width_check_ms(),
+            lease_ms: default_lease_ms(),
+            heartbeat_ms: default_heartbeat_ms(),
         }
     }
 }
@@ -215,6 +228,12 @@ impl ProjectorSettings {
     /// The interval of the run-time width check; `None` when disabled.
     pub fn width_check(&self) -> Option<Duration> {
         (self.width_check_ms > 0).then(|| Duration::from_millis(self.width_check_ms))
+    }
+    pub fn lease(&self) -> Duration {
+        Duration::from_millis(self.lease_ms)
+    }
+    pub fn heartbeat(&self) -> Duration {
+        Duration::from_millis(self.heartbeat_ms)
     }
 }
 
@@ -400,6 +419,16 @@ pub const MIN_REFUSED_RECHECK_MS: u64 = 100;
 fn default_width_check_ms() -> u64 {
     30_000
 }
+fn default_lease_ms() -> u64 {
+    5_000
+}
+fn default_heartbeat_ms() -> u64 {
+    1_000
+}
+/// The shortest lease: a takeover needs a few round trips to the database.
+pub const MIN_LEASE_MS: u64 = 500;
+/// The shortest heartbeat.
+pub const MIN_HEARTBEAT_MS: u64 = 50;
 /// The shortest enabled width check: each is a metadata request per task.
 pub const MIN_WIDTH_CHECK_MS: u64 = 100;
 fn default_max_held_records() -> usize {
@@ -509,6 +538,21 @@ impl Config {
             bail!(
                 "projector.refused_recheck_ms must be at least {MIN_REFUSED_RECHECK_MS}, not {}",
                 self.projector.refused_recheck_ms
+            );
+        }
+        if self.projector.lease_ms < MIN_LEASE_MS || self.projector.lease_ms > i32::MAX as u64 {
+            bail!(
+                "projector.lease_ms must be between {MIN_LEASE_MS} and {}, not {}",
+                i32::MAX,
+                self.projector.lease_ms
+            );
+        }
+        if self.projector.heartbeat_ms < MIN_HEARTBEAT_MS || self.projector.heartbeat_ms * 3 > self.projector.lease_ms {
+            bail!(
+                "projector.heartbeat_ms must be at least {MIN_HEARTBEAT_MS} and at most a third of projector.lease_ms \
+                 ({}), not {}: a lease must survive two missed heartbeats",
+                self.projector.lease_ms / 3,
+                self.projector.heartbeat_ms
             );
         }
         if self.projector.width_check_ms != 0 && self.projector.width_check_ms < MIN_WIDTH_CHECK_MS {

@@ -11,6 +11,8 @@
 //!   identities, task epochs and the persisted [`TaskStatus`], loading a task's state,
 //!   writing a step's changes, clock rows, the `NOTIFY` channel, skips and dead letters;
 //!   [`record`]: what a held record keeps (the engine's payload) and its header framing.
+//! - [`leases`]: membership and task leases — which instance *should* run each task
+//!   (the epoch still decides who may commit), takeover, hand-back, the even shares.
 //! - [`documents`]: every statement on `projection.documents`.
 //! - [`status`]: task status read back, in full (the projector's `status`) or from SQL
 //!   aggregates (the gateway's `/v1/status`).
@@ -22,6 +24,7 @@ pub mod database;
 pub mod documents;
 pub mod env;
 pub mod failure;
+pub mod leases;
 pub mod migrations;
 pub mod ordering;
 pub mod record;

@@ -25,6 +25,7 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "20261130000000_skips_and_dead_letters.sql",
         include_str!("../migrations/20261130000000_skips_and_dead_letters.sql"),
     ),
+    ("20261130100000_add_leases.sql", include_str!("../migrations/20261130100000_add_leases.sql")),
 ];
 
 #[derive(Debug)]

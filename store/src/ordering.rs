@@ -137,7 +137,10 @@ macro_rules! task_columns {
     };
 }
 
-fn task_row(row: &sqlx::postgres::PgRow) -> anyhow::Result<TaskRow> {
+/// The columns of a task row, for statements outside this module.
+pub(crate) const TASK_COLUMNS: &str = task_columns!();
+
+pub(crate) fn task_row(row: &sqlx::postgres::PgRow) -> anyhow::Result<TaskRow> {
     let reason: Option<String> = row.get("refusal_reason");
     let refusal = match reason {
         None => None,

@@ -160,7 +160,7 @@ async fn connect(config: &Config, retry: bool) -> anyhow::Result<PgPool> {
             url,
             config.database.max_connections,
             config.database.acquire_timeout(),
-            &config.database.session_bounds(),
+            &session_bounds(&config),
         )
         .await
         {
@@ -173,6 +173,18 @@ async fn connect(config: &Config, retry: bool) -> anyhow::Result<PgPool> {
             Err(e) => return Err(e),
         }
     }
+}
+
+/// The database's session bounds, with the two that free a frozen or vanished instance's
+/// row locks capped by the lease: a session idle inside a transaction for longer than
+/// `lease_ms` (a frozen owner mid-step) is ended by the server, and so is one whose client
+/// stopped answering keepalives; a takeover then waits no longer than about a lease.
+fn session_bounds(config: &Config) -> parsley_infra::pg::SessionBounds {
+    let mut bounds = config.database.session_bounds();
+    let lease = config.projector.lease().max(Duration::from_secs(1));
+    bounds.idle_in_transaction_timeout = Some(bounds.idle_in_transaction_timeout.map_or(lease, |d| d.min(lease)));
+    bounds.keepalives_idle = Some(bounds.keepalives_idle.map_or(lease, |d| d.min(lease)).max(Duration::from_secs(1)));
+    bounds
 }
 
 async fn print_status(pool: &PgPool, only: &[String]) -> anyhow::Result<()> {
@@ -230,7 +242,7 @@ async fn run(config: Config, only: &[String]) -> anyhow::Result<()> {
                 return Ok(());
             }
             let projection = Arc::new(DocumentProjection::from_model(&model));
-            match ModelProjector::start(&config, &model, pool.clone(), projection, Arc::clone(&metrics)).await {
+            match ModelProjector::prepare(&config, &model, pool.clone(), projection, Arc::clone(&metrics)).await {
                 Ok(p) => break p,
                 Err(e) => {
                     tracing::warn!(model = %model.name, error = %format!("{e:#}"), retry_in_ms = wait.as_millis() as u64,
@@ -245,7 +257,8 @@ async fn run(config: Config, only: &[String]) -> anyhow::Result<()> {
             tracing::error!(model = %model.name, reason = %r.reason, diagnosis = %r.diagnosis,
                 "model refused; see `parsley-projector status`");
         } else {
-            tracing::info!(model = %model.name, tasks = projector.tasks().len(), "model started");
+            let tasks = projector.plan().map_or(0, |p| p.task_count);
+            tracing::info!(model = %model.name, tasks, only = ?model.tasks, "model started; sharing its tasks");
         }
         runs.push(tokio::spawn(projector.run(shutdown.clone())));
     }
