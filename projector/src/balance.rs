@@ -78,7 +78,7 @@ impl<P: Projection> Balancer<P> {
     ) -> anyhow::Result<()> {
         for runner in adopted {
             let (task, epoch) = (runner.task(), runner.epoch());
-            self.spawn(task, epoch, Start::Runner(runner));
+            self.spawn(task, epoch, Start::Runner(Box::new(runner)));
         }
         let mut listener = self.listen().await;
         tracing::info!(model = %self.plan.name, instance = %self.spec.owner, incarnation = %self.incarnation,

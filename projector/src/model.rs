@@ -352,7 +352,7 @@ impl Tracker {
 /// How a task's first runner comes to be.
 pub(crate) enum Start<P: Projection> {
     /// A runner already started (adopted from [`ModelProjector::start`]).
-    Runner(TaskRunner<P>),
+    Runner(Box<TaskRunner<P>>),
     /// The task was just taken at this row's epoch; the supervisor starts its runner.
     Taken(store::TaskRow),
 }
@@ -461,7 +461,7 @@ async fn run_runner<P: Projection>(
     panics: Arc<AtomicU32>,
 ) -> RunEnded {
     let mut runner = match start {
-        Some(Start::Runner(r)) => r,
+        Some(Start::Runner(r)) => *r,
         Some(Start::Taken(row)) => spec.start_taken(row).await,
         None => match spec.restart(tracker.epoch()).await {
             Ok(Some(r)) => r,

@@ -160,7 +160,7 @@ async fn connect(config: &Config, retry: bool) -> anyhow::Result<PgPool> {
             url,
             config.database.max_connections,
             config.database.acquire_timeout(),
-            &session_bounds(&config),
+            &session_bounds(config),
         )
         .await
         {
