@@ -23,6 +23,7 @@ use crate::metrics::{Metric, Metrics};
 use crate::projection::Projection;
 use crate::store;
 use crate::task::{RunnerSpec, StepOutcome, TaskRunner, TaskState};
+use parsley_store::leases;
 
 /// One received topic of a model, resolved.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -463,14 +464,23 @@ async fn run_runner<P: Projection>(
     let mut runner = match start {
         Some(Start::Runner(r)) => *r,
         Some(Start::Taken(row)) => spec.start_taken(row).await,
-        None => match spec.restart(tracker.epoch()).await {
-            Ok(Some(r)) => r,
-            Ok(None) => {
-                tracing::warn!(model = %spec.plan.name, task = spec.task, "another instance took the task meanwhile");
-                return RunEnded::Fenced;
+        // Again, at a new epoch, only while this instance still holds the task. The tracker
+        // learns the epoch before the (slow) start, so a heartbeat meanwhile renews it.
+        None => {
+            match leases::retake(&spec.pool, &spec.plan.name, spec.task, &spec.owner, tracker.epoch(), spec.plan.lease)
+                .await
+            {
+                Ok(Some(row)) => {
+                    tracker.epoch.store(row.epoch, Ordering::SeqCst);
+                    spec.start_taken(row).await
+                }
+                Ok(None) => {
+                    tracing::warn!(model = %spec.plan.name, task = spec.task, "another instance took the task meanwhile");
+                    return RunEnded::Fenced;
+                }
+                Err(e) => return RunEnded::StartFailed(e),
             }
-            Err(e) => return RunEnded::StartFailed(e),
-        },
+        }
     };
     tracker.epoch.store(runner.epoch(), Ordering::SeqCst);
     loop {

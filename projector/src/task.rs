@@ -177,16 +177,6 @@ impl<P: Projection> RunnerSpec<P> {
         )
         .await
     }
-
-    /// Starts the task again after its runner at `epoch` ended (a panic, a lifted refusal):
-    /// a new epoch, only while `epoch` still holds the task. `None`: another instance took it.
-    pub async fn restart(&self, epoch: i64) -> anyhow::Result<Option<TaskRunner<P>>> {
-        let row = leases::retake(&self.pool, &self.plan.name, self.task, &self.owner, epoch, self.plan.lease).await?;
-        Ok(match row {
-            Some(row) => Some(self.start_taken(row).await),
-            None => None,
-        })
-    }
 }
 
 impl<P: Projection> TaskRunner<P> {
