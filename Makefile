@@ -1,5 +1,5 @@
 # Entry points; the work is done by the scripts in scripts/ (see docs/development.md).
-.PHONY: demo test fuzz soak services-up services-down services-status services-reset
+.PHONY: demo test failover fuzz soak services-up services-down services-status services-reset
 
 # Start the local stack, then run the main job.
 demo:
@@ -8,6 +8,13 @@ demo:
 # Start the local stack, then build and run the whole workspace test suite.
 test:
 	@bash scripts/test.sh
+
+# The projector failover tests alone: several instances of the binary sharing a model's
+# tasks under a session workload, killed, frozen, added and stopped; they print the measured
+# takeover times (gateway/tests/it/failover.rs). Needs the services (`make services-up`) and
+# DATABASE_URL, PARSLEY_KAFKA_BOOTSTRAP as it prints them.
+failover:
+	@cargo build -p parsley-projector --bin parsley-projector && cargo test -p parsley-gateway --test it failover -- --nocapture --test-threads=1
 
 # Long runs of the property-based fuzz tests (the short slice runs in `make test`):
 # the causes decoder and encoder, the gateway's write-body parser and token opener, the
