@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use parsley::ChannelId;
 use parsley_store::migrations;
-use parsley_store::ordering::begin_snapshot;
+use parsley_store::ordering::{begin_snapshot, TaskRow};
 use parsley_store::status::{model_aggregates, ModelAggregates};
 use serde_json::{json, Value};
 
@@ -126,6 +126,8 @@ fn report_json(state: &AppState, r: &ModelAggregates) -> Value {
                 "status": row.status.as_str(),
                 "epoch": row.epoch,
                 "owner": row.owner,
+                "lease": lease_json(row),
+                "last_step_ms_ago": row.since_step_ms,
                 "failures": row.failures,
                 "last_error": row.last_error,
                 "refusal": row.refusal.as_ref().map(|f| json!({
@@ -142,11 +144,31 @@ fn report_json(state: &AppState, r: &ModelAggregates) -> Value {
             })
         })
         .collect();
+    let instances: Vec<Value> = r
+        .members
+        .iter()
+        .map(|m| {
+            let owned = r.tasks.iter().filter(|t| t.row.owner == m.instance && t.row.leased()).count();
+            json!({"instance": m.instance, "balanced": m.balanced, "live": m.live, "tasks": owned})
+        })
+        .collect();
     json!({
         "model": r.model,
         "task_count": r.row.task_count,
         "format_version": r.row.format_version,
         "topics": topics,
+        "instances": instances,
         "tasks": tasks,
+    })
+}
+
+/// A task's lease: `held` (a live lease), and when it passes (`expires_in_ms`) or passed
+/// (`expired_ms_ago`, nobody has taken the task since); both `null` when no instance holds it.
+pub(crate) fn lease_json(row: &TaskRow) -> Value {
+    let remaining = row.lease_remaining_ms;
+    json!({
+        "held": row.leased(),
+        "expires_in_ms": remaining.filter(|ms| *ms > 0),
+        "expired_ms_ago": remaining.filter(|ms| *ms <= 0).map(|ms| -ms),
     })
 }

@@ -450,10 +450,25 @@ fn not_yet_covered(state: &AppState, model: &str, uncovered: Uncovered, waited: 
         })
         .collect();
     let mut tasks = Vec::new();
+    // Tasks nobody runs: their lease passed (or was handed back) and no instance took them.
+    let mut unowned = Vec::new();
     for t in involved {
         match uncovered.tasks.iter().find(|r| r.task == t) {
             None => tasks.push(json!({"task": t, "status": "missing"})),
             Some(row) => match row.status {
+                _ if !row.leased() => {
+                    unowned.push(match row.lease_remaining_ms {
+                        Some(ms) => format!("task {t}'s lease (owner {:?}) expired {} ms ago", row.owner, -ms),
+                        None => format!("task {t} is held by no instance"),
+                    });
+                    tasks.push(json!({
+                        "task": t,
+                        "status": row.status.as_str(),
+                        "owner": row.owner,
+                        "lease": crate::ops::lease_json(row),
+                        "last_step_ms_ago": row.since_step_ms,
+                    }));
+                }
                 TaskStatus::Running => {}
                 TaskStatus::Failing => tasks.push(json!({
                     "task": t,
@@ -486,7 +501,14 @@ fn not_yet_covered(state: &AppState, model: &str, uncovered: Uncovered, waited: 
         }
     }
     let waited_ms = waited.as_millis() as u64;
-    let detail = if uncovered.recorded {
+    let detail = if uncovered.recorded && !unowned.is_empty() {
+        format!(
+            "the projection of model {model:?} does not yet reflect this session ({} gap(s)) after waiting {waited_ms} ms, \
+             and nobody is taking it further: {} and no instance has taken it over (is a projector instance running?); retry later",
+            gaps.len(),
+            unowned.join(", ")
+        )
+    } else if uncovered.recorded {
         format!(
             "the projection of model {model:?} does not yet reflect this session ({} gap(s)) after waiting {waited_ms} ms; retry later",
             gaps.len()

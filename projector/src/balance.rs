@@ -33,6 +33,7 @@ use tokio::task::JoinHandle;
 use crate::metrics::Metric;
 use crate::model::{supervise, Ended, ModelPlan, Start, Tracker};
 use crate::projection::Projection;
+use crate::store;
 use crate::task::{RunnerSpec, TaskRunner};
 
 /// A task this instance runs: its supervisor, and how to stop it.
@@ -182,9 +183,9 @@ impl<P: Projection> Balancer<P> {
 
     /// Hands back what is over this instance's share; takes free tasks up to it.
     async fn balance(&mut self) -> anyhow::Result<()> {
-        let (members, leases) = {
+        let (members, tasks) = {
             let mut conn = self.spec.pool.acquire().await.context("acquiring a connection to balance")?;
-            (leases::members(&mut conn, &self.plan.name).await?, leases::leases(&mut conn, &self.plan.name).await?)
+            (leases::members(&mut conn, &self.plan.name).await?, store::load_tasks(&mut conn, &self.plan.name).await?)
         };
         let candidates: Vec<u32> = match &self.only {
             Some(only) => only.iter().copied().collect(),
@@ -210,7 +211,7 @@ impl<P: Projection> Balancer<P> {
             return Ok(());
         }
         let mut want = share - mine;
-        let live: BTreeSet<u32> = leases.iter().filter(|l| l.live()).map(|l| l.task).collect();
+        let live: BTreeSet<u32> = tasks.iter().filter(|t| t.leased()).map(|t| t.task).collect();
         for task in candidates {
             if want == 0 {
                 break;

@@ -341,26 +341,6 @@ pub struct Member {
     pub live: bool,
 }
 
-/// A task's lease, as the balancer and the status views see it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Lease {
-    pub task: u32,
-    pub owner: String,
-    pub epoch: i64,
-    /// Milliseconds until the lease passes (negative: passed that long ago); `None`: not
-    /// held by anyone.
-    pub remaining_ms: Option<i64>,
-    /// Milliseconds since the owner last stepped; `None`: never recorded.
-    pub since_step_ms: Option<i64>,
-}
-
-impl Lease {
-    /// Some instance holds a live lease on the task.
-    pub fn live(&self) -> bool {
-        self.remaining_ms.is_some_and(|ms| ms > 0)
-    }
-}
-
 /// The members of `model` (live or not), by name.
 pub async fn members(conn: &mut PgConnection, model: &str) -> anyhow::Result<Vec<Member>> {
     let rows: Vec<(String, bool, bool)> = sqlx::query_as(
@@ -371,31 +351,6 @@ pub async fn members(conn: &mut PgConnection, model: &str) -> anyhow::Result<Vec
     .await
     .with_context(|| format!("reading the members of model {model:?}"))?;
     Ok(rows.into_iter().map(|(instance, balanced, live)| Member { instance, balanced, live }).collect())
-}
-
-/// Every task row's lease of `model`, by task (tasks never taken have no row).
-pub async fn leases(conn: &mut PgConnection, model: &str) -> anyhow::Result<Vec<Lease>> {
-    type LeaseTuple = (i32, String, i64, Option<i64>, Option<i64>);
-    let rows: Vec<LeaseTuple> = sqlx::query_as(
-        "SELECT task, owner, epoch,
-                (extract(epoch FROM lease_until - now()) * 1000)::bigint,
-                (extract(epoch FROM now() - last_step_at) * 1000)::bigint
-           FROM parsley.tasks WHERE model = $1 ORDER BY task",
-    )
-    .bind(model)
-    .fetch_all(&mut *conn)
-    .await
-    .with_context(|| format!("reading the leases of model {model:?}"))?;
-    Ok(rows
-        .into_iter()
-        .map(|(task, owner, epoch, remaining_ms, since_step_ms)| Lease {
-            task: task as u32,
-            owner,
-            epoch,
-            remaining_ms,
-            since_step_ms,
-        })
-        .collect())
 }
 
 /// How many tasks each live balanced member of a model should run: `tasks` shared as

@@ -124,6 +124,19 @@ pub struct TaskRow {
     pub last_error: Option<String>,
     pub failures: i32,
     pub refusal: Option<Refusal>,
+    /// Milliseconds until the owner's lease passes, by the database's clock (negative: it
+    /// passed that long ago); `None`: no instance holds the task (never leased, or handed
+    /// back).
+    pub lease_remaining_ms: Option<i64>,
+    /// Milliseconds since the owner's runner last stepped; `None`: not recorded.
+    pub since_step_ms: Option<i64>,
+}
+
+impl TaskRow {
+    /// Some instance holds a live lease on the task.
+    pub fn leased(&self) -> bool {
+        self.lease_remaining_ms.is_some_and(|ms| ms > 0)
+    }
 }
 
 /// The task status type is the core's: one type for the protocol, the rows and every view.
@@ -133,7 +146,9 @@ pub use parsley::host::TaskStatus;
 macro_rules! task_columns {
     () => {
         "task, epoch, owner, status, last_error, failures, refusal_reason, refusal_diagnosis, \
-         refusal_topic_id, refusal_partition, refusal_position"
+         refusal_topic_id, refusal_partition, refusal_position, \
+         (extract(epoch FROM lease_until - now()) * 1000)::bigint AS lease_remaining_ms, \
+         (extract(epoch FROM now() - last_step_at) * 1000)::bigint AS since_step_ms"
     };
 }
 
@@ -172,6 +187,8 @@ pub(crate) fn task_row(row: &sqlx::postgres::PgRow) -> anyhow::Result<TaskRow> {
         last_error: row.get("last_error"),
         failures: row.get("failures"),
         refusal,
+        lease_remaining_ms: row.get("lease_remaining_ms"),
+        since_step_ms: row.get("since_step_ms"),
     })
 }
 

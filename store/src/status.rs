@@ -39,6 +39,11 @@ pub struct TaskReport {
     pub last_error: Option<String>,
     pub failures: i32,
     pub refusal: Option<Refusal>,
+    /// The owner's lease: milliseconds until it passes (negative: passed that long ago);
+    /// `None`: no instance holds the task.
+    pub lease_remaining_ms: Option<i64>,
+    /// Milliseconds since the owner's runner last stepped.
+    pub since_step_ms: Option<i64>,
     /// Per channel: fed_up_to, settled, held count, head and the head's blockers.
     pub channels: Vec<ChannelStatus>,
     pub held_total: usize,
@@ -102,6 +107,8 @@ pub async fn model_report(conn: &mut PgConnection, model: &str) -> anyhow::Resul
             last_error: t.last_error,
             failures: t.failures,
             refusal: t.refusal,
+            lease_remaining_ms: t.lease_remaining_ms,
+            since_step_ms: t.since_step_ms,
             channels: Vec::new(),
             held_total: 0,
             clock_width: 0,
@@ -151,6 +158,15 @@ fn position(p: Option<Position>) -> String {
     p.map_or_else(|| "none".to_string(), |p| p.to_string())
 }
 
+/// A lease in words: held for how much longer, or since when nobody holds it.
+pub fn describe_lease(remaining_ms: Option<i64>) -> String {
+    match remaining_ms {
+        Some(ms) if ms > 0 => format!("lease {ms} ms left"),
+        Some(ms) => format!("LEASE EXPIRED {} ms ago, not taken over", -ms),
+        None => "not leased: no instance holds it".to_string(),
+    }
+}
+
 /// Renders a report for operators.
 pub fn render(report: &ModelReport) -> String {
     let mut out = String::new();
@@ -184,8 +200,14 @@ pub fn render(report: &ModelReport) -> String {
         };
         let _ = writeln!(
             out,
-            "  task {}: {state}; epoch {} owner {:?}; held {}; clock {} channels",
-            t.task, t.epoch, t.owner, t.held_total, t.clock_width
+            "  task {}: {state}; epoch {} owner {:?} ({}; {}); held {}; clock {} channels",
+            t.task,
+            t.epoch,
+            t.owner,
+            describe_lease(t.lease_remaining_ms),
+            t.since_step_ms.map_or_else(|| "no step recorded".to_string(), |ms| format!("last step {ms} ms ago")),
+            t.held_total,
+            t.clock_width
         );
         if let Some(r) = &t.unreadable {
             let _ = writeln!(out, "    stored state unreadable: {r}");
@@ -258,6 +280,8 @@ pub struct ModelAggregates {
     /// Topic name by ID, as recorded.
     pub topics: BTreeMap<TopicId, String>,
     pub tasks: Vec<TaskAggregates>,
+    /// The instances registered for the model (live or not).
+    pub members: Vec<crate::leases::Member>,
 }
 
 /// One task's status from SQL aggregates.
@@ -379,7 +403,8 @@ pub async fn model_aggregates(conn: &mut PgConnection, model: &str) -> anyhow::R
             t.clock_width = width;
         }
     }
-    Ok(Some(ModelAggregates { model: model.to_string(), row, topics, tasks: tasks.into_values().collect() }))
+    let members = crate::leases::members(conn, model).await?;
+    Ok(Some(ModelAggregates { model: model.to_string(), row, topics, tasks: tasks.into_values().collect(), members }))
 }
 
 #[cfg(test)]
