@@ -185,3 +185,52 @@ async fn the_gate_transaction_is_one_read_only_snapshot() {
     let write = sqlx::query("CREATE TEMP TABLE gate_must_not_write (x int)").execute(&mut *tx).await;
     assert!(write.is_err(), "a read-only transaction refuses writes");
 }
+
+/// Leases in the admin status, and a 503 that names the tasks nobody runs: while the
+/// projector runs, each task shows its owner with a live lease and a recent step, and the
+/// instance is listed; once it stops (handing its tasks back) a read that waits on a task
+/// names it as held by no instance; once a lease is left to expire (an owner that died),
+/// the 503 names the expired lease and its owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_shows_leases_and_a_503_names_the_tasks_nobody_runs() {
+    let mut s = Stack::new("ops-lease", 1, "read_wait_ms = 300").await;
+    let orders = s.names.orders.clone();
+    s.start_projector().await;
+    let w = s.write(&orders, "k", json!(1), None).await;
+    let r = s.read("k", Some(&w.token())).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.json);
+    let owner = s.config.owner();
+    let st = s.status().await;
+    let model = &st.json["models"][0];
+    let task = &model["tasks"][0];
+    assert_eq!(task["owner"], json!(owner), "{}", st.json);
+    assert_eq!(task["lease"]["held"], json!(true), "{}", st.json);
+    assert!(task["lease"]["expires_in_ms"].as_i64().unwrap() > 0, "{}", st.json);
+    assert!(task["last_step_ms_ago"].as_i64().is_some(), "{}", st.json);
+    assert_eq!(model["instances"], json!([{"instance": owner, "balanced": true, "live": true, "tasks": 1}]));
+
+    // Stopped: the task is handed back, the instance has left.
+    s.stop_projector().await;
+    let st = s.status().await;
+    let model = &st.json["models"][0];
+    assert_eq!(model["tasks"][0]["lease"], json!({"held": false, "expires_in_ms": null, "expired_ms_ago": null}));
+    assert_eq!(model["instances"], json!([]));
+    let w = s.write(&orders, "k", json!(2), Some(&r.token())).await;
+    let r = s.read("k", Some(&w.token())).await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.json);
+    let detail = r.json["detail"].as_str().unwrap();
+    assert!(detail.contains("task 0 is held by no instance"), "{detail}");
+    assert_eq!(r.json["tasks"][0]["lease"]["held"], json!(false), "{}", r.json);
+
+    // An owner that died: its lease passed without anyone taking the task.
+    sqlx::query("UPDATE parsley.tasks SET owner = 'gone', lease_until = now() - interval '4 seconds' WHERE model = $1")
+        .bind(&s.names.model)
+        .execute(&s.pool)
+        .await
+        .unwrap();
+    let r = s.read("k", Some(&w.token())).await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.json);
+    let detail = r.json["detail"].as_str().unwrap();
+    assert!(detail.contains("task 0's lease (owner \"gone\") expired"), "{detail}");
+    assert!(r.json["tasks"][0]["lease"]["expired_ms_ago"].as_i64().unwrap() >= 4000, "{}", r.json);
+}
