@@ -223,17 +223,6 @@ pub async fn load_tasks(conn: &mut PgConnection, model: &str) -> anyhow::Result<
         .collect()
 }
 
-/// The first statement of every step: locks the task's row until the step ends and returns
-/// its epoch. A step whose epoch differs was fenced: another owner took the task.
-pub async fn lock_epoch(conn: &mut PgConnection, model: &str, task: u32) -> anyhow::Result<Option<i64>> {
-    sqlx::query_scalar("SELECT epoch FROM parsley.tasks WHERE model = $1 AND task = $2 FOR UPDATE")
-        .bind(model)
-        .bind(task as i32)
-        .fetch_optional(&mut *conn)
-        .await
-        .with_context(|| format!("locking task {model}/{task}"))
-}
-
 /// Why a task's state could not be loaded.
 #[derive(Debug)]
 pub enum LoadError {
@@ -386,7 +375,7 @@ fn split_pairs(pairs: &[(ChannelId, Position)]) -> (Vec<Uuid>, Vec<i32>, Vec<i64
 }
 
 /// Writes one step's ordering-state changes. Runs inside the step's transaction, after
-/// [`lock_epoch`]. Returns whether the clock (delivered past) changed.
+/// [`crate::leases::lock_and_renew`]. Returns whether the clock (delivered past) changed.
 pub async fn apply_changes(
     conn: &mut PgConnection,
     model: &str,

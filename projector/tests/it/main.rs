@@ -6,6 +6,7 @@
 mod causal;
 mod clock;
 mod fencing;
+mod leases;
 mod log_start;
 mod prune;
 mod refusals;

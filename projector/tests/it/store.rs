@@ -3,12 +3,15 @@
 //! it (held records verbatim, fed_up_to, frontier, clock, removals and pruning included);
 //! task rows, failures, refusals and their clearing behave as documented.
 
+use std::time::Duration;
+
 use parsley::channel::{ChannelId, TopicId};
 use parsley::engine::{ChannelFact, EngineConfig, PersistedState, ORDERING_STATE_FORMAT};
 use parsley::refusal::{Refusal, RefusalReason};
 use parsley::Engine;
 use parsley_projector::record::RecordData;
 use parsley_projector::store::{self, LoadError, TaskStatus};
+use parsley_store::leases;
 use sqlx::PgPool;
 
 use crate::support::*;
@@ -30,7 +33,13 @@ fn data(i: u8) -> RecordData {
 async fn commit(pool: &PgPool, model: &str, task: u32, engine: &mut Engine<RecordData>) {
     let changes = engine.take_changes();
     let mut tx = pool.begin().await.unwrap();
-    store::lock_epoch(&mut tx, model, task).await.unwrap().expect("task row");
+    let epoch: i64 = sqlx::query_scalar("SELECT epoch FROM parsley.tasks WHERE model = $1 AND task = $2")
+        .bind(model)
+        .bind(task as i32)
+        .fetch_one(&mut *tx)
+        .await
+        .expect("task row");
+    assert!(leases::lock_and_renew(&mut tx, model, task, epoch, Duration::from_secs(5)).await.unwrap());
     store::apply_changes(&mut tx, model, task, &changes).await.unwrap();
     tx.commit().await.unwrap();
 }
@@ -153,8 +162,10 @@ async fn task_rows_record_epochs_failures_and_refusals() {
     let first = store::take_task(&pool, &model, 0, "one").await.unwrap();
     let second = store::take_task(&pool, &model, 0, "two").await.unwrap();
     assert_eq!((first.epoch, second.epoch, second.owner.as_str()), (1, 2, "two"));
-    assert_eq!(store::lock_epoch(&mut conn, &model, 0).await.unwrap(), Some(2));
-    assert_eq!(store::lock_epoch(&mut conn, &model, 1).await.unwrap(), None);
+    let lease = Duration::from_secs(5);
+    assert!(leases::lock_and_renew(&mut conn, &model, 0, 2, lease).await.unwrap());
+    assert!(!leases::lock_and_renew(&mut conn, &model, 0, 1, lease).await.unwrap(), "a stale epoch is fenced");
+    assert!(!leases::lock_and_renew(&mut conn, &model, 1, 1, lease).await.unwrap(), "no row");
 
     // A fenced owner cannot record a failure; the owner can.
     assert!(!store::record_failure(&pool, &model, 0, 1, "stale").await.unwrap());
