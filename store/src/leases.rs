@@ -243,6 +243,7 @@ pub async fn claim(
          ON CONFLICT (model, task) DO UPDATE
            SET epoch = parsley.tasks.epoch + 1, owner = EXCLUDED.owner, lease_until = EXCLUDED.lease_until,
                updated_at = now()
+           WHERE parsley.tasks.lease_until IS NULL OR parsley.tasks.lease_until <= now()
          RETURNING {}",
         crate::ordering::TASK_COLUMNS
     ))
@@ -250,9 +251,20 @@ pub async fn claim(
     .bind(task as i32)
     .bind(instance)
     .bind(millis(lease))
-    .fetch_one(&mut *tx)
+    .fetch_optional(&mut *tx)
     .await
     .with_context(|| format!("claiming task {model}/{task}"))?;
+    // No row: the task had none when it was looked at, and another instance created it
+    // since — with a live lease (the insert waited for that transaction to commit).
+    let Some(row) = row else {
+        let owner: String = sqlx::query_scalar("SELECT owner FROM parsley.tasks WHERE model = $1 AND task = $2")
+            .bind(model)
+            .bind(task as i32)
+            .fetch_one(&mut *tx)
+            .await
+            .with_context(|| format!("reading the owner of task {model}/{task}"))?;
+        return Ok(Claim::Held { owner });
+    };
     let row = task_row(&row)?;
     tx.commit().await.with_context(|| format!("committing the claim of task {model}/{task}"))?;
     Ok(Claim::Taken { row, from })

@@ -236,3 +236,31 @@ async fn documents_of(pool: &PgPool, model: &str, keys: Vec<String>) -> Vec<(ser
     }
     out
 }
+
+/// Instances starting together all find a task nobody has held (no row yet): exactly one
+/// takes it, at epoch 1; the others see it held — none overwrites another's fresh claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn instances_racing_for_a_task_never_held_take_it_once() {
+    let pool = pool().await;
+    for round in 0..5 {
+        let model = model_with(&pool, 1).await;
+        let claims: Vec<_> = (0..8)
+            .map(|i| {
+                let (pool, model) = (pool.clone(), model.clone());
+                tokio::spawn(
+                    async move { leases::claim(&pool, &model, 0, &format!("i{i}"), LEASE, LEASE).await.unwrap() },
+                )
+            })
+            .collect();
+        let mut taken = Vec::new();
+        for c in claims {
+            match c.await.unwrap() {
+                Claim::Taken { row, from } => taken.push((row.epoch, row.owner, from)),
+                Claim::Held { .. } => {}
+                other => panic!("round {round}: {other:?}"),
+            }
+        }
+        assert_eq!(taken.len(), 1, "round {round}: taken by {taken:?}");
+        assert_eq!((taken[0].0, &taken[0].2), (1, &None), "round {round}");
+    }
+}
