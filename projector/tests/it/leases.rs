@@ -264,3 +264,70 @@ async fn instances_racing_for_a_task_never_held_take_it_once() {
         assert_eq!((taken[0].0, &taken[0].2), (1, &None), "round {round}");
     }
 }
+
+/// Two models in each of two instances (as `parsley-projector run` runs every configured
+/// model): each model's tasks split 2/2 on its own, and the metrics say what each instance
+/// runs; when one instance stops, the other runs all of both models and counts the hand-back
+/// as released, not taken over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn several_models_per_instance_are_balanced_each_on_its_own() {
+    use parsley_projector::metrics::{Metric, Metrics, METRICS};
+    let pool = pool().await;
+    let (m1, m2) = (Names::new("multi-a"), Names::new("multi-b"));
+    create_topics(&[&m1.orders, &m1.payments, &m2.orders, &m2.payments], 4).await;
+    let mut base = m1.config();
+    base.models.push(m2.config().models.remove(0));
+    let mut instances = Vec::new();
+    for _ in 0..2 {
+        let mut config = base.clone();
+        config.projector.owner = Some(unique("inst"));
+        config.projector.lease_ms = 30_000;
+        config.projector.heartbeat_ms = 200;
+        let metrics = Metrics::new(METRICS);
+        let (stop, shutdown) = watch::channel(false);
+        let mut runs = Vec::new();
+        for model in &config.models {
+            let projection = Arc::new(DocumentProjection::from_model(model));
+            let p = parsley_projector::ModelProjector::prepare(
+                &config,
+                model,
+                pool.clone(),
+                projection,
+                Arc::clone(&metrics),
+            )
+            .await
+            .unwrap();
+            runs.push(tokio::spawn(p.run(shutdown.clone())));
+        }
+        instances.push((stop, runs, metrics));
+    }
+    wait_for_split(&pool, &m1.model, &[2, 2], "model a").await;
+    wait_for_split(&pool, &m2.model, &[2, 2], "model b").await;
+    // The gauges follow the heartbeat that took the tasks.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    for (_, _, metrics) in &instances {
+        for model in [&m1.model, &m2.model] {
+            assert_eq!(metrics.value(Metric::TasksOwned, &[("model", model)]), Some(2.0), "{model}");
+        }
+    }
+
+    let (stop, runs, metrics) = instances.remove(0);
+    let released = |m: &Metrics| m.value(Metric::TasksReleasedTotal, &[("model", &m1.model)]).unwrap_or(0.0);
+    let before = released(&metrics);
+    stop.send(true).unwrap();
+    for r in runs {
+        r.await.unwrap().unwrap();
+    }
+    assert_eq!(released(&metrics) - before, 2.0, "its two tasks of model a handed back at stop");
+    assert_eq!(metrics.value(Metric::TasksOwned, &[("model", &m1.model)]), Some(0.0));
+    wait_for_split(&pool, &m1.model, &[4], "model a, one instance left").await;
+    wait_for_split(&pool, &m2.model, &[4], "model b, one instance left").await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let (stop, runs, metrics) = instances.remove(0);
+    assert_eq!(metrics.value(Metric::TasksOwned, &[("model", &m2.model)]), Some(4.0));
+    assert_eq!(metrics.value(Metric::TakeoversTotal, &[("model", &m2.model)]), None, "a hand-back is no takeover");
+    stop.send(true).unwrap();
+    for r in runs {
+        r.await.unwrap().unwrap();
+    }
+}
