@@ -331,3 +331,53 @@ async fn several_models_per_instance_are_balanced_each_on_its_own() {
         r.await.unwrap().unwrap();
     }
 }
+
+/// A static `tasks` list means "only these, whenever free": two instances with the same
+/// list are an active and a standby; the standby takes the tasks once the active one stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_static_task_list_runs_only_those_and_two_such_instances_are_active_and_standby() {
+    let n = Names::new("static");
+    create_topics(&[&n.orders, &n.payments], 4).await;
+    let pool = pool().await;
+    let start = |owner: String| {
+        let mut config = n.config();
+        config.projector.owner = Some(owner);
+        config.projector.lease_ms = 30_000;
+        config.projector.heartbeat_ms = 200;
+        config.models[0].tasks = Some(vec![1, 2]);
+        let pool = pool.clone();
+        async move {
+            let projection = Arc::new(DocumentProjection::from_model(&config.models[0]));
+            let p = parsley_projector::ModelProjector::prepare(
+                &config,
+                &config.models[0],
+                pool,
+                projection,
+                parsley_projector::metrics::Metrics::new(parsley_projector::metrics::METRICS),
+            )
+            .await
+            .unwrap();
+            let (stop, shutdown) = watch::channel(false);
+            (stop, tokio::spawn(p.run(shutdown)))
+        }
+    };
+    let (a, b) = (unique("active"), unique("standby"));
+    let (stop_a, run_a) = start(a.clone()).await;
+    wait_for_split(&pool, &n.model, &[2], "the first instance takes its two tasks").await;
+    let (stop_b, run_b) = start(b.clone()).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let owners: Vec<(i32, String)> =
+        sqlx::query_as("SELECT task, owner FROM parsley.tasks WHERE model = $1 AND lease_until > now() ORDER BY task")
+            .bind(&n.model)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(owners, vec![(1, a.clone()), (2, a.clone())], "only the listed tasks, and the standby waits");
+
+    stop_a.send(true).unwrap();
+    run_a.await.unwrap().unwrap();
+    wait_for_split(&pool, &n.model, &[2], "the standby takes over").await;
+    assert_eq!(split(&pool, &n.model).await, vec![(b, 2)]);
+    stop_b.send(true).unwrap();
+    run_b.await.unwrap().unwrap();
+}
