@@ -52,6 +52,9 @@ pub enum EngineSabotage {
     NoReplayDrop,
     /// An undecodable `parsley.causes` value is read as "no causes".
     UndecodableAsEmpty,
+    /// Frontier pairs are pruned below the log start too (the superseded rule), so a send
+    /// stops expressing a cause that a receiver may not have read.
+    PruneStampedBelowLogStart,
 }
 
 /// A received, undelivered record, with whatever the host keeps of it (`payload`).
@@ -686,18 +689,36 @@ impl<P: Clone> Engine<P> {
         }
     }
 
-    /// Drops frontier and clock pairs whose position is below the channel's log start or
-    /// whose topic no longer resolves — the only rule that ever drops a pair. Clock entries
-    /// on the task's own received topics are never pruned: a pruned owner entry would turn
-    /// a valid session token into a permanent gap.
+    /// Drops the pairs that can no longer matter — the only rule that ever drops a pair:
+    ///
+    /// - **Frontier** (what a send stamps): a pair only when its channel's topic no longer
+    ///   resolves. A pair below the channel's log start is kept: a receiver that has not
+    ///   read that position yet must still hold the effect (and refuse
+    ///   `POSITIONS_DISCARDED_UNREAD` at the cause's channel), not deliver it before a cause
+    ///   it never saw.
+    /// - **Clock** (what reads are gated on): a pair below its channel's log start or of a
+    ///   topic that no longer resolves, except on the task's own received topics — a pruned
+    ///   owner entry would turn a valid session token into a permanent gap. Reads stop
+    ///   demanding what nobody can deliver any more; sends never stop expressing it.
     pub fn prune(&mut self, fact: impl Fn(&ChannelId) -> ChannelFact) {
         let dead = |c: &ChannelId, p: Position| match fact(c) {
             ChannelFact::Live { log_start } => p < log_start,
             ChannelFact::TopicGone => true,
             ChannelFact::Unknown => false,
         };
+        #[cfg(feature = "sim")]
+        let stamped_below_log_start = self.sabotage == EngineSabotage::PruneStampedBelowLogStart;
+        #[cfg(not(feature = "sim"))]
+        let stamped_below_log_start = false;
+        let gone = |c: &ChannelId, p: Position| {
+            if stamped_below_log_start {
+                dead(c, p)
+            } else {
+                fact(c) == ChannelFact::TopicGone
+            }
+        };
         let received_topics: BTreeSet<TopicId> = self.received.iter().map(|c| c.topic).collect();
-        let frontier_dead: Vec<ChannelId> = self.frontier.iter().filter(|(c, p)| dead(c, *p)).map(|(c, _)| c).collect();
+        let frontier_dead: Vec<ChannelId> = self.frontier.iter().filter(|(c, p)| gone(c, *p)).map(|(c, _)| c).collect();
         let clock_dead: Vec<ChannelId> = self
             .delivered
             .iter()

@@ -242,7 +242,7 @@ fn log_start_past_a_held_record_is_refused() {
 }
 
 #[test]
-fn pruning_drops_only_dead_pairs_and_never_owned_clock_entries() {
+fn pruning_drops_only_dead_pairs_and_never_owned_clock_entries_nor_stamped_pairs_below_log_start() {
     let gone = ch(7, 0);
     let mut e = task(&[ORDERS]);
     feed(&mut e, ORDERS, 3, &[(UPSTREAM, 5), (gone, 2), (ch(1, 1), 9)], "o3");
@@ -253,10 +253,11 @@ fn pruning_drops_only_dead_pairs_and_never_owned_clock_entries() {
         c if c.topic == ORDERS.topic => ChannelFact::Live { log_start: 100 },
         _ => ChannelFact::Unknown,
     });
-    // Frontier: all three pruned pairs are below log start or gone.
-    assert_eq!(e.frontier().get(&UPSTREAM), None);
+    // Frontier (what a send stamps): only the pair of the topic that is gone; pairs below
+    // the log start are kept, for receivers that have not read them yet.
+    assert_eq!(e.frontier().get(&UPSTREAM), Some(5));
     assert_eq!(e.frontier().get(&gone), None);
-    assert_eq!(e.frontier().get(&ORDERS), None);
+    assert_eq!(e.frontier().get(&ORDERS), Some(3));
     // Clock: upstream entries pruned, entries on the task's received topic kept.
     assert_eq!(e.delivered_past().get(&UPSTREAM), None);
     assert_eq!(e.delivered_past().get(&gone), None);

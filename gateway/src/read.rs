@@ -216,7 +216,7 @@ async fn gated_read(
     // What the client keeps, and what this read must prove: the token less the upstream
     // pairs found discarded at the first uncovered attempt.
     let mut token = session::sanitize(state, &caller.past).await?;
-    let mut demand = token.clone();
+    let mut demand = known_demand(state, &token).await;
 
     // Subscribe before the first check: a step committed after the check still wakes us.
     let mut woken = state.notifier.subscribe(&model.name).expect("every configured model has a notifier");
@@ -238,10 +238,10 @@ async fn gated_read(
                 return Ok(respond(&target, served.body, token));
             }
             Err(uncovered) => {
-                // Upstream entries below the log start are pruned from clocks: after
-                // re-reading the log start, stop demanding such pairs before calling them
-                // gaps. (This model's received channels are never pruned from clocks: a gap
-                // there is real — the owner is behind or refused.)
+                // Upstream entries below the log start are pruned from clocks: once the log
+                // start shows it, stop demanding such pairs before calling them gaps (the
+                // token keeps them). This model's received channels are never pruned from
+                // clocks: a gap there is real — the owner is behind or refused.
                 if !log_starts_checked {
                     log_starts_checked = true;
                     let discarded = discarded(state, &uncovered).await;
@@ -388,41 +388,69 @@ async fn read_documents(
     }
 }
 
+/// The token less the upstream pairs the cached log starts already show passed (what
+/// [`discarded`] would find at the first uncovered attempt, without the attempt).
+async fn known_demand(state: &AppState, token: &CausalPast) -> CausalPast {
+    let mut passed = Vec::new();
+    for (channel, position) in token.iter() {
+        let Some(log_start) = state.facts.cached_offsets(&channel).and_then(|o| o.log_start) else { continue };
+        if position >= log_start {
+            continue;
+        }
+        if let Ok(Some(name)) = state.facts.topic_name(&channel.topic).await {
+            if session::read_stops_demanding(state.receives(&name), position, Some(log_start)) {
+                passed.push(channel);
+            }
+        }
+    }
+    if passed.is_empty() {
+        token.clone()
+    } else {
+        token.clone().retain(|c, _| !passed.contains(&c))
+    }
+}
+
 /// A pair the read stops demanding, and whether the token drops it too.
 struct Discarded {
     channel: ChannelId,
     from_token: bool,
 }
 
-/// Upstream gap channels (ones this model does not receive) whose pair the log no longer
-/// holds: the topic no longer resolves, or the pair is below the re-read log start. Clocks
-/// prune such entries, so the read stops demanding them. The token drops them too, except a
-/// pair below the log start on a channel another configured model receives: its owner keeps
-/// that entry, and may still hold the record ([`session::prunable_below_log_start`]).
+/// Upstream gap channels (ones this model does not receive) whose pair nobody can deliver
+/// any more: the topic no longer resolves (the token drops the pair too), or the pair is
+/// below the log start ([`session::read_stops_demanding`]: clocks prune such entries, so the
+/// read stops demanding it — the token keeps it, since it is stamped on the session's writes
+/// and a receiver that has not read the position must still wait for it). The log start is
+/// the cached one when that already proves the pair passed (log starts only grow), else
+/// re-read from the broker.
 async fn discarded(state: &AppState, uncovered: &Uncovered) -> Vec<Discarded> {
     let mut out = Vec::new();
     for gap in &uncovered.gaps {
         if uncovered.shape.owner_of(&gap.channel).is_some() {
             continue;
         }
-        let found = match state.facts.topic_name(&gap.channel.topic).await {
-            Ok(None) => Some((true, "topic-gone")),
-            Ok(Some(name)) => match state.facts.refresh_offsets(gap.channel, &name).await {
-                Ok(offsets) if offsets.log_start.is_some_and(|s| gap.required < s) => {
-                    let received = state.receives(&name);
-                    let from_token = session::prunable_below_log_start(received, gap.required, offsets.log_start);
-                    Some((from_token, "below-log-start"))
-                }
-                // Still in the log, or not known: keep demanding it (a 503 names the gap).
-                _ => None,
-            },
-            Err(_) => None,
-        };
-        if let Some((from_token, why)) = found {
-            out.push(Discarded { channel: gap.channel, from_token });
-            if from_token {
-                state.metrics.add(Metric::TokenPairsPrunedTotal, &[("reason", why)], 1.0);
+        let name = match state.facts.topic_name(&gap.channel.topic).await {
+            Ok(None) => {
+                out.push(Discarded { channel: gap.channel, from_token: true });
+                state.metrics.add(Metric::TokenPairsPrunedTotal, &[("reason", "topic-gone")], 1.0);
+                continue;
             }
+            Ok(Some(name)) => name,
+            Err(_) => continue,
+        };
+        let received = state.receives(&name);
+        let cached = state.facts.cached_offsets(&gap.channel).and_then(|o| o.log_start);
+        let passed = if session::read_stops_demanding(received, gap.required, cached) {
+            true
+        } else {
+            // Still in the log, or not known: keep demanding it (a 503 names the gap).
+            match state.facts.refresh_offsets(gap.channel, &name).await {
+                Ok(offsets) => session::read_stops_demanding(received, gap.required, offsets.log_start),
+                Err(_) => false,
+            }
+        };
+        if passed {
+            out.push(Discarded { channel: gap.channel, from_token: false });
         }
     }
     out

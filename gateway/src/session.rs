@@ -2,9 +2,9 @@
 //! header), the token opened from the `Parsley-Session` header with the key ring in use
 //! and the session's bounds (none starts an empty session; a bad one is refused, never
 //! read as empty), its hygiene against the log
-//! (refuse positions beyond the log end, prune pairs the engine's rule drops — never, for
-//! their log start, pairs on channels a configured model receives), and the re-sealed token
-//! a response carries.
+//! (refuse positions beyond the log end, prune pairs of topics that are gone — never a pair
+//! for its log start: the token is stamped on writes), and the re-sealed token a response
+//! carries.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -100,25 +100,31 @@ fn caller_subject(state: &AppState, headers: &HeaderMap, now: u64) -> Result<Opt
     Ok(subject)
 }
 
-/// Checks every pair against the log and prunes what the engine's rule drops:
+/// Checks every pair against the log and prunes what the engine's rule drops from what a
+/// send stamps:
 /// - a pair whose topic ID no longer resolves (deleted, or recreated under a new ID) is
 ///   pruned;
 /// - a pair at or beyond its channel's log end is refused (`token-ahead-of-log`), after the
-///   log end was re-read from the broker;
-/// - a pair below its channel's log start (as last seen) is pruned, unless some configured
-///   model receives the channel ([`prunable_below_log_start`]).
+///   log end was re-read from the broker.
+///
+/// A pair below its channel's log start is kept: the token is stamped on the session's
+/// writes, and a receiver that has not read that position must hold the write (and refuse
+/// at the cause's channel) rather than apply it before a cause it never saw. A read stops
+/// *demanding* such a pair on a channel no configured model receives (clocks prune those
+/// entries, so it could never be covered; see `read::discarded`), without dropping it from
+/// the token.
 ///
 /// Broker failures answer 503: a pair that cannot be checked is neither trusted nor dropped.
 pub async fn sanitize(state: &AppState, past: &CausalPast) -> Result<CausalPast, ApiError> {
     if past.is_empty() {
         return Ok(past.clone());
     }
-    let mut pruned: Vec<(ChannelId, &'static str)> = Vec::new();
+    let mut pruned: Vec<ChannelId> = Vec::new();
     for (channel, position) in past.iter() {
         let name = match state.facts.topic_name(&channel.topic).await.map_err(|e| kafka_unavailable(state, e))? {
             Some(n) => n,
             None => {
-                pruned.push((channel, "topic-gone"));
+                pruned.push(channel);
                 continue;
             }
         };
@@ -134,31 +140,15 @@ pub async fn sanitize(state: &AppState, past: &CausalPast) -> Result<CausalPast,
                 log_end: offsets.log_end,
             });
         }
-        if prunable_below_log_start(state.receives(&name), position, offsets.log_start) {
-            pruned.push((channel, "below-log-start"));
-        }
     }
     if pruned.is_empty() {
         return Ok(past.clone());
     }
-    for (channel, why) in &pruned {
-        state.metrics.add(Metric::TokenPairsPrunedTotal, &[("reason", why)], 1.0);
-        tracing::debug!(%channel, reason = why, "token pair pruned");
+    for channel in &pruned {
+        state.metrics.add(Metric::TokenPairsPrunedTotal, &[("reason", "topic-gone")], 1.0);
+        tracing::debug!(%channel, reason = "topic-gone", "token pair pruned");
     }
-    Ok(past.clone().retain(|c, _| !pruned.iter().any(|(p, _)| *p == c)))
-}
-
-/// Whether log-start hygiene drops a pair at `position` on a channel whose log start is
-/// `log_start` (`None`: not known) — before reads, before writes, and in the read's re-check.
-///
-/// A pair on a channel some configured model receives (`received`) is never dropped: the
-/// owning task's clock keeps its own channels, so the pair is eventually covered or the owner
-/// refuses (`POSITIONS_DISCARDED_UNREAD`); but retention can pass a record the owner still
-/// holds, and without the pair a read would be served, and a write stamped, as if the
-/// session had not written it. Any other pair is dropped once it is below the log start:
-/// clocks prune such entries, so it could never be covered.
-pub fn prunable_below_log_start(received: bool, position: Position, log_start: Option<Position>) -> bool {
-    !received && log_start.is_some_and(|start| position < start)
+    Ok(past.clone().retain(|c, _| !pruned.contains(&c)))
 }
 
 /// A partition beyond the topic's partition count (re-read before refusing) cannot hold the
@@ -219,31 +209,44 @@ pub fn reseal(state: &AppState, caller: &Caller, past: CausalPast, now: u64) -> 
         .map_err(|e| ApiError::Internal(anyhow::anyhow!("sealed token is not a header value: {e}")))
 }
 
+/// Whether a read stops demanding a pair at `position` on a channel whose log start is
+/// `log_start` (`None`: not known). The token keeps the pair either way ([`sanitize`]).
+///
+/// A pair on a channel some configured model receives (`received`) is always demanded: the
+/// owning task's clock keeps its own channels, so the pair is eventually covered or the owner
+/// refuses (`POSITIONS_DISCARDED_UNREAD`); retention can pass a record the owner still
+/// holds, and a read served without it would not show the session's own write. Any other
+/// pair stops being demanded once it is below the log start: clocks prune such entries, so
+/// it could never be covered.
+pub fn read_stops_demanding(received: bool, position: Position, log_start: Option<Position>) -> bool {
+    !received && log_start.is_some_and(|start| position < start)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// `(received, position, log_start, pruned)`.
+    /// `(received, position, log_start, no longer demanded)`.
     fn check(cases: &[(bool, Position, Option<Position>, bool)]) {
-        for &(received, position, log_start, pruned) in cases {
+        for &(received, position, log_start, dropped) in cases {
             assert_eq!(
-                prunable_below_log_start(received, position, log_start),
-                pruned,
+                read_stops_demanding(received, position, log_start),
+                dropped,
                 "received {received}, position {position}, log start {log_start:?}"
             );
         }
     }
 
     #[test]
-    fn received_channels_are_never_pruned_for_their_log_start() {
+    fn reads_keep_demanding_received_channels_whatever_their_log_start() {
         check(&[
-            // A received channel: kept below, at and above the log start, and when unknown.
+            // A received channel: demanded below, at and above the log start, and when unknown.
             (true, 3, Some(10), false),
             (true, 0, Some(1), false),
             (true, 10, Some(10), false),
             (true, 11, Some(10), false),
             (true, 3, None, false),
-            // Any other channel: pruned strictly below a known log start only.
+            // Any other channel: no longer demanded strictly below a known log start only.
             (false, 3, Some(10), true),
             (false, 0, Some(1), true),
             (false, 9, Some(10), true),

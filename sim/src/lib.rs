@@ -162,7 +162,8 @@ pub enum Sabotage {
     UndecodableAsEmpty,
     /// Host: a step does not persist the records it leaves held.
     HeldNotPersisted,
-    /// Host: pruning is told the log end for the log start, dropping live causes.
+    /// Engine: frontier pairs are pruned below the log start (the superseded rule), so a
+    /// send stops expressing a cause its receiver may not have read yet.
     PruneDropsLiveCause,
     /// Gate: a channel the required tasks have never recorded counts as covered.
     CoverageSkipsUnrecorded,
@@ -211,6 +212,7 @@ impl Sabotage {
             Sabotage::NoFifoHold => EngineSabotage::NoFifoHold,
             Sabotage::NoReplayDrop => EngineSabotage::NoReplayDrop,
             Sabotage::UndecodableAsEmpty => EngineSabotage::UndecodableAsEmpty,
+            Sabotage::PruneDropsLiveCause => EngineSabotage::PruneStampedBelowLogStart,
             _ => EngineSabotage::None,
         }
     }

@@ -55,8 +55,12 @@ pub struct RecordFacts {
     pub corrupt: bool,
     /// Its true causes.
     pub hist: RecordSet,
-    /// The causes still expressible when it was sent.
+    /// The causes still expressible when it was sent (what a session's reads must reflect).
     pub exp: RecordSet,
+    /// The causes its send expressed: every true cause but those of deleted topics. A cause
+    /// retention passed is still stamped, so a receiver that never read it must not deliver
+    /// this record before it (it holds, and refuses at the cause's channel).
+    pub stamped: RecordSet,
     /// For a client's write: what the client had learned through reads before sending it.
     pub read_knowledge: Option<RecordSet>,
 }
@@ -175,6 +179,9 @@ pub struct Oracle {
     by_channel: BTreeMap<ChannelId, Vec<RecordId>>,
     /// Records no longer expressible: below their channel's log start, or of a deleted topic.
     gone: RecordSet,
+    /// Records of a deleted topic: the only causes a send stops expressing (a pair is
+    /// dropped from a frontier or a token only with its channel).
+    deleted: RecordSet,
     /// Per channel, how far retention has moved its log start.
     log_start: BTreeMap<ChannelId, Position>,
     committed: RecordSet,
@@ -202,6 +209,7 @@ impl Oracle {
             records: Vec::new(),
             by_channel: BTreeMap::new(),
             gone: RecordSet::new(),
+            deleted: RecordSet::new(),
             log_start: BTreeMap::new(),
             committed: RecordSet::new(),
             model_topics: model_topics.into_iter().collect(),
@@ -312,12 +320,24 @@ impl Oracle {
         let id = self.records.len() as RecordId;
         let hist = self.knowledge.get(&author).cloned().unwrap_or_default();
         let exp = hist.minus(&self.gone);
+        let stamped = hist.minus(&self.deleted);
         let read_knowledge = match author {
             Actor::Client(c) => Some(self.clients.entry(c).or_default().via_reads.clone()),
             _ => None,
         };
         let status = if in_txn { RecordStatus::Open } else { RecordStatus::Committed };
-        self.records.push(RecordFacts { channel, position, key, author, status, corrupt, hist, exp, read_knowledge });
+        self.records.push(RecordFacts {
+            channel,
+            position,
+            key,
+            author,
+            status,
+            corrupt,
+            hist,
+            exp,
+            stamped,
+            read_knowledge,
+        });
         let ids = self.by_channel.entry(channel).or_default();
         assert!(ids.last().is_none_or(|&last| self.records[last as usize].position < position), "appends grow");
         ids.push(id);
@@ -373,6 +393,7 @@ impl Oracle {
             if channel.topic == topic {
                 for &id in ids {
                     self.gone.insert(id);
+                    self.deleted.insert(id);
                 }
             }
         }
@@ -433,10 +454,10 @@ impl Oracle {
             };
             self.violate(ViolationKind::Fifo, detail);
         }
-        // Causal order: every expressible cause on a received channel delivered first.
+        // Causal order: every stamped cause on a received channel delivered first.
         let rc = &self.receivers[receiver];
         let facts = &self.records[id as usize];
-        let mut missing = facts.exp.missing(&rc.relevant, &rc.committed);
+        let mut missing = facts.stamped.missing(&rc.relevant, &rc.committed);
         missing.retain(|m| !rc.staged.contains(m));
         let mut found = Vec::new();
         for a in missing.into_iter().take(3) {
@@ -658,11 +679,23 @@ mod tests {
         assert_eq!((a, b), (a2, b2));
     }
 
+    /// A pair is dropped from what a send stamps only with its channel: a cause retention
+    /// passed before the effect was sent is still a cause the receiver must deliver first
+    /// (or refuse at its channel), so delivering the effect without it is effect before
+    /// cause. A cause whose topic was deleted is not expressed any more.
     #[test]
-    fn a_cause_below_the_log_start_when_the_effect_was_sent_is_not_required() {
+    fn a_cause_below_the_log_start_when_the_effect_was_sent_is_still_required_first() {
+        let (mut o, task) = model();
+        let a = o.sent(ch(1, 0), 0, 1, Actor::Edge(0), false, false);
+        o.log_start_advanced(ch(1, 0), 1);
+        let b = o.sent(ch(2, 0), 0, 1, Actor::Edge(0), false, false);
+        assert!(o.record(b).stamped.contains(a) && !o.record(b).exp.contains(a));
+        o.delivered(task, ch(2, 0), 0, b);
+        assert_eq!(kinds(&o), vec![ViolationKind::CausalOrder]);
+
         let (mut o, task) = model();
         o.sent(ch(1, 0), 0, 1, Actor::Edge(0), false, false);
-        o.log_start_advanced(ch(1, 0), 1);
+        o.topic_deleted(topic(1));
         let b = o.sent(ch(2, 0), 0, 1, Actor::Edge(0), false, false);
         o.delivered(task, ch(2, 0), 0, b);
         assert!(o.violations().is_empty(), "{:?}", o.violations());

@@ -104,9 +104,14 @@ async fn retention_past_a_held_write_never_drops_it_from_the_session() {
     s.stop_projector().await;
 }
 
+/// A pair below its channel's log start stays in the token — it is stamped on the
+/// session's writes, and a receiver that has not read that position must still wait for
+/// it — whether or not a configured model receives the channel. A read of the model stops
+/// demanding such a pair on an upstream channel (no clock can cover it any more) and is
+/// served, and the token it hands back still carries the pair.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn only_pairs_on_channels_no_model_receives_are_pruned_below_the_log_start() {
-    let s = Stack::new("upstream-retention", 1, "read_wait_ms = 300").await;
+async fn pairs_below_the_log_start_stay_in_the_token_and_reads_stop_demanding_upstream_ones() {
+    let mut s = Stack::new("upstream-retention", 1, "read_wait_ms = 3000").await;
     let (orders, upstream) = (s.names.orders.clone(), format!("{}.upstream", s.names.model));
     create_topics(&[&upstream], 1).await;
     let p = producer();
@@ -119,14 +124,41 @@ async fn only_pairs_on_channels_no_model_receives_are_pruned_below_the_log_start
     let order_channel = channel(&s.state, &orders, 0).await;
     let upstream_channel = channel(&s.state, &upstream, 0).await;
 
-    // (channel, position, kept): the log start of both is 2.
-    for (channel, position, kept) in
-        [(upstream_channel, 1, false), (upstream_channel, 2, true), (order_channel, 1, true), (order_channel, 0, true)]
-    {
+    // The log start of both is 2: every pair is kept, below it or not.
+    for (channel, position) in [(upstream_channel, 1), (upstream_channel, 2), (order_channel, 1), (order_channel, 0)] {
         let t = seal(CausalPast::from_pairs([(channel, position)]), unix_now() + 60);
         let w = s.write(&s.names.payments.clone(), "k", json!({"a": 1}), Some(&t)).await;
         assert_eq!(w.status, StatusCode::CREATED, "{}", w.json);
-        let expected = kept.then_some(position);
-        assert_eq!(open(&w.token()).past.get(&channel), expected, "{channel} at {position}");
+        assert_eq!(open(&w.token()).past.get(&channel), Some(position), "{channel} at {position}");
     }
+
+    // A read: the upstream pair below the log start is not demanded, and stays in the token.
+    s.start_projector().await;
+    let t = seal(CausalPast::from_pairs([(upstream_channel, 1)]), unix_now() + 60);
+    let w = s.write(&s.names.payments.clone(), "k2", json!({"b": 2}), Some(&t)).await;
+    assert_eq!(w.status, StatusCode::CREATED, "{}", w.json);
+    let r = s.read("k2", Some(&w.token())).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.json);
+    // (At 2 or more: the clock's entry from the earlier writes' causes merges in.)
+    let kept = open(&r.token()).past.get(&upstream_channel);
+    assert!(kept.is_some_and(|p| p >= 1), "the read hands the pair back: {kept:?}");
+
+    // A pair on an upstream channel no delivered record ever named: no clock covers it, and
+    // below the log start nobody can deliver it — the read stops demanding it.
+    let unseen = format!("{}.unseen", s.names.model);
+    create_topics(&[&unseen], 1).await;
+    for i in 0..3 {
+        produce(&p, &unseen, 0, &format!("k{i}"), b"{}", None).await;
+    }
+    delete_records(&unseen, 0, 2).await;
+    let unseen_channel = channel(&s.state, &unseen, 0).await;
+    let t = seal(open(&r.token()).past.merge(unseen_channel, 1), unix_now() + 60);
+    let r = s.read("k2", Some(&t)).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.json);
+    assert_eq!(open(&r.token()).past.get(&unseen_channel), Some(1), "not demanded, and kept");
+    // At or above the log start it is demanded: never delivered here, so never covered.
+    let t = seal(CausalPast::from_pairs([(unseen_channel, 2)]), unix_now() + 60);
+    let r = s.read("k2", Some(&t)).await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.json);
+    s.stop_projector().await;
 }

@@ -366,28 +366,34 @@ impl World {
         self.model.received_topics.contains(&c.topic)
     }
 
-    /// What a host learns of a channel to prune by; `PruneDropsLiveCause` makes the host
-    /// report the log end as the log start.
+    /// What a host learns of a channel to prune by.
     fn fact(&self, c: &ChannelId) -> ChannelFact {
-        let fact = self.kafka.fact(c);
-        match fact {
-            ChannelFact::Live { .. } if self.sabotage == Sabotage::PruneDropsLiveCause => {
-                ChannelFact::Live { log_start: self.kafka.partition(c).log_end() }
-            }
-            other => other,
-        }
+        self.kafka.fact(c)
     }
 
     /// The gateway's token pruning: pairs on topics that are gone, and pairs on upstream
     /// channels below the log start. Pairs on the model's own channels are kept, as the
     /// clock rows that would cover them are: retention may pass a record its owner still
     /// holds, and dropping the pair would let a read skip it.
+    /// The gateway's token hygiene: a pair is dropped only when its topic is gone — never
+    /// for its log start, since the token is stamped on the session's writes.
+    /// `TokenPrunesReceivedChannels` drops the model's own pairs below the log start too.
     fn prune_token(&self, token: CausalPast) -> CausalPast {
-        let keep_received = self.sabotage != Sabotage::TokenPrunesReceivedChannels;
+        let prune_received = self.sabotage == Sabotage::TokenPrunesReceivedChannels;
         token.retain(|c, p| match self.fact(&c) {
             ChannelFact::TopicGone => false,
-            ChannelFact::Live { log_start } => keep_received && self.is_model(&c) || p >= log_start,
+            ChannelFact::Live { log_start } => !(prune_received && self.is_model(&c) && p < log_start),
             ChannelFact::Unknown => true,
+        })
+    }
+
+    /// What a read demands of the token: the gateway stops demanding a pair below its log
+    /// start on a channel the model does not receive (clocks prune those entries), while the
+    /// token keeps it.
+    fn read_demand(&self, token: &CausalPast) -> CausalPast {
+        token.clone().retain(|c, p| match self.fact(&c) {
+            ChannelFact::Live { log_start } => self.is_model(&c) || p >= log_start,
+            _ => true,
         })
     }
 

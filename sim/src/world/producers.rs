@@ -121,9 +121,10 @@ impl World {
             ReadKind::Key(k) => [self.owner_of_key[k as usize]].into_iter().collect(),
             ReadKind::Collection => (0..self.model.task_count).collect(),
         };
+        let demand = self.read_demand(&token);
         let verdict = match self.sabotage.gate() {
-            gate::GateSabotage::None => gate::gate(&token, &self.model, &rows, &served),
-            g => gate::gate_sabotaged(&token, &self.model, &rows, &served, g),
+            gate::GateSabotage::None => gate::gate(&demand, &self.model, &rows, &served),
+            g => gate::gate_sabotaged(&demand, &self.model, &rows, &served, g),
         };
         let mut what = match kind {
             ReadKind::Key(k) => format!("read of k{k}"),

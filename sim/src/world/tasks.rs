@@ -332,8 +332,7 @@ impl World {
         self.task_drive(t);
     }
 
-    /// What Kafka says of each upstream channel (`PruneDropsLiveCause` reports the log end
-    /// as the log start); the machine prunes by it.
+    /// What Kafka says of each upstream channel; the machine prunes by it.
     pub(super) fn task_prune_upstream(&mut self, t: usize, channels: &[ChannelId]) {
         let facts: BTreeMap<ChannelId, ChannelFact> = channels.iter().map(|&c| (c, self.fact(&c))).collect();
         let run = self.running(t);
