@@ -155,7 +155,10 @@ pub fn app(state: AppState) -> Router {
     let clients = if state.config.admin_token.is_some() { clients.merge(admin) } else { clients };
     let clients = clients.layer(middleware::from_fn_with_state(state.clone(), limit_in_flight));
     let router = Router::new().route("/healthz", get(ops::healthz)).merge(clients).fallback(no_route);
-    finish(router, &state).layer(DefaultBodyLimit::max(max_body)).with_state(state)
+    finish(router, &state)
+        .layer(DefaultBodyLimit::max(max_body))
+        .layer(middleware::from_fn_with_state(state.clone(), crate::cors::cors))
+        .with_state(state)
 }
 
 /// The operators' router (the admin listener, `gateway.admin_listen`): `/v1/status`,
@@ -376,7 +379,8 @@ impl Gateway {
 }
 
 /// Refreshes the configured topics and every topic the cache knows, and the models'
-/// recorded widths, at start and then every `gateway.metadata_refresh_ms`.
+/// recorded widths, and purges expired idempotency keys, at start and then every
+/// `gateway.metadata_refresh_ms`.
 async fn refresh_metadata(state: AppState, mut shutdown: watch::Receiver<bool>) {
     let every = state.config.settings.metadata_refresh();
     loop {
@@ -388,6 +392,12 @@ async fn refresh_metadata(state: AppState, mut shutdown: watch::Receiver<bool>) 
         }
         if let Err(e) = state.widths.refresh(&state.pool, &state.model_names()).await {
             tracing::warn!(error = %format!("{e:#}"), "refreshing the models' recorded widths failed");
+        }
+        // Idempotency keys past their window (any gateway of a fleet may purge them).
+        match parsley_store::idempotency::purge_expired(&state.pool).await {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!(purged = n, "purged expired idempotency keys"),
+            Err(e) => tracing::warn!(error = %format!("{e:#}"), "purging expired idempotency keys failed"),
         }
         tokio::select! {
             _ = shutdown.wait_for(|s| *s) => return,

@@ -114,11 +114,20 @@ pub struct Settings {
     /// File holding the admin bearer token; with one, the main listener serves the admin
     /// routes to requests bearing it.
     pub admin_token_file: Option<PathBuf>,
+    /// Origins browser apps may call the gateway from (`https://app.example.com`, or `*`
+    /// for any); empty: no CORS headers at all.
+    pub cors_allowed_origins: Vec<String>,
+    /// How long a write's `Idempotency-Key` is remembered, in seconds: a retry with the same
+    /// key and body within it answers the first acknowledgement without writing again.
+    pub idempotency_window_s: u64,
 }
 
 /// The most `max_key_bytes` may be: a document key is indexed by a btree (with the model's
 /// name), whose entries Postgres bounds at about 2700 bytes.
 pub const MAX_KEY_BYTES_LIMIT: usize = 2048;
+
+/// The longest an idempotency key is remembered: a week.
+pub const MAX_IDEMPOTENCY_WINDOW_S: u64 = 7 * 86_400;
 
 impl Default for Settings {
     fn default() -> Self {
@@ -154,6 +163,8 @@ impl Default for Settings {
             max_waiting_reads: 256,
             admin_listen: "127.0.0.1:9091".to_string(),
             admin_token_file: None,
+            cors_allowed_origins: Vec::new(),
+            idempotency_window_s: 86_400,
         }
     }
 }
@@ -263,6 +274,12 @@ impl Settings {
         }
         if self.max_waiting_reads == 0 {
             bail!("gateway.max_waiting_reads must be at least 1");
+        }
+        for origin in &self.cors_allowed_origins {
+            crate::cors::check_origin(origin).map_err(|e| anyhow::anyhow!("gateway.cors_allowed_origins: {e}"))?;
+        }
+        if !(60..=MAX_IDEMPOTENCY_WINDOW_S).contains(&self.idempotency_window_s) {
+            bail!("gateway.idempotency_window_s must be from 60 to {MAX_IDEMPOTENCY_WINDOW_S} (7 days)");
         }
         if !self.admin_listen.is_empty() {
             let admin: SocketAddr = self.admin_listen.parse().map_err(|_| {

@@ -16,7 +16,8 @@
 //!   refusal, pruning), re-sealing.
 //! - [`facts`]: cached Kafka facts — topic names ↔ IDs, partition counts, log start/end.
 //! - [`body`]: the write body, parsed and checked as hostile input (the value kept as sent).
-//! - [`write`]: `POST /v1/topics/{topic}/records`.
+//! - [`write`]: `POST /v1/topics/{topic}/records`, with `Idempotency-Key` replays.
+//! - [`cors`]: cross-origin requests from browser apps (`gateway.cors_allowed_origins`).
 //! - [`widths`]: the width each model was recorded with, for refusing writes after a
 //!   topic's partition count changed.
 //! - [`read`]: the gated reads, `GET /v1/models/{model}/documents[/{key}]`.
@@ -34,6 +35,7 @@
 pub mod app;
 pub mod body;
 pub mod config;
+pub mod cors;
 pub mod database;
 pub mod facts;
 pub mod keys;

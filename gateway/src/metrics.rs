@@ -14,6 +14,11 @@ parsley_infra::metric_names! {
         ProblemsTotal = ("parsley_gateway_problems_total", Counter, "Problem documents returned, by problem type."),
         WritesTotal = ("parsley_gateway_writes_total", Counter, "Records acknowledged by the broker, by topic."),
         WriteAckSeconds = ("parsley_gateway_write_ack_seconds", Histogram, "Time from produce to acknowledgement."),
+        IdempotentReplaysTotal = (
+            "parsley_gateway_idempotent_replays_total",
+            Counter,
+            "Writes answered from an earlier request with the same Idempotency-Key, without writing again.",
+        ),
         ReadsTotal = (
             "parsley_gateway_reads_total",
             Counter,

@@ -65,6 +65,14 @@ problem_types! {
     InvalidKey = ("invalid-key", "Invalid document key", BAD_REQUEST),
     InvalidPath = ("invalid-path", "Invalid path", BAD_REQUEST),
     WidthChanged = ("width-changed", "Topic width changed", CONFLICT),
+    /// An `Idempotency-Key` header that is empty, too long or not visible ASCII.
+    InvalidIdempotencyKey = ("invalid-idempotency-key", "Invalid idempotency key", BAD_REQUEST),
+    /// The `Idempotency-Key` was used within the window for a different request.
+    IdempotencyKeyReused = ("idempotency-key-reused", "Idempotency key used for another request", CONFLICT),
+    /// A request with the same `Idempotency-Key` is still being written.
+    IdempotencyKeyInFlight = ("idempotency-key-in-flight", "Idempotency key in flight", CONFLICT),
+    /// A CORS preflight from an origin not in `gateway.cors_allowed_origins`.
+    CorsOriginNotAllowed = ("cors-origin-not-allowed", "Origin not allowed", FORBIDDEN),
     Unauthorized = ("unauthorized", "Unauthorized", UNAUTHORIZED),
     UnknownTopic = ("unknown-topic", "Unknown topic", NOT_FOUND),
     UnknownModel = ("unknown-model", "Unknown model", NOT_FOUND),
@@ -222,6 +230,15 @@ pub enum ApiError {
     Unauthorized(String),
     #[error("no such route")]
     NoSuchRoute(String),
+    /// An `Idempotency-Key` header no request can carry.
+    #[error("invalid idempotency key: {0}")]
+    InvalidIdempotencyKey(String),
+    /// The key was used within the window for another request.
+    #[error("idempotency key {0:?} was used for another request")]
+    IdempotencyKeyReused(String),
+    /// A request with the same key is being written.
+    #[error("a request with idempotency key {key:?} is in flight")]
+    IdempotencyKeyInFlight { key: String, retry_after: u64 },
     #[error("internal error: {0:#}")]
     Internal(#[from] anyhow::Error),
 }
@@ -258,6 +275,9 @@ impl ApiError {
             ApiError::Overloaded { .. } => P::Overloaded,
             ApiError::Unauthorized(_) => P::Unauthorized,
             ApiError::NoSuchRoute(_) => P::NoSuchRoute,
+            ApiError::InvalidIdempotencyKey(_) => P::InvalidIdempotencyKey,
+            ApiError::IdempotencyKeyReused(_) => P::IdempotencyKeyReused,
+            ApiError::IdempotencyKeyInFlight { .. } => P::IdempotencyKeyInFlight,
             ApiError::Internal(_) => P::Internal,
         }
     }
@@ -314,6 +334,18 @@ impl ApiError {
                 "the session's causes would take {size} bytes, more than the metadata budget of {budget}; start a new session"
             )),
             ApiError::NotYetCovered(problem) => *problem,
+            ApiError::InvalidIdempotencyKey(d) => p(d),
+            ApiError::IdempotencyKeyReused(key) => p(format!(
+                "the Idempotency-Key {key:?} was used for another request (another route or body) within the \
+                 idempotency window; use a new key for a new request"
+            )),
+            ApiError::IdempotencyKeyInFlight { key, retry_after } => {
+                let mut problem = p(format!(
+                    "a request with the Idempotency-Key {key:?} is still being written; retry it later to get its answer"
+                ));
+                problem.retry_after = Some(retry_after);
+                problem
+            }
             ApiError::Unavailable { what, detail, retry_after } => {
                 let mut problem = p(format!("{what} is unavailable: {detail}"));
                 problem.retry_after = Some(retry_after);

@@ -7,22 +7,23 @@
 //! computed from a log end — and hand back the re-sealed token. A write never waits for the
 //! record to become deliverable.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use parsley::codec::{self, CAUSES_HEADER};
 use parsley::murmur2::partition_for_key;
-use parsley::ChannelId;
+use parsley::{CausalPast, ChannelId, TopicId};
+use parsley_store::idempotency::{self, Begun};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::FutureRecord;
 use rdkafka::util::Timeout;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::app::AppState;
 use crate::body::{self, WriteBody};
@@ -41,6 +42,135 @@ pub fn body_bytes(body: Result<Bytes, BytesRejection>, max_body_bytes: usize) ->
             ApiError::InvalidBody(r.body_text())
         }
     })
+}
+
+/// The request header naming a write's idempotency key.
+pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
+/// The response header marking an answer replayed from an earlier, identical request.
+pub const IDEMPOTENCY_REPLAYED_HEADER: &str = "idempotency-replayed";
+/// The longest idempotency key accepted, in bytes.
+pub const MAX_IDEMPOTENCY_KEY_BYTES: usize = 255;
+
+/// The request's `Idempotency-Key`, if it carries one: 1 to 255 bytes of visible ASCII,
+/// given once.
+pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let mut values = headers.get_all(IDEMPOTENCY_KEY_HEADER).iter();
+    let Some(value) = values.next() else { return Ok(None) };
+    if values.next().is_some() {
+        return Err(ApiError::InvalidIdempotencyKey("more than one Idempotency-Key header".into()));
+    }
+    let bytes = value.as_bytes();
+    if bytes.is_empty() || bytes.len() > MAX_IDEMPOTENCY_KEY_BYTES || !bytes.iter().all(|b| (0x21..=0x7e).contains(b)) {
+        return Err(ApiError::InvalidIdempotencyKey(format!(
+            "an Idempotency-Key is 1 to {MAX_IDEMPOTENCY_KEY_BYTES} bytes of visible ASCII (no spaces)"
+        )));
+    }
+    Ok(Some(String::from_utf8_lossy(bytes).into_owned()))
+}
+
+/// What identifies a request for its idempotency key: SHA-256 over the route and the body.
+pub fn request_hash(route: &str, body: &[u8]) -> Vec<u8> {
+    use sha2::{Digest as _, Sha256};
+    let mut h = Sha256::new();
+    h.update(route.as_bytes());
+    h.update([0u8]);
+    h.update(body);
+    h.finalize().to_vec()
+}
+
+/// A write's idempotency claim, held while it is written.
+pub struct Claim {
+    scope: String,
+    key: String,
+}
+
+/// What an idempotent request found before writing.
+pub enum Idempotent {
+    /// No key, or the key is this request's now: write.
+    Write(Option<Claim>),
+    /// The same request was written: its acknowledgement (the `201` body, plus `topic_ids`).
+    Replay(Value),
+}
+
+/// Claims the request's idempotency key, if it has one (`route` and `body` identify the
+/// request). A key used for another request is `409 idempotency-key-reused`; one whose
+/// request is still being written, `409 idempotency-key-in-flight`.
+pub async fn claim_idempotency(
+    state: &AppState,
+    headers: &HeaderMap,
+    subject: Option<&str>,
+    route: &str,
+    body: &[u8],
+) -> Result<Idempotent, ApiError> {
+    let Some(key) = idempotency_key(headers)? else { return Ok(Idempotent::Write(None)) };
+    let settings = &state.config.settings;
+    let scope = subject.unwrap_or_default().to_string();
+    let window = Duration::from_secs(settings.idempotency_window_s);
+    // A claim older than this was left by a gateway that died mid-write.
+    let stale_after = settings.produce_timeout() * 2;
+    let begun = idempotency::begin(&state.pool, &scope, &key, &request_hash(route, body), window, stale_after)
+        .await
+        .map_err(|e| database::failed(e, "the idempotency key", settings.retry_after_s, None))?;
+    match begun {
+        Begun::Claimed => Ok(Idempotent::Write(Some(Claim { scope, key }))),
+        Begun::Done(ack) => {
+            state.metrics.add(Metric::IdempotentReplaysTotal, &[], 1.0);
+            Ok(Idempotent::Replay(ack))
+        }
+        Begun::InFlight => Err(ApiError::IdempotencyKeyInFlight { key, retry_after: settings.retry_after_s }),
+        Begun::Reused => Err(ApiError::IdempotencyKeyReused(key)),
+    }
+}
+
+/// Settles a claim: records the acknowledgement (`Ok`), or gives the key up so that a
+/// retry writes (`Err`: the write failed). A failure to record is logged, never the
+/// request's answer: the write itself succeeded.
+pub async fn settle(state: &AppState, claim: Option<Claim>, ack: Result<&Value, ()>) {
+    let Some(Claim { scope, key }) = claim else { return };
+    let done = match ack {
+        Ok(ack) => idempotency::finish(&state.pool, &scope, &key, ack).await,
+        Err(()) => idempotency::abandon(&state.pool, &scope, &key).await,
+    };
+    if let Err(e) = done {
+        tracing::warn!(error = %format!("{e:#}"), "could not settle an idempotency key; a retry within the window may answer 409 in flight until it is stale");
+    }
+}
+
+/// Answers a replayed request: the stored acknowledgement, its coordinates merged into this
+/// request's session as the first answer merged them.
+pub fn replay(
+    state: &AppState,
+    caller: &session::Caller,
+    past: &CausalPast,
+    ack: &Value,
+    now: u64,
+) -> Result<Response, ApiError> {
+    let bad = || ApiError::Internal(anyhow::anyhow!("a stored idempotent acknowledgement is malformed"));
+    let mut merged = past.clone();
+    for record in ack.get("records").and_then(Value::as_array).ok_or_else(bad)? {
+        let topic: TopicId = record["topic_id"].as_str().and_then(|t| t.parse().ok()).ok_or_else(bad)?;
+        let partition = record["partition"].as_u64().and_then(|p| u32::try_from(p).ok()).ok_or_else(bad)?;
+        let offset = record["offset"].as_i64().ok_or_else(bad)?;
+        merged = merged.merge(ChannelId::new(topic, partition), offset);
+    }
+    let token = session::reseal(state, caller, merged, now)?;
+    let body = ack.get("body").cloned().ok_or_else(bad)?;
+    Ok((
+        StatusCode::CREATED,
+        [(SESSION_HEADER, token), (IDEMPOTENCY_REPLAYED_HEADER, HeaderValue::from_static("true"))],
+        Json(body),
+    )
+        .into_response())
+}
+
+/// What an idempotent write stores: the `201` body, and each record's coordinate with its
+/// topic ID (to merge into a retry's session).
+fn acknowledgement(body: &Value, records: &[(ChannelId, i64)]) -> Value {
+    let records: Vec<Value> = records
+        .iter()
+        .map(|(c, offset)| json!({"topic_id": c.topic.to_string(), "partition": c.partition, "offset": offset}))
+        .collect();
+    json!({"body": body, "records": records})
 }
 
 pub async fn post_record(
@@ -64,25 +194,52 @@ pub async fn post_record(
     };
     let fact = check_width(&state, fact, None).await?;
     let past = session::sanitize(&state, &caller.past).await?;
+    let route = format!("/v1/topics/{topic}/records");
+    let claim = match claim_idempotency(&state, &headers, caller.subject.as_deref(), &route, &bytes).await? {
+        Idempotent::Replay(ack) => return replay(&state, &caller, &past, &ack, now),
+        Idempotent::Write(claim) => claim,
+    };
+    match produce_one(&state, &topic, fact, &past, &request).await {
+        Ok((channel, offset)) => {
+            let body = json!({"topic": topic, "partition": channel.partition, "offset": offset});
+            settle(&state, claim, Ok(&acknowledgement(&body, &[(channel, offset)]))).await;
+            let token = session::reseal(&state, &caller, past.merge(channel, offset), now)?;
+            Ok((StatusCode::CREATED, [(SESSION_HEADER, token)], Json(body)).into_response())
+        }
+        Err(e) => {
+            settle(&state, claim, Err(())).await;
+            Err(e)
+        }
+    }
+}
 
+/// Produces one checked record stamped with `past`, and awaits the acknowledgement.
+async fn produce_one(
+    state: &AppState,
+    topic: &str,
+    fact: TopicFact,
+    past: &CausalPast,
+    request: &WriteBody<'_>,
+) -> Result<(ChannelId, i64), ApiError> {
+    let settings = &state.config.settings;
     let causes = if past.is_empty() {
         None
     } else {
         let budget = settings.metadata_budget;
         Some(
-            codec::encode_within(&past, budget)
-                .map_err(|_| ApiError::MetadataBudgetExceeded { size: codec::encoded_len(&past), budget })?,
+            codec::encode_within(past, budget)
+                .map_err(|_| ApiError::MetadataBudgetExceeded { size: codec::encoded_len(past), budget })?,
         )
     };
-    let WriteBody { key, value, headers: app_headers } = &request;
+    let WriteBody { key, value, headers: app_headers } = request;
     let mut record_headers = OwnedHeaders::new_with_capacity(app_headers.len() + 1);
     for (name, value) in app_headers {
-        record_headers = record_headers.insert(Header { key: name, value: Some(value.as_bytes()) });
+        record_headers = record_headers.insert(Header { key: name.as_str(), value: Some(value.as_bytes()) });
     }
     if let Some(c) = &causes {
         record_headers = record_headers.insert(Header { key: CAUSES_HEADER, value: Some(c.as_slice()) });
     }
-    let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&topic).key(key.as_bytes()).headers(record_headers);
+    let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).key(key.as_bytes()).headers(record_headers);
     if let Some(v) = value {
         // The client's bytes, as sent.
         record = record.payload(v.as_bytes());
@@ -93,26 +250,23 @@ pub async fn post_record(
         .producer
         .send(record, Timeout::After(settings.produce_timeout()))
         .await
-        .map_err(|(e, _)| write_failed(&state, &topic, e))?;
+        .map_err(|(e, _)| write_failed(state, topic, e))?;
     state.metrics.observe(Metric::WriteAckSeconds, &[], started.elapsed().as_secs_f64());
     let partition = u32::try_from(delivery.partition)
         .map_err(|_| ApiError::Internal(anyhow::anyhow!("the broker acknowledged partition {}", delivery.partition)))?;
     let channel = ChannelId::new(fact.id, partition);
     state.facts.note_acknowledged(channel, delivery.offset);
-    state.metrics.add(Metric::WritesTotal, &[("topic", &topic)], 1.0);
+    state.metrics.add(Metric::WritesTotal, &[("topic", topic)], 1.0);
     let expected = partition_for_key(key.as_bytes(), fact.partitions);
     if expected != partition {
         // The producer saw another partition count than the cache: the topic may have
         // grown. Re-read it; a record no task reads is not claimed.
-        check_width(&state, fact, Some((partition, delivery.offset))).await?;
+        check_width(state, fact, Some((partition, delivery.offset))).await?;
         // Reads route this key to task `expected`; the producer's partitioner disagreed.
         tracing::error!(topic, partition, expected, "the producer did not partition by murmur2 of the key");
     }
     tracing::info!(topic, partition, offset = delivery.offset, causes = past.len(), "write acknowledged");
-
-    let token = session::reseal(&state, &caller, past.merge(channel, delivery.offset), now)?;
-    let body = json!({"topic": topic, "partition": partition, "offset": delivery.offset});
-    Ok((StatusCode::CREATED, [(SESSION_HEADER, token)], Json(body)).into_response())
+    Ok((channel, delivery.offset))
 }
 
 /// Refuses a write (`409 width-changed`) to a topic whose partition count is not the task

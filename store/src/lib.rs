@@ -13,6 +13,8 @@
 //!   [`record`]: what a held record keeps (the engine's payload) and its header framing.
 //! - [`leases`]: membership and task leases — which instance *should* run each task
 //!   (the epoch still decides who may commit), takeover, hand-back, the even shares.
+//! - [`idempotency`]: the gateway's idempotency keys (a retried write answered from the
+//!   first acknowledgement).
 //! - [`documents`]: every statement on `projection.documents`.
 //! - [`status`]: task status read back, in full (the projector's `status`) or from SQL
 //!   aggregates (the gateway's `/v1/status`).
@@ -24,6 +26,7 @@ pub mod database;
 pub mod documents;
 pub mod env;
 pub mod failure;
+pub mod idempotency;
 pub mod leases;
 pub mod migrations;
 pub mod ordering;

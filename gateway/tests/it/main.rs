@@ -3,6 +3,7 @@
 //! `PARSLEY_KAFKA_BOOTSTRAP` and `DATABASE_URL` and fail with a message saying how to start
 //! the services when either is unset. Every test uses its own topics and model.
 
+mod api;
 mod edge;
 mod failover;
 mod fleet;
