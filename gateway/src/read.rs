@@ -323,7 +323,10 @@ async fn attempt(
         Target::One { key } => [partition_for_key(key.as_bytes(), shape.task_count)].into(),
         Target::Page { .. } => (0..shape.task_count).collect(),
     };
-    match gate(demand, &shape, &rows, &served) {
+    let verdict = gate(demand, &shape, &rows, &served);
+    #[cfg(feature = "unsafe-ungated-reads")]
+    let verdict = if ungated::on() { Verdict::Covered } else { verdict };
+    match verdict {
         Verdict::Covered => {
             let body = read_documents(&mut tx, &model.name, target).await.map_err(|e| {
                 // The only values from the client: the key or the cursor.
@@ -551,6 +554,25 @@ fn not_yet_covered(state: &AppState, model: &str, uncovered: Uncovered, waited: 
         .with("tasks", Value::Array(tasks));
     problem.retry_after = Some(state.config.settings.retry_after_s);
     ApiError::NotYetCovered(Box::new(problem))
+}
+
+/// Reads served without the gate, stale data and all: the broken gateway that proves
+/// `parsley-check` is not vacuous. Only in a build with the test feature
+/// `unsafe-ungated-reads`, and only once the process switched it on; never in a release.
+#[cfg(feature = "unsafe-ungated-reads")]
+pub mod ungated {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    static ON: AtomicBool = AtomicBool::new(false);
+
+    /// Every read of this process from now on skips the gate (`true`) or is gated again.
+    pub fn serve_ungated_reads(on: bool) {
+        ON.store(on, Ordering::SeqCst);
+    }
+
+    pub(super) fn on() -> bool {
+        ON.load(Ordering::SeqCst)
+    }
 }
 
 #[cfg(test)]
