@@ -16,11 +16,13 @@ test:
 failover:
 	@cargo build -p parsley-projector --bin parsley-projector && cargo test -p parsley-gateway --test it failover -- --nocapture --test-threads=1
 
-# Long runs of the property-based fuzz tests (the short slice runs in `make test`):
-# the causes decoder and encoder, the gateway's write-body parser and token opener, the
-# projector's stored-header framing. CASES=<n> per property (default 100000).
+# Long runs of the fuzz tests (the corpus and a short slice run in `make test`): the
+# property-based ones (the causes decoder and encoder, engine feed sequences, the gateway's
+# write-body parser and token opener, the projector's stored-header framing; CASES=<n> per
+# property, default 100000), then the core's cargo-fuzz targets `decode` and `feed` on
+# nightly (FUZZ_SECONDS=<n> each, default 600; 0 skips them). See docs/development.md.
 fuzz:
-	@CASES=$(or $(CASES),100000) bash scripts/fuzz.sh
+	@CASES=$(or $(CASES),100000) FUZZ_SECONDS=$(or $(FUZZ_SECONDS),600) bash scripts/fuzz.sh
 
 # A long simulator sweep: SEEDS=<n> seeds per scenario (default 20000, five scenarios),
 # in release mode (see docs/verification.md).

@@ -30,10 +30,10 @@
 //! Two kinds of host. An *honest* host (three inputs in four) behaves as the projector
 //! does: it reads nothing below a log start nor from a deleted topic, seeds at or above the
 //! log start, and reports log starts no later than they are. Then every property above
-//! holds. A *chaos* host breaks those rules and feeds extreme positions (`i64::MIN`,
-//! `i64::MAX`); the engine must still not panic, must answer per contract, and must keep
-//! every property that does not rest on the host's honesty — all but "never at or below
-//! a covered position", which a host reporting false log starts can defeat.
+//! holds. A *chaos* host breaks those rules and feeds extreme positions (`i64::MIN`, `-1`,
+//! up to `i64::MAX - 1`); the engine must still not panic, must answer per contract, and
+//! must keep every property that does not rest on the host's honesty — all but "never at
+//! or below a covered position", which a host reporting false log starts can defeat.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -584,7 +584,8 @@ impl Harness {
         };
         // No host feeds i64::MAX, which names no record a log can hold: the engine accepts
         // it today, then overflows on a log-start check and stamps a header its own codec
-        // refuses (docs/verification.md, "Findings").
+        // refuses (docs/verification.md, "Fuzzing the decoder and the engine's feed
+        // sequences"). Seeds stop below it too.
         let position = position.min(i64::MAX - 1);
         if self.chaos {
             position
