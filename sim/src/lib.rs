@@ -66,6 +66,11 @@ pub struct Scenario {
     /// (never positions it has not read), which the owner must refuse once it notices;
     /// otherwise it stays within what it delivered.
     pub retention_passes_held: bool,
+    /// Retention may also pass positions a receiver (a task or an upstream process) has
+    /// not read yet, as long as it discards a record there: the receiver must refuse
+    /// `POSITIONS_DISCARDED_UNREAD` when it finds out (an out-of-range fetch, a check).
+    /// Upstream processes then check log starts on an out-of-range fetch, as tasks do.
+    pub retention_passes_unread: bool,
 }
 
 impl Scenario {
@@ -91,6 +96,7 @@ impl Scenario {
             replica: true,
             audit: false,
             retention_passes_held: false,
+            retention_passes_unread: false,
         }
     }
 
@@ -133,6 +139,25 @@ impl Scenario {
         Scenario { name: "retention", retention_weight: 4, retention_passes_held: true, ..Scenario::soak() }
     }
 
+    /// Retention that outruns readers: it passes positions neither tasks nor upstream
+    /// processes have read, so both refuse `POSITIONS_DISCARDED_UNREAD` when they find out
+    /// (never records a task holds: the `retention` scenario does that, and the two
+    /// together would let a running task's periodic check, which visits only the channels
+    /// holding records, refuse on another channel than its restart does). Two processes
+    /// lag on a channel the first one reads too. A cause a sender delivered and a receiver
+    /// never read is still stamped on the sender's effects, so the receiver holds the
+    /// effect and refuses at the cause's channel instead of delivering it first (what a
+    /// sender pruning its frontier by the log start, `PruneDropsLiveCause`, breaks).
+    pub fn unread() -> Scenario {
+        Scenario {
+            name: "unread",
+            retention_weight: 3,
+            retention_passes_held: false,
+            retention_passes_unread: true,
+            ..Scenario::soak()
+        }
+    }
+
     /// A known limit, not a default sweep: a process that receives both an upstream
     /// channel and a topic session clients write to. A client that read an effect of an
     /// upstream record `u` learns `u`, but the refreshed token carries `u`'s channel only
@@ -144,7 +169,14 @@ impl Scenario {
     }
 
     pub fn all() -> Vec<Scenario> {
-        vec![Scenario::soak(), Scenario::crashes(), Scenario::corrupt(), Scenario::long(), Scenario::retention()]
+        vec![
+            Scenario::soak(),
+            Scenario::crashes(),
+            Scenario::corrupt(),
+            Scenario::long(),
+            Scenario::retention(),
+            Scenario::unread(),
+        ]
     }
 }
 
@@ -311,6 +343,18 @@ impl RunReport {
     pub fn summary(&self) -> String {
         let mut s = format!("seed {} scenario {} sabotage {:?}", self.seed, self.scenario, self.sabotage);
         for v in &self.violations {
+    /// Retention advances past a position a receiver (a task or an upstream process) had
+    /// not read, discarding a record there.
+    pub retention_passed_unread: u64,
+    /// Of those, on a channel an upstream process receives.
+    pub retention_passed_unread_upstream: u64,
+    /// Log-start checks by upstream processes after an out-of-range fetch.
+    pub upstream_log_start_checks: u64,
+    /// `POSITIONS_DISCARDED_UNREAD` refusals by upstream processes.
+    pub upstream_discard_refusals: u64,
+    /// Deliveries an upstream process held until it refused: effects whose cause retention
+    /// discarded before the process read it.
+    pub upstream_held_at_refusal: u64,
             s.push_str(&format!("\n  {v}"));
         }
         s

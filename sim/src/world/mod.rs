@@ -34,6 +34,10 @@ const MODEL_TOPICS: [&str; 2] = ["orders", "payments"];
 /// commits checks right after, before its next step).
 const LOG_START_CHECK_WEIGHT: u32 = 2;
 
+/// In a scenario whose retention may outrun readers, one retention advance in this many
+/// may pass a position a receiver has not read.
+const UNREAD_RETENTION_ODDS: u64 = 8;
+
 /// Where an upstream process sends.
 #[derive(Clone, Copy, Debug)]
 enum Dest {
@@ -52,6 +56,9 @@ struct Process {
     txn: Option<(TxnId, Vec<RecordId>)>,
     /// Deliveries not yet followed by a send.
     pending_sends: u32,
+    /// Channels this process reads slowly (fetches drawn at the lowest weight), so
+    /// retention that keeps pace with a faster receiver outruns it there.
+    slow: BTreeSet<ChannelId>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -244,6 +251,10 @@ impl World {
             (vec![raw0, raw1], vec![Dest::Channel(mid0), Dest::Model(0), Dest::Model(1)]),
             (vec![mid0, raw1], vec![Dest::Model(0), Dest::Model(1)]),
         ];
+        if scenario.retention_passes_unread {
+            // A second slow reader: P2 receives mid and lags on raw/0, which P0 reads too.
+            shapes.push((vec![mid0, raw0], vec![Dest::Model(1)]));
+        }
         if scenario.audit {
             // An auditor downstream of the gateway: it receives an upstream channel and
             // every partition of a topic session clients write to, and sends nothing.
@@ -268,7 +279,14 @@ impl World {
                     baselines.push((c, start));
                 }
                 oracle.start(receiver, &baselines);
-                Process { receiver, received, outputs, engine, next_fetch, txn: None, pending_sends: 0 }
+                // Where retention may outrun readers, P1 lags on raw/1 and P2 on raw/0, which
+                // P0 reads too: P0's stamps then name positions they may never read.
+                let slow = match i {
+                    1 if scenario.retention_passes_unread => [raw1].into(),
+                    2 if scenario.retention_passes_unread => [raw0].into(),
+                    _ => BTreeSet::new(),
+                };
+                Process { receiver, received, outputs, engine, next_fetch, txn: None, pending_sends: 0, slow }
             })
             .collect();
 
@@ -428,10 +446,14 @@ impl World {
             }
         }
         for (i, p) in self.processes.iter().enumerate() {
+            let refused = p.engine.refusal().is_some();
             for &c in &p.received {
-                if self.kafka.fetchable(&c, p.next_fetch[&c]) && p.engine.refusal().is_none() {
+                // Out of range counts: the process must find out and check its log starts.
+                let from = p.next_fetch[&c];
+                let fetch = self.kafka.fetchable(&c, from) || from < self.kafka.log_start(&c);
+                if fetch && !refused {
                     // The auditor lags: a backlog is what lets a later write overtake.
-                    push(Action::ProcFetch(i, c), if p.outputs.is_empty() { 1 } else { 4 });
+                    push(Action::ProcFetch(i, c), if p.outputs.is_empty() || p.slow.contains(&c) { 1 } else { 4 });
                 }
             }
             match &p.txn {
@@ -442,7 +464,7 @@ impl World {
                 None if work => push(Action::ProcBegin(i), s.txn_weight),
                 None => {}
             }
-            if work && !p.outputs.is_empty() {
+            if work && !p.outputs.is_empty() && !refused {
                 push(Action::ProcSend(i), if p.pending_sends > 0 { 4 } else { 1 });
                 push(Action::ProcPrune(i), 1);
             }
@@ -523,19 +545,83 @@ impl World {
             let committed_read = self.committed_read.get(c).copied().unwrap_or(0);
             let read = rows.fed_up_to.get(c).map_or(0, |f| f + 1).max(committed_read);
             let holding = rows.held.keys().any(|(h, _)| h == c);
-            let limit = if self.scenario.retention_passes_held || !holding {
+            // Retention outruns a task only once it runs: records discarded before a model's
+            // first start are outside its scope. A refused task's channels stay within what
+            // it delivered: its restart must find the same refusal first, in channel order.
+            let unread = self.scenario.retention_passes_unread;
+            let refused = rows.refusal.is_some();
+            let t = c.partition as usize;
+            // Records a running task holds in a step not yet committed count too.
+            let holding_now = match &self.tasks[t].state {
+                TaskState::Up(run) => run.engine().held(c).next().map(|h| h.position),
+                TaskState::Down => None,
+            };
+            let limit = if unread && !refused && self.tasks[t].started_once {
+                if self.scenario.retention_passes_held {
+                    bound
+                } else if let Some(head) = holding_now {
+                    head.min(self.db.undelivered_from(c.partition, c))
+                } else if !holding {
+                    bound
+                } else {
+                    self.db.undelivered_from(c.partition, c)
+                }
+            } else if unread && refused && holding {
+                self.db.undelivered_from(c.partition, c)
+            } else if self.scenario.retention_passes_held || !holding {
                 read
             } else {
                 self.db.undelivered_from(c.partition, c)
             };
             bound = bound.min(limit);
         }
-        for p in &self.processes {
-            if p.received.contains(c) {
-                bound = bound.min(p.engine.fed_up_to(c).map_or(0, |f| f + 1));
+        if !self.scenario.retention_passes_unread {
+            for p in &self.processes {
+                if p.received.contains(c) {
+                    bound = bound.min(p.engine.fed_up_to(c).map_or(0, |f| f + 1));
+                }
             }
         }
         bound
+    }
+
+    /// Where each receiver of `c` has read to (its next position to read): an upstream
+    /// process's and a running task's engine, and the owner's committed rows (what a
+    /// restart resumes from).
+    fn read_positions(&self, c: &ChannelId) -> Vec<Position> {
+        let mut positions: Vec<Position> = self
+            .processes
+            .iter()
+            .filter(|p| p.received.contains(c))
+            .map(|p| p.engine.fed_up_to(c).map_or(0, |f| f + 1))
+            .collect();
+        if self.is_model(c) {
+            let t = c.partition as usize;
+            let rows = &self.db.tasks[t];
+            positions.push(rows.fed_up_to.get(c).map_or(0, |f| f + 1));
+            positions.push(self.committed_read.get(c).copied().unwrap_or(0));
+            if let TaskState::Up(run) = &self.tasks[t].state {
+                positions.push(run.engine().fed_up_to(c).map_or(0, |f| f + 1));
+            }
+        }
+        positions
+    }
+
+    /// Cuts a retention target `to` on `c` so that wherever it passes a receiver's read
+    /// position it discards at least one record there: the receiver cannot know what lay
+    /// at positions it never read, so it refuses even when only markers and aborted records
+    /// were lost, and the oracle, which owes a refusal only for a lost record, would call
+    /// that refusal unexpected. Returns the new target and whether it passes a read position.
+    fn cut_past_unread(&self, c: &ChannelId, mut to: Position) -> (Position, bool) {
+        let mut positions = self.read_positions(c);
+        positions.sort_unstable_by(|a, b| b.cmp(a));
+        for r in positions {
+            if r < to && (r.max(0)..to).all(|o| self.kafka.is_control_or_aborted(c, o)) {
+                to = r;
+            }
+        }
+        let passes = self.read_positions(c).iter().any(|&r| r < to);
+        (to, passes)
     }
 
     fn retention_candidates(&self) -> Vec<ChannelId> {
@@ -585,17 +671,7 @@ impl World {
                 self.trace.push(format!("{} P{p} begin txn{txn}", self.step));
             }
             Action::ProcEnd(p, commit) => self.proc_end(p, commit),
-            Action::ProcPrune(p) => {
-                let facts: BTreeMap<ChannelId, ChannelFact> =
-                    self.processes[p].engine.frontier().iter().map(|(c, _)| (c, self.fact(&c))).collect();
-                let before = self.processes[p].engine.frontier().len();
-                self.processes[p].engine.prune(|c| facts.get(c).copied().unwrap_or(ChannelFact::Unknown));
-                let after = self.processes[p].engine.frontier().len();
-                if after < before {
-                    self.stats.prunes += 1;
-                }
-                self.trace.push(format!("{} P{p} prune frontier {before}->{after}", self.step));
-            }
+            Action::ProcPrune(p) => self.proc_prune(p),
             Action::TaskStart(t) => self.task_start(t),
             Action::TaskFeed(t, c) => self.task_feed(t, c),
             Action::TaskPrune(t) => self.task_prune(t),
@@ -626,7 +702,32 @@ impl World {
                 }
                 let c = *self.rng.pick(&candidates);
                 let from = self.kafka.log_start(&c) + 1;
-                let to = self.rng.range(from, self.retention_bound(&c));
+                let mut to = self.rng.range(from, self.retention_bound(&c));
+                if self.scenario.retention_passes_unread {
+                    // Outrunning a reader ends it (a refusal), so it is the rare case: most
+                    // retention stays within what every receiver has read.
+                    let reads = self.read_positions(&c);
+                    let upstream = self.processes.iter().filter(|p| p.received.contains(&c)).count();
+                    let odds = if upstream > 1 { UNREAD_RETENTION_ODDS / 4 } else { UNREAD_RETENTION_ODDS };
+                    if !self.rng.chance(1, odds) {
+                        to = to.min(reads.iter().copied().min().unwrap_or(to));
+                    } else if upstream > 1 || self.rng.chance(1, 2) {
+                        // Up to what the fastest reader read: a slower one loses positions.
+                        to = to.min(reads.iter().copied().max().unwrap_or(to));
+                    }
+                    let (cut, passes_unread) = self.cut_past_unread(&c, to);
+                    if cut < from {
+                        return;
+                    }
+                    to = cut;
+                    if passes_unread {
+                        self.trace.push(format!("{} retention outruns a reader of {}", self.step, self.name(&c)));
+                        self.stats.retention_passed_unread += 1;
+                        if self.processes.iter().any(|p| p.received.contains(&c)) {
+                            self.stats.retention_passed_unread_upstream += 1;
+                        }
+                    }
+                }
                 self.kafka.advance_log_start(&c, to);
                 self.oracle.log_start_advanced(c, to);
                 self.stats.retention_advances += 1;
@@ -694,7 +795,9 @@ impl World {
             self.oracle.check_complete(self.tasks[t].receiver);
         }
         for p in 0..self.processes.len() {
-            self.oracle.check_complete(self.processes[p].receiver);
+            if self.processes[p].engine.refusal().is_none() {
+                self.oracle.check_complete(self.processes[p].receiver);
+            }
         }
         // Every read still waiting, and one last collection read per client, must be
         // covered now that everything is delivered — unless a refusal is in the way.

@@ -9,6 +9,16 @@ impl World {
         let batch = self.rng.range(1, 2) as usize;
         let records = match self.kafka.fetch(&c, from, batch) {
             Ok(r) => r,
+            Err(FetchError::OutOfRange { log_start }) => {
+                let line = format!(
+                    "{} P{p} fetch {} from {from} out of range (log start {log_start})",
+                    self.step,
+                    self.name(&c)
+                );
+                self.trace.push(line);
+                self.proc_check_log_starts(p);
+                return;
+            }
             Err(e) => {
                 let detail = format!("P{p} could not fetch {} from {from}: {e:?}", self.name(&c));
                 self.oracle.report(ViolationKind::UnexpectedRefusal, detail);
@@ -28,6 +38,7 @@ impl World {
                     }
                     let receiver = proc.receiver;
                     proc.pending_sends += deliveries.len() as u32;
+                    self.oracle.received(receiver, f.id);
                     let mut names = Vec::new();
                     for d in &deliveries {
                         self.oracle.delivered(receiver, d.channel, d.position, d.payload.id);
@@ -52,7 +63,66 @@ impl World {
         }
     }
 
+    /// After an out-of-range fetch, the process checks the log start of every channel it
+    /// receives, in channel order, as a task does: each one the engine lets pass is judged
+    /// (nothing it had not delivered may be gone), and so is the refusal, which is due
+    /// exactly when retention discarded a record the process had not delivered. A process
+    /// never restarts, so a refused one stops for good; its channels are excepted from
+    /// completeness.
+    pub(super) fn proc_check_log_starts(&mut self, p: usize) {
+        self.stats.upstream_log_start_checks += 1;
+        let receiver = self.processes[p].receiver;
+        let received = self.processes[p].received.clone();
+        for c in received {
+            let log_start = self.kafka.log_start(&c);
+            match self.processes[p].engine.observe_log_start(c, log_start) {
+                Ok(()) => self.oracle.log_start_accepted(receiver, &c),
+                Err(refusal) => {
+                    self.stats.refusals += 1;
+                    self.stats.upstream_held_at_refusal += self.processes[p].engine.held_count() as u64;
+                    let due = match (refusal.reason, refusal.channel) {
+                        (RefusalReason::PositionsDiscardedUnread, Some(ch)) if ch == c => {
+                            self.stats.upstream_discard_refusals += 1;
+                            self.oracle.discard_refusal_unjustified(receiver, &c, refusal.position)
+                        }
+                        _ => Some("no discarded delivery calls for it".to_string()),
+                    };
+                    if let Some(why) = due {
+                        self.oracle
+                            .report(ViolationKind::UnexpectedRefusal, format!("P{p} refused: {refusal} ({why})"));
+                    }
+                    self.trace.push(format!("{} P{p} refused {}: {}", self.step, refusal.reason, refusal.diagnosis));
+                    return;
+                }
+            }
+        }
+        // The engine let every log start pass (the oracle judged each): resume from them.
+        for c in self.processes[p].received.clone() {
+            let log_start = self.kafka.log_start(&c);
+            let next = self.processes[p].next_fetch.get_mut(&c).expect("received");
+            *next = (*next).max(log_start);
+        }
+    }
+
+    /// Prunes the process's frontier with the channel facts Kafka gives.
+    pub(super) fn proc_prune(&mut self, p: usize) {
+        let facts: BTreeMap<ChannelId, ChannelFact> =
+            self.processes[p].engine.frontier().iter().map(|(c, _)| (c, self.fact(&c))).collect();
+        let before = self.processes[p].engine.frontier().len();
+        self.processes[p].engine.prune(|c| facts.get(c).copied().unwrap_or(ChannelFact::Unknown));
+        let after = self.processes[p].engine.frontier().len();
+        if after < before {
+            self.stats.prunes += 1;
+        }
+        self.trace.push(format!("{} P{p} prune frontier {before}->{after}", self.step));
+    }
+
     pub(super) fn proc_send(&mut self, p: usize) {
+        if self.scenario.retention_passes_unread {
+            // Where retention outruns readers, a sender prunes right before each send: the
+            // stamp then shows exactly what the pruning rule keeps.
+            self.proc_prune(p);
+        }
         let outputs = self.processes[p].outputs.clone();
         let dest = *self.rng.pick(&outputs);
         let key = self.rng.below(u64::from(self.scenario.keys)) as u16;
