@@ -402,7 +402,15 @@ pub fn judge(history: &[Event]) -> Result<Verdict, String> {
     let past = |w: WriteId| -> &Clock { &clocks[&w.session][w.seq as usize - 1] };
     let knows = |clock: &Clock, w: WriteId| clock.get(&w.session).is_some_and(|&q| q >= w.seq);
     for look in &looks {
-        let clock = &clocks[&look.session][look.seq as usize];
+        // What the reader knew before this operation, and what this very document shows: a
+        // page's documents come from several tasks, and only later reads must reflect the
+        // causal past of what another document of the page showed.
+        let mut clock = clocks[&look.session][look.seq as usize - 1].clone();
+        for w in look.doc.iter().flat_map(Doc::names).filter(|w| writes.contains_key(w)) {
+            join(&mut clock, past(w));
+            bump(&mut clock, w.session, w.seq);
+        }
+        let clock = &clock;
         let read = &history[look.event];
         // The highest version floor the reader knows.
         let mut floor: Option<(i64, u64, u64)> = None;
