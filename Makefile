@@ -46,6 +46,7 @@ services-reset:
 # 2 projector instances and 2 gateways on config/check.toml (database parsley_check), kills,
 # freezes and restarts them, terminates their database connections and restarts the broker,
 # and judges the history (docs/verification.md, "Session-guarantee checker").
+.PHONY: check
 check:
 	@bash scripts/services.sh up && cargo build -p parsley-projector -p parsley-gateway -p parsley-check && \
 	  DATABASE_URL=$${DATABASE_URL:-postgres://parsley:parsley@127.0.0.1:5432/parsley} \
