@@ -45,6 +45,8 @@ pub struct Inner {
     pub config: GatewayConfig,
     pub pool: PgPool,
     pub producer: FutureProducer,
+    /// The transactional producers of batch writes.
+    pub transactions: crate::batch::Transactions,
     pub facts: KafkaFacts,
     pub notifier: Arc<ClockNotifier>,
     pub metrics: Arc<Metrics>,
@@ -107,6 +109,8 @@ impl AppState {
             .set("message.timeout.ms", config.settings.produce_timeout_ms.to_string())
             .create()
             .context("creating the Kafka producer")?;
+        let transactions =
+            crate::batch::Transactions::new(&config.shared.kafka.bootstrap, config.settings.produce_timeout_ms);
         let facts = KafkaFacts::new(&config.shared.kafka.bootstrap, config.settings.kafka_timeout())?;
         let notifier = Arc::new(ClockNotifier::new(config.shared.models.iter().map(|m| m.name.as_str())));
         let received_topics =
@@ -124,6 +128,7 @@ impl AppState {
             config,
             pool,
             producer,
+            transactions,
             facts,
             notifier,
             metrics,
@@ -150,6 +155,7 @@ pub fn app(state: AppState) -> Router {
     let clients = Router::new()
         .route("/readyz", get(ops::readyz))
         .route("/v1/topics/{topic}/records", post(write::post_record))
+        .route("/v1/records", post(crate::batch::post_batch))
         .route("/v1/models/{model}/documents", get(read::get_collection))
         .route("/v1/models/{model}/documents/{key}", get(read::get_document));
     let clients = if state.config.admin_token.is_some() { clients.merge(admin) } else { clients };

@@ -129,6 +129,76 @@ pub fn parse(body: &[u8], max_key_bytes: usize) -> Result<WriteBody<'_>, BodyErr
     Ok(WriteBody { key, value: (value != "null").then_some(value), headers })
 }
 
+/// One record of a batch write: its topic and its checked body.
+#[derive(Debug, PartialEq, Eq)]
+pub struct BatchRecord<'a> {
+    pub topic: String,
+    pub record: WriteBody<'a>,
+}
+
+/// A batch body's shape.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchWire<'a> {
+    #[serde(borrow)]
+    records: Vec<BatchRecordWire<'a>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchRecordWire<'a> {
+    topic: String,
+    #[serde(borrow)]
+    key: &'a RawValue,
+    #[serde(borrow)]
+    value: &'a RawValue,
+    #[serde(borrow, default)]
+    headers: Option<&'a RawValue>,
+}
+
+const BATCH_SHAPE: &str =
+    "expected {\"records\": [{\"topic\": string, \"key\": string, \"value\": JSON or null, \"headers\": {name: string}}]}";
+
+/// Parses and checks a batch write body — 1 to `max_records` records, each checked as a
+/// single write's body ([`parse`]); an error names the record (`records[2].value.a`).
+pub fn parse_batch(body: &[u8], max_key_bytes: usize, max_records: usize) -> Result<Vec<BatchRecord<'_>>, BodyError> {
+    let wire: BatchWire<'_> = serde_json::from_slice(body).map_err(|e| BodyError::Invalid {
+        field: None,
+        reason: InvalidReason::Shape,
+        detail: format!("{BATCH_SHAPE}: {e}"),
+    })?;
+    if wire.records.is_empty() || wire.records.len() > max_records {
+        return Err(BodyError::invalid(
+            "records",
+            if wire.records.is_empty() { InvalidReason::Empty } else { InvalidReason::TooLong },
+            format!("a batch holds 1 to {max_records} records, not {}", wire.records.len()),
+        ));
+    }
+    let mut out = Vec::with_capacity(wire.records.len());
+    for (i, r) in wire.records.into_iter().enumerate() {
+        let at = |e: BodyError| match e {
+            BodyError::Invalid { field, reason, detail } => BodyError::Invalid {
+                field: Some(match field {
+                    Some(f) => format!("records[{i}].{f}"),
+                    None => format!("records[{i}]"),
+                }),
+                reason,
+                detail,
+            },
+            BodyError::ReservedHeader(d) => BodyError::ReservedHeader(format!("records[{i}]: {d}")),
+        };
+        let key = parse_key(r.key.get(), max_key_bytes).map_err(at)?;
+        let value = check_value(r.value.get()).map_err(at)?;
+        let headers = match r.headers {
+            None => Vec::new(),
+            Some(raw) => parse_headers(raw.get()).map_err(at)?,
+        };
+        let record = WriteBody { key, value: (value != "null").then_some(value), headers };
+        out.push(BatchRecord { topic: r.topic, record });
+    }
+    Ok(out)
+}
+
 fn parse_key(raw: &str, max_key_bytes: usize) -> Result<String, BodyError> {
     if !raw.starts_with('"') {
         return Err(BodyError::invalid("key", InvalidReason::Shape, "the key must be a JSON string"));

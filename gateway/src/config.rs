@@ -120,6 +120,8 @@ pub struct Settings {
     /// How long a write's `Idempotency-Key` is remembered, in seconds: a retry with the same
     /// key and body within it answers the first acknowledgement without writing again.
     pub idempotency_window_s: u64,
+    /// Most records one batch write (`POST /v1/records`) may carry.
+    pub max_batch_records: usize,
 }
 
 /// The most `max_key_bytes` may be: a document key is indexed by a btree (with the model's
@@ -128,6 +130,9 @@ pub const MAX_KEY_BYTES_LIMIT: usize = 2048;
 
 /// The longest an idempotency key is remembered: a week.
 pub const MAX_IDEMPOTENCY_WINDOW_S: u64 = 7 * 86_400;
+
+/// The most records one batch may carry (one Kafka transaction).
+pub const MAX_BATCH_RECORDS_LIMIT: usize = 1_000;
 
 impl Default for Settings {
     fn default() -> Self {
@@ -165,6 +170,7 @@ impl Default for Settings {
             admin_token_file: None,
             cors_allowed_origins: Vec::new(),
             idempotency_window_s: 86_400,
+            max_batch_records: 100,
         }
     }
 }
@@ -277,6 +283,9 @@ impl Settings {
         }
         for origin in &self.cors_allowed_origins {
             crate::cors::check_origin(origin).map_err(|e| anyhow::anyhow!("gateway.cors_allowed_origins: {e}"))?;
+        }
+        if !(1..=MAX_BATCH_RECORDS_LIMIT).contains(&self.max_batch_records) {
+            bail!("gateway.max_batch_records must be from 1 to {MAX_BATCH_RECORDS_LIMIT}");
         }
         if !(60..=MAX_IDEMPOTENCY_WINDOW_S).contains(&self.idempotency_window_s) {
             bail!("gateway.idempotency_window_s must be from 60 to {MAX_IDEMPOTENCY_WINDOW_S} (7 days)");

@@ -17,6 +17,7 @@
 //! - [`facts`]: cached Kafka facts — topic names ↔ IDs, partition counts, log start/end.
 //! - [`body`]: the write body, parsed and checked as hostile input (the value kept as sent).
 //! - [`write`]: `POST /v1/topics/{topic}/records`, with `Idempotency-Key` replays.
+//! - [`batch`]: `POST /v1/records`, several records in one Kafka transaction.
 //! - [`cors`]: cross-origin requests from browser apps (`gateway.cors_allowed_origins`).
 //! - [`widths`]: the width each model was recorded with, for refusing writes after a
 //!   topic's partition count changed.
@@ -33,6 +34,7 @@
 //! See `docs/gateway.md` for the routes, the token format, the gate and the problem types.
 
 pub mod app;
+pub mod batch;
 pub mod body;
 pub mod config;
 pub mod cors;

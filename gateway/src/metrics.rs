@@ -14,6 +14,11 @@ parsley_infra::metric_names! {
         ProblemsTotal = ("parsley_gateway_problems_total", Counter, "Problem documents returned, by problem type."),
         WritesTotal = ("parsley_gateway_writes_total", Counter, "Records acknowledged by the broker, by topic."),
         WriteAckSeconds = ("parsley_gateway_write_ack_seconds", Histogram, "Time from produce to acknowledgement."),
+        BatchesTotal = (
+            "parsley_gateway_batches_total",
+            Counter,
+            "Batch writes committed (each one Kafka transaction).",
+        ),
         IdempotentReplaysTotal = (
             "parsley_gateway_idempotent_replays_total",
             Counter,

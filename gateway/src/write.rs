@@ -165,7 +165,7 @@ pub fn replay(
 
 /// What an idempotent write stores: the `201` body, and each record's coordinate with its
 /// topic ID (to merge into a retry's session).
-fn acknowledgement(body: &Value, records: &[(ChannelId, i64)]) -> Value {
+pub fn acknowledgement(body: &Value, records: &[(ChannelId, i64)]) -> Value {
     let records: Vec<Value> = records
         .iter()
         .map(|(c, offset)| json!({"topic_id": c.topic.to_string(), "partition": c.partition, "offset": offset}))
@@ -273,7 +273,11 @@ async fn produce_one(
 /// count some model receiving it recorded. A mismatch seen in the caches is re-read from the
 /// broker and the database before refusing (`written` set: re-read unconditionally, the
 /// record is already in the log). Returns the topic's fact as last read.
-async fn check_width(state: &AppState, fact: TopicFact, written: Option<(u32, i64)>) -> Result<TopicFact, ApiError> {
+pub async fn check_width(
+    state: &AppState,
+    fact: TopicFact,
+    written: Option<(u32, i64)>,
+) -> Result<TopicFact, ApiError> {
     let models = state.models_receiving(&fact.name);
     let mismatch = |fact: &TopicFact, widths: &crate::widths::RecordedWidths| {
         models.iter().find_map(|m| match widths.cached(m) {

@@ -105,8 +105,9 @@ async fn a_retried_write_with_the_same_idempotency_key_is_answered_without_writi
     s.start_projector().await;
     let uri = format!("/v1/topics/{}/records", s.names.orders);
     let body = json!({"key": "order-1", "value": {"n": 1}});
+    let key = unique("k");
 
-    let (status, h, first) = request(&s.router, Method::POST, &uri, &[("idempotency-key", "k-1")], Some(&body)).await;
+    let (status, h, first) = request(&s.router, Method::POST, &uri, &[("idempotency-key", &key)], Some(&body)).await;
     assert_eq!(status, StatusCode::CREATED, "{first}");
     assert_eq!(header(&h, "idempotency-replayed"), None);
     let token = header(&h, "parsley-session").unwrap().to_string();
@@ -114,7 +115,7 @@ async fn a_retried_write_with_the_same_idempotency_key_is_answered_without_writi
     // The retry (the client never saw the answer), on another gateway of the fleet, with
     // the session it had before: the same acknowledgement, merged into its session.
     let (other, _stop) = s.other_gateway("").await;
-    let (status, h, again) = request(&other, Method::POST, &uri, &[("idempotency-key", "k-1")], Some(&body)).await;
+    let (status, h, again) = request(&other, Method::POST, &uri, &[("idempotency-key", &key)], Some(&body)).await;
     assert_eq!(status, StatusCode::CREATED, "{again}");
     assert_eq!(again, first, "the same coordinate");
     assert_eq!(header(&h, "idempotency-replayed"), Some("true"));
@@ -131,12 +132,12 @@ async fn a_retried_write_with_the_same_idempotency_key_is_answered_without_writi
     // The same key for another request: refused by name, nothing written.
     let other_body = json!({"key": "order-1", "value": {"n": 2}});
     let (status, _, problem) =
-        request(&s.router, Method::POST, &uri, &[("idempotency-key", "k-1")], Some(&other_body)).await;
+        request(&s.router, Method::POST, &uri, &[("idempotency-key", &key)], Some(&other_body)).await;
     assert_eq!(status, StatusCode::CONFLICT, "{problem}");
     assert_eq!(problem["type"], json!("https://parsley.dev/problems/idempotency-key-reused"));
     let other_uri = format!("/v1/topics/{}/records", s.names.payments);
     let (status, _, problem) =
-        request(&s.router, Method::POST, &other_uri, &[("idempotency-key", "k-1")], Some(&body)).await;
+        request(&s.router, Method::POST, &other_uri, &[("idempotency-key", &key)], Some(&body)).await;
     assert_eq!(status, StatusCode::CONFLICT, "another route is another request: {problem}");
 
     // Keys a request cannot carry.
@@ -149,7 +150,7 @@ async fn a_retried_write_with_the_same_idempotency_key_is_answered_without_writi
 
     // Concurrent duplicates: one write; the others replay it or are told it is in flight.
     let body = json!({"key": "order-2", "value": {"n": 1}});
-    let answers = futures_join(&s.router, &uri, &body).await;
+    let answers = concurrent_posts(&s.router, &uri, &body, &unique("concurrent")).await;
     let written: Vec<&(StatusCode, bool, Value)> =
         answers.iter().filter(|a| a.0 == StatusCode::CREATED && !a.1).collect();
     assert_eq!(written.len(), 1, "{answers:?}");
@@ -169,13 +170,13 @@ async fn a_retried_write_with_the_same_idempotency_key_is_answered_without_writi
 }
 
 /// Eight concurrent POSTs with one key: (status, replayed, body) each.
-async fn futures_join(router: &Router, uri: &str, body: &Value) -> Vec<(StatusCode, bool, Value)> {
+async fn concurrent_posts(router: &Router, uri: &str, body: &Value, key: &str) -> Vec<(StatusCode, bool, Value)> {
     let mut tasks = Vec::new();
     for _ in 0..8 {
-        let (router, uri, body) = (router.clone(), uri.to_string(), body.clone());
+        let (router, uri, body, key) = (router.clone(), uri.to_string(), body.clone(), key.to_string());
         tasks.push(tokio::spawn(async move {
             let (status, h, json) =
-                request(&router, Method::POST, &uri, &[("idempotency-key", "concurrent-1")], Some(&body)).await;
+                request(&router, Method::POST, &uri, &[("idempotency-key", &key)], Some(&body)).await;
             (status, h.contains_key("idempotency-replayed"), json)
         }));
     }
@@ -184,4 +185,78 @@ async fn futures_join(router: &Router, uri: &str, body: &Value) -> Vec<(StatusCo
         out.push(t.await.unwrap());
     }
     out
+}
+
+/// A batch: an order and its payment in one Kafka transaction, stamped with the session and
+/// merged into it; the session reads both at once. A batch naming a topic no model receives
+/// writes nothing; a batch retried with its Idempotency-Key is answered without writing again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_is_written_in_one_transaction_and_read_back_by_its_session() {
+    let mut s = Stack::new("batch", 2, "read_wait_ms = 15000").await;
+    s.start_projector().await;
+    let (orders, payments) = (s.names.orders.clone(), s.names.payments.clone());
+    let w = s.write(&orders, "o-0", json!({"n": 0}), None).await;
+    let before = open(&w.token()).past;
+
+    let batch_key = unique("b");
+    let batch = json!({"records": [
+        {"topic": orders, "key": "o-1", "value": {"status": "placed"}},
+        {"topic": payments, "key": "p-1", "value": {"paid": true}, "headers": {"source": "batch"}},
+        {"topic": orders, "key": "o-2", "value": {"status": "placed"}},
+    ]});
+    let (status, h, body) = request(
+        &s.router,
+        Method::POST,
+        "/v1/records",
+        &[("parsley-session", &w.token()), ("idempotency-key", &batch_key)],
+        Some(&batch),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let acked = body["records"].as_array().unwrap();
+    assert_eq!(acked.len(), 3);
+    assert_eq!((acked[0]["topic"].clone(), acked[1]["topic"].clone()), (json!(orders), json!(payments)));
+    let token = header(&h, "parsley-session").unwrap().to_string();
+    let past = open(&token).past;
+    for a in acked {
+        let c = channel(&s.state, a["topic"].as_str().unwrap(), a["partition"].as_u64().unwrap() as u32).await;
+        assert!(past.get(&c).is_some_and(|p| p >= a["offset"].as_i64().unwrap()), "{a} merged");
+    }
+    assert!(before.iter().all(|(c, p)| past.get(&c).is_some_and(|q| q >= p)), "the earlier session is kept");
+
+    // The records of a batch are concurrent (none is another's cause): one session read
+    // sees all of them.
+    for (key, doc) in
+        [("o-1", json!({"status": "placed"})), ("p-1", json!({"paid": true})), ("o-2", json!({"status": "placed"}))]
+    {
+        let r = s.read(key, Some(&token)).await;
+        assert_eq!(r.status, StatusCode::OK, "{key}: {}", r.json);
+        assert_eq!((r.json["document"].clone(), r.json["version"].clone()), (doc, json!(1)), "{key}");
+    }
+
+    // Replayed, not written again.
+    let (status, h, again) =
+        request(&s.router, Method::POST, "/v1/records", &[("idempotency-key", &batch_key)], Some(&batch)).await;
+    assert_eq!((status, again), (StatusCode::CREATED, body.clone()));
+    assert_eq!(header(&h, "idempotency-replayed"), Some("true"));
+
+    // A topic no model receives: refused before anything is produced.
+    let bad = json!({"records": [
+        {"topic": orders, "key": "o-3", "value": {"status": "placed"}},
+        {"topic": "no-such-topic", "key": "o-3", "value": {}},
+    ]});
+    let (status, _, problem) = request(&s.router, Method::POST, "/v1/records", &[], Some(&bad)).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{problem}");
+    assert_eq!(problem["topic"], json!("no-such-topic"));
+    // A hostile record: refused naming it.
+    let bad = json!({"records": [{"topic": orders, "key": "", "value": 1}]});
+    let (status, _, problem) = request(&s.router, Method::POST, "/v1/records", &[], Some(&bad)).await;
+    assert_eq!((status, problem["field"].clone()), (StatusCode::BAD_REQUEST, json!("records[0].key")));
+
+    let r = s.read("o-3", Some(&token)).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "nothing of the refused batch was written: {}", r.json);
+    let l = s.list("", Some(&token)).await;
+    let keys: Vec<&str> = l.json["documents"].as_array().unwrap().iter().map(|d| d["key"].as_str().unwrap()).collect();
+    assert_eq!(keys, vec!["o-0", "o-1", "o-2", "p-1"]);
+    s.stop_projector().await;
 }

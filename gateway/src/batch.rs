@@ -1,0 +1,312 @@
+//! Batch writes, `POST /v1/records`: several records, to any topics configured models
+//! receive, produced in **one Kafka transaction** — all of them become visible to the
+//! projector (a `read_committed` consumer) or none — each stamped with the session's past,
+//! and the token merged with every acknowledged coordinate. An order and its payment can
+//! be written atomically.
+//!
+//! Each record is checked exactly as a single write's body is ([`crate::body::parse_batch`]);
+//! every topic must be received and of its recorded width before anything is produced.
+//! `Idempotency-Key` works as for single writes.
+//!
+//! The gateway keeps a few transactional producers ([`Transactions`]), each with a
+//! `transactional.id` of this process (`<prefix>-<pid>-<n>`): a transaction holds its
+//! producer until it commits or aborts, so batches run at most that many at once and the
+//! others wait their turn. A producer whose transaction failed is dropped and made anew.
+
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use parsley::codec::{self, CAUSES_HEADER};
+use parsley::{CausalPast, ChannelId};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
+use rdkafka::util::Timeout;
+use serde_json::json;
+use tokio::sync::Mutex;
+
+use crate::app::AppState;
+use crate::body::{self, BatchRecord};
+use crate::facts::TopicFact;
+use crate::metrics::Metric;
+use crate::problem::ApiError;
+use crate::session::{self, kafka_unavailable, SESSION_HEADER};
+use crate::write::{self, body_bytes, Idempotent};
+
+/// How many transactional producers a gateway keeps (batches at once).
+pub const TRANSACTIONAL_PRODUCERS: usize = 4;
+
+/// The gateway's transactional producers, made on first use.
+pub struct Transactions {
+    bootstrap: String,
+    prefix: String,
+    produce_timeout_ms: u64,
+    slots: Vec<Mutex<Option<FutureProducer>>>,
+}
+
+impl Transactions {
+    pub fn new(bootstrap: &str, produce_timeout_ms: u64) -> Transactions {
+        let host = std::fs::read_to_string("/etc/hostname")
+            .ok()
+            .map(|h| h.trim().to_string())
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "gateway".to_string());
+        Transactions {
+            bootstrap: bootstrap.to_string(),
+            prefix: format!("parsley-gateway-{host}-{}", std::process::id()),
+            produce_timeout_ms,
+            slots: (0..TRANSACTIONAL_PRODUCERS).map(|_| Mutex::new(None)).collect(),
+        }
+    }
+
+    /// A free slot if there is one, else the first to come free.
+    async fn slot(&self) -> (usize, tokio::sync::MutexGuard<'_, Option<FutureProducer>>) {
+        for (i, s) in self.slots.iter().enumerate() {
+            if let Ok(guard) = s.try_lock() {
+                return (i, guard);
+            }
+        }
+        let pick = (std::process::id() as usize) % self.slots.len();
+        (pick, self.slots[pick].lock().await)
+    }
+
+    /// Makes a transactional producer and initializes its transactions (fencing any earlier
+    /// producer of the same id).
+    async fn make(&self, n: usize) -> Result<FutureProducer, KafkaError> {
+        let id = format!("{}-{n}", self.prefix);
+        let producer: FutureProducer = parsley_infra::kafka::transactional_producer_config(&self.bootstrap, &id)
+            .set("message.timeout.ms", self.produce_timeout_ms.to_string())
+            .set("transaction.timeout.ms", (self.produce_timeout_ms * 2).max(1_000).to_string())
+            .create()?;
+        let p = producer.clone();
+        let timeout = self.timeout();
+        blocking(move || p.init_transactions(timeout)).await?;
+        Ok(producer)
+    }
+
+    fn timeout(&self) -> Timeout {
+        Timeout::After(std::time::Duration::from_millis(self.produce_timeout_ms))
+    }
+}
+
+/// Runs a blocking transaction call off the async threads.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, KafkaError> + Send + 'static,
+) -> Result<T, KafkaError> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!(error = %e, "a Kafka transaction call did not finish");
+            Err(KafkaError::Canceled)
+        }
+    }
+}
+
+pub async fn post_batch(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let now = session::unix_now();
+    let caller = session::open_session(&state, &headers, now)?;
+    let settings = &state.config.settings;
+    let bytes = body_bytes(body, settings.max_body_bytes)?;
+    let records = body::parse_batch(&bytes, settings.max_key_bytes, settings.max_batch_records)?;
+    let mut facts: Vec<TopicFact> = Vec::new();
+    for r in &records {
+        if facts.iter().any(|f| f.name == r.topic) {
+            continue;
+        }
+        if !state.receives(&r.topic) {
+            return Err(ApiError::UnknownTopic(r.topic.clone(), "is not received by any configured model".into()));
+        }
+        let fact = match state.facts.topic(&r.topic).await.map_err(|e| kafka_unavailable(&state, e))? {
+            Some(f) => f,
+            None => return Err(ApiError::UnknownTopic(r.topic.clone(), "does not exist on the broker".into())),
+        };
+        facts.push(write::check_width(&state, fact, None).await?);
+    }
+    let past = session::sanitize(&state, &caller.past).await?;
+    let claim =
+        match write::claim_idempotency(&state, &headers, caller.subject.as_deref(), "/v1/records", &bytes).await? {
+            Idempotent::Replay(ack) => return write::replay(&state, &caller, &past, &ack, now),
+            Idempotent::Write(claim) => claim,
+        };
+    match produce_batch(&state, &facts, &past, &records).await {
+        Ok(acked) => {
+            let body = json!({"records": acked.iter().map(|(topic, c, offset)| json!({
+                "topic": topic, "partition": c.partition, "offset": offset,
+            })).collect::<Vec<_>>()});
+            let coordinates: Vec<(ChannelId, i64)> = acked.iter().map(|(_, c, o)| (*c, *o)).collect();
+            write::settle(&state, claim, Ok(&write::acknowledgement(&body, &coordinates))).await;
+            let merged = coordinates.iter().fold(past, |p, (c, o)| p.merge(*c, *o));
+            let token = session::reseal(&state, &caller, merged, now)?;
+            Ok((StatusCode::CREATED, [(SESSION_HEADER, token)], Json(body)).into_response())
+        }
+        Err(e) => {
+            write::settle(&state, claim, Err(())).await;
+            Err(e)
+        }
+    }
+}
+
+/// Produces `records` in one transaction on a transactional producer; answers each
+/// record's topic and acknowledged coordinate, in the order given.
+async fn produce_batch(
+    state: &AppState,
+    facts: &[TopicFact],
+    past: &CausalPast,
+    records: &[BatchRecord<'_>],
+) -> Result<Vec<(String, ChannelId, i64)>, ApiError> {
+    let settings = &state.config.settings;
+    let causes = if past.is_empty() {
+        None
+    } else {
+        let budget = settings.metadata_budget;
+        Some(
+            codec::encode_within(past, budget)
+                .map_err(|_| ApiError::MetadataBudgetExceeded { size: codec::encoded_len(past), budget })?,
+        )
+    };
+    let transactions = &state.transactions;
+    let (n, mut slot) = transactions.slot().await;
+    if slot.is_none() {
+        *slot = Some(transactions.make(n).await.map_err(|e| batch_failed(state, "starting transactions", e, None))?);
+    }
+    let producer = slot.clone().expect("made above");
+    let started = Instant::now();
+    let p = producer.clone();
+    if let Err(e) = blocking(move || p.begin_transaction()).await {
+        *slot = None;
+        return Err(batch_failed(state, "beginning a transaction", e, None));
+    }
+    let mut deliveries = Vec::with_capacity(records.len());
+    let mut failed = None;
+    for r in records {
+        let mut headers = OwnedHeaders::new_with_capacity(r.record.headers.len() + 1);
+        for (name, value) in &r.record.headers {
+            headers = headers.insert(Header { key: name.as_str(), value: Some(value.as_bytes()) });
+        }
+        if let Some(c) = &causes {
+            headers = headers.insert(Header { key: CAUSES_HEADER, value: Some(c.as_slice()) });
+        }
+        let mut record: FutureRecord<'_, [u8], [u8]> =
+            FutureRecord::to(&r.topic).key(r.record.key.as_bytes()).headers(headers);
+        if let Some(v) = r.record.value {
+            record = record.payload(v.as_bytes());
+        }
+        match producer.send_result(record) {
+            Ok(delivery) => deliveries.push(delivery),
+            Err((e, _)) => {
+                failed = Some(e);
+                break;
+            }
+        }
+    }
+    let mut acked = Vec::with_capacity(records.len());
+    if failed.is_none() {
+        for (r, delivery) in records.iter().zip(deliveries) {
+            match delivery.await {
+                Ok(Ok(d)) => {
+                    let fact = facts.iter().find(|f| f.name == r.topic).expect("checked above");
+                    let partition = u32::try_from(d.partition).unwrap_or(u32::MAX);
+                    acked.push((r.topic.clone(), ChannelId::new(fact.id, partition), d.offset));
+                }
+                Ok(Err((e, _))) => {
+                    failed = Some(e);
+                    break;
+                }
+                Err(_) => {
+                    failed = Some(KafkaError::Canceled);
+                    break;
+                }
+            }
+        }
+    }
+    let timeout = transactions.timeout();
+    if let Some(e) = failed {
+        let p = producer.clone();
+        if let Err(abort) = blocking(move || p.abort_transaction(timeout)).await {
+            tracing::warn!(error = %abort, "aborting a failed batch's transaction failed; the producer is made anew");
+            *slot = None;
+        }
+        return Err(batch_failed(state, "producing a batch", e, Some(false)));
+    }
+    let p = producer.clone();
+    if let Err(e) = blocking(move || p.commit_transaction(timeout)).await {
+        let p = producer.clone();
+        let aborted = blocking(move || p.abort_transaction(timeout)).await.is_ok();
+        if !aborted {
+            *slot = None;
+        }
+        return Err(batch_failed(state, "committing a batch", e, Some(!aborted)));
+    }
+    state.metrics.observe(Metric::WriteAckSeconds, &[], started.elapsed().as_secs_f64());
+    for (topic, channel, offset) in &acked {
+        state.facts.note_acknowledged(*channel, *offset);
+        state.metrics.add(Metric::WritesTotal, &[("topic", topic)], 1.0);
+    }
+    state.metrics.add(Metric::BatchesTotal, &[], 1.0);
+    tracing::info!(records = acked.len(), causes = past.len(), "batch committed");
+    Ok(acked)
+}
+
+/// A batch that did not commit. `unknown`: whether it may have committed anyway (a commit
+/// that failed and could not be aborted); `None`: nothing was produced yet.
+fn batch_failed(state: &AppState, doing: &str, e: KafkaError, unknown: Option<bool>) -> ApiError {
+    tracing::warn!(error = %e, doing, "batch not written");
+    let detail = match unknown {
+        Some(true) => "Kafka did not confirm the batch's transaction; it may or may not have been committed",
+        _ => "Kafka could not write the batch; none of its records was written",
+    };
+    ApiError::WriteFailed { detail: detail.to_string(), retry_after: state.config.settings.retry_after_s }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::body::{parse_batch, InvalidReason};
+    use crate::problem::ApiError;
+
+    #[test]
+    fn batch_bodies_are_checked_record_by_record() {
+        let ok = parse_batch(
+            br#"{"records":[{"topic":"orders","key":"o1","value":{"a":1}},{"topic":"payments","key":"o1","value":null,"headers":{"h":"v"}}]}"#,
+            64,
+            10,
+        )
+        .unwrap();
+        assert_eq!((ok[0].topic.as_str(), ok[0].record.value), ("orders", Some(r#"{"a":1}"#)));
+        assert_eq!((ok[1].record.value, ok[1].record.headers.len()), (None, 1));
+        for (body, field, reason) in [
+            (r#"{"records":[]}"#, Some("records"), InvalidReason::Empty),
+            (r#"{"records":[{"topic":"t","key":"","value":1}]}"#, Some("records[0].key"), InvalidReason::Empty),
+            (
+                r#"{"records":[{"topic":"t","key":"k","value":1},{"topic":"t","key":"k","value":{"a":"\u0000"}}]}"#,
+                Some("records[1].value.a"),
+                InvalidReason::Nul,
+            ),
+            (r#"{"records":[{"topic":"t","key":"k","value":1,"extra":1}]}"#, None, InvalidReason::Shape),
+            (r#"[]"#, None, InvalidReason::Shape),
+        ] {
+            match parse_batch(body.as_bytes(), 64, 10) {
+                Err(crate::body::BodyError::Invalid { field: f, reason: r, .. }) => {
+                    assert_eq!((f.as_deref(), r), (field, reason), "{body}")
+                }
+                other => panic!("{body}: {other:?}"),
+            }
+        }
+        let many = format!(r#"{{"records":[{}]}}"#, [r#"{"topic":"t","key":"k","value":1}"#; 11].join(","));
+        assert!(matches!(
+            parse_batch(many.as_bytes(), 64, 10),
+            Err(crate::body::BodyError::Invalid { reason: InvalidReason::TooLong, .. })
+        ));
+        let reserved = br#"{"records":[{"topic":"t","key":"k","value":1,"headers":{"parsley.causes":"x"}}]}"#;
+        let e = ApiError::from(parse_batch(reserved, 64, 10).unwrap_err());
+        assert_eq!(e.kind(), "reserved-header");
+    }
+}
