@@ -24,7 +24,7 @@ failover:
 fuzz:
 	@CASES=$(or $(CASES),100000) FUZZ_SECONDS=$(or $(FUZZ_SECONDS),600) bash scripts/fuzz.sh
 
-# A long simulator sweep: SEEDS=<n> seeds per scenario (default 20000, five scenarios),
+# A long simulator sweep: SEEDS=<n> seeds per scenario (default 20000, seven scenarios),
 # in release mode (see docs/verification.md).
 soak:
 	@SIM_SEEDS=$(or $(SEEDS),20000) cargo test --release -p parsley-sim --test simulation -- _sweep

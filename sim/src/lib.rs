@@ -71,6 +71,10 @@ pub struct Scenario {
     /// `POSITIONS_DISCARDED_UNREAD` when it finds out (an out-of-range fetch, a check).
     /// Upstream processes then check log starts on an out-of-range fetch, as tasks do.
     pub retention_passes_unread: bool,
+    /// Upstream processes, extra upstream topics and their partitions, and who receives and
+    /// sends what, are drawn per seed (cycles and self-channels included) instead of the
+    /// fixed two-process graph.
+    pub random_topology: bool,
 }
 
 impl Scenario {
@@ -97,6 +101,7 @@ impl Scenario {
             audit: false,
             retention_passes_held: false,
             retention_passes_unread: false,
+            random_topology: false,
         }
     }
 
@@ -158,6 +163,13 @@ impl Scenario {
         }
     }
 
+    /// Randomized topologies: 2–4 upstream processes over `raw`, `mid` and 1–3 more
+    /// upstream topics of 1–3 partitions, with random receive and send sets — cycles and
+    /// self-channels included — under everything `soak` does.
+    pub fn random() -> Scenario {
+        Scenario { name: "random", random_topology: true, ..Scenario::soak() }
+    }
+
     /// A known limit, not a default sweep: a process that receives both an upstream
     /// channel and a topic session clients write to. A client that read an effect of an
     /// upstream record `u` learns `u`, but the refreshed token carries `u`'s channel only
@@ -176,6 +188,7 @@ impl Scenario {
             Scenario::long(),
             Scenario::retention(),
             Scenario::unread(),
+            Scenario::random(),
         ]
     }
 }
@@ -320,6 +333,24 @@ pub struct Stats {
     pub deliveries_below_log_start: u64,
     /// `POSITIONS_DISCARDED_UNREAD` refusals hit again, identically, at a restart.
     pub discard_refusals_recurred: u64,
+    /// Retention advances past a position a receiver (a task or an upstream process) had
+    /// not read, discarding a record there.
+    pub retention_passed_unread: u64,
+    /// Of those, on a channel an upstream process receives.
+    pub retention_passed_unread_upstream: u64,
+    /// Log-start checks by upstream processes after an out-of-range fetch.
+    pub upstream_log_start_checks: u64,
+    /// `POSITIONS_DISCARDED_UNREAD` refusals by upstream processes.
+    pub upstream_discard_refusals: u64,
+    /// Deliveries an upstream process held until it refused: effects whose cause retention
+    /// discarded before the process read it.
+    pub upstream_held_at_refusal: u64,
+    /// Processes that send to a channel they receive (random topologies).
+    pub self_channels: u64,
+    /// Processes on a cycle: one sends, through other processes, to a channel it receives.
+    pub process_cycles: u64,
+    /// Deliveries by a process of a record it sent itself.
+    pub self_deliveries: u64,
 }
 
 /// The outcome of one run.
@@ -343,18 +374,6 @@ impl RunReport {
     pub fn summary(&self) -> String {
         let mut s = format!("seed {} scenario {} sabotage {:?}", self.seed, self.scenario, self.sabotage);
         for v in &self.violations {
-    /// Retention advances past a position a receiver (a task or an upstream process) had
-    /// not read, discarding a record there.
-    pub retention_passed_unread: u64,
-    /// Of those, on a channel an upstream process receives.
-    pub retention_passed_unread_upstream: u64,
-    /// Log-start checks by upstream processes after an out-of-range fetch.
-    pub upstream_log_start_checks: u64,
-    /// `POSITIONS_DISCARDED_UNREAD` refusals by upstream processes.
-    pub upstream_discard_refusals: u64,
-    /// Deliveries an upstream process held until it refused: effects whose cause retention
-    /// discarded before the process read it.
-    pub upstream_held_at_refusal: u64,
             s.push_str(&format!("\n  {v}"));
         }
         s

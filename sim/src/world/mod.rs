@@ -34,6 +34,66 @@ const MODEL_TOPICS: [&str; 2] = ["orders", "payments"];
 /// commits checks right after, before its next step).
 const LOG_START_CHECK_WEIGHT: u32 = 2;
 
+/// The extra upstream topics of a random topology (a prefix of them, drawn per seed).
+const UPSTREAM_TOPICS: [&str; 3] = ["u0", "u1", "u2"];
+
+/// A random topology's processes: 2–4, each receiving a random non-empty set of upstream
+/// channels and sending to a random non-empty set of upstream channels and model topics.
+/// Nothing keeps a process from sending to a channel it receives (a self-channel) or to a
+/// channel whose receiver sends back to it (a cycle): happened-before stays acyclic, so
+/// the engine must deliver through both without waiting forever. Every process sends to
+/// the model, so its causes reach the tasks.
+fn random_shapes(rng: &mut SimRng, upstream: &[ChannelId]) -> Vec<(Vec<ChannelId>, Vec<Dest>)> {
+    let count = rng.range(2, 4);
+    let subset = |rng: &mut SimRng| -> Vec<ChannelId> {
+        let mut picked: Vec<ChannelId> = upstream.iter().copied().filter(|_| rng.chance(1, 3)).collect();
+        if picked.is_empty() {
+            picked.push(*rng.pick(upstream));
+        }
+        picked
+    };
+    (0..count)
+        .map(|_| {
+            let received = subset(rng);
+            let mut outputs: Vec<Dest> = subset(rng).into_iter().map(Dest::Channel).collect();
+            outputs.push(Dest::Model(rng.below(2) as usize));
+            if rng.chance(1, 2) {
+                outputs.push(Dest::Model(rng.below(2) as usize));
+            }
+            (received, outputs)
+        })
+        .collect()
+}
+
+fn sends_to(p: &Process, c: &ChannelId) -> bool {
+    p.outputs.iter().any(|d| matches!(d, Dest::Channel(o) if o == c))
+}
+
+/// How many processes send to a channel they receive.
+fn topology_self_channels(processes: &[Process]) -> u64 {
+    processes.iter().filter(|p| p.received.iter().any(|c| sends_to(p, c))).count() as u64
+}
+
+/// How many processes reach a channel they receive through at least one other process.
+fn topology_cycles(processes: &[Process]) -> u64 {
+    let feeds = |a: usize, b: usize| a != b && processes[b].received.iter().any(|c| sends_to(&processes[a], c));
+    (0..processes.len())
+        .filter(|&start| {
+            let mut seen = BTreeSet::new();
+            let mut todo: Vec<usize> = (0..processes.len()).filter(|&b| feeds(start, b)).collect();
+            while let Some(q) = todo.pop() {
+                if q == start || feeds(q, start) {
+                    return true;
+                }
+                if seen.insert(q) {
+                    todo.extend((0..processes.len()).filter(|&b| feeds(q, b)));
+                }
+            }
+            false
+        })
+        .count() as u64
+}
+
 /// In a scenario whose retention may outrun readers, one retention advance in this many
 /// may pass a position a receiver has not read.
 const UNREAD_RETENTION_ODDS: u64 = 8;
@@ -220,6 +280,17 @@ impl World {
         let mid = create(&mut kafka, &mut rng, "mid", 1);
         create(&mut kafka, &mut rng, "ext", 1);
         let model_topics: Vec<TopicId> = MODEL_TOPICS.iter().map(|t| create(&mut kafka, &mut rng, t, n)).collect();
+        // A random topology adds upstream topics only processes write to, of 1–3 partitions.
+        let mut upstream: Vec<ChannelId> = Vec::new();
+        if scenario.random_topology {
+            let raw_and_mid = [ChannelId::new(raw, 0), ChannelId::new(raw, 1), ChannelId::new(mid, 0)];
+            upstream.extend(raw_and_mid);
+            for name in &UPSTREAM_TOPICS[..rng.range(1, UPSTREAM_TOPICS.len() as i64) as usize] {
+                let partitions = rng.range(1, 3) as u32;
+                let id = create(&mut kafka, &mut rng, name, partitions);
+                upstream.extend((0..partitions).map(|p| ChannelId::new(id, p)));
+            }
+        }
         let model = ModelShape { received_topics: model_topics.iter().copied().collect(), task_count: n };
         let mut oracle = Oracle::new(model_topics.iter().copied());
         for (id, name) in &names {
@@ -251,6 +322,9 @@ impl World {
             (vec![raw0, raw1], vec![Dest::Channel(mid0), Dest::Model(0), Dest::Model(1)]),
             (vec![mid0, raw1], vec![Dest::Model(0), Dest::Model(1)]),
         ];
+        if scenario.random_topology {
+            shapes = random_shapes(&mut rng, &upstream);
+        }
         if scenario.retention_passes_unread {
             // A second slow reader: P2 receives mid and lags on raw/0, which P0 reads too.
             shapes.push((vec![mid0, raw0], vec![Dest::Model(1)]));
@@ -262,7 +336,7 @@ impl World {
             received.extend((0..n).map(|p| ChannelId::new(model_topics[1], p)));
             shapes.push((received, Vec::new()));
         }
-        let processes = shapes
+        let processes: Vec<Process> = shapes
             .into_iter()
             .enumerate()
             .map(|(i, (received, outputs))| {
@@ -290,6 +364,7 @@ impl World {
             })
             .collect();
 
+        let (self_channels, process_cycles) = (topology_self_channels(&processes), topology_cycles(&processes));
         let producer = |actor| Producer { actor, token: CausalPast::new(), pending_read: None, last_attempt: 0 };
         let edges = (0..scenario.edges).map(|i| producer(Actor::Edge(i))).collect();
         let clients = (0..scenario.clients).map(|i| producer(Actor::Client(i))).collect();
@@ -320,7 +395,12 @@ impl World {
             committed_read: BTreeMap::new(),
             phase: Phase::Work,
             step: 0,
-            stats: Stats { tasks: n, ..Stats::default() },
+            stats: Stats {
+                tasks: n,
+                self_channels,
+                process_cycles,
+                ..Stats::default()
+            },
             trace: Vec::new(),
         }
     }
@@ -626,7 +706,8 @@ impl World {
 
     fn retention_candidates(&self) -> Vec<ChannelId> {
         let mut channels = Vec::new();
-        for name in ["raw", "mid", "ext", MODEL_TOPICS[0], MODEL_TOPICS[1]] {
+        let names = ["raw", "mid", "ext", MODEL_TOPICS[0], MODEL_TOPICS[1]].into_iter().chain(UPSTREAM_TOPICS);
+        for name in names {
             let Some(id) = self.kafka.resolve(name) else { continue };
             let parts = self.kafka.topic(&id).map_or(0, |t| t.partitions.len() as u32);
             for p in 0..parts {

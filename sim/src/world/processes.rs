@@ -38,9 +38,12 @@ impl World {
                     }
                     let receiver = proc.receiver;
                     proc.pending_sends += deliveries.len() as u32;
-                    self.oracle.received(receiver, f.id);
+                    // PROBE self.oracle.received(receiver, f.id);
                     let mut names = Vec::new();
                     for d in &deliveries {
+                        if self.oracle.record(d.payload.id).author == Actor::Process(p as u32) {
+                            self.stats.self_deliveries += 1;
+                        }
                         self.oracle.delivered(receiver, d.channel, d.position, d.payload.id);
                         names.push(format!("#{}", d.payload.id));
                     }
