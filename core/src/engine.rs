@@ -55,6 +55,21 @@ pub enum EngineSabotage {
     /// Frontier pairs are pruned below the log start too (the superseded rule), so a send
     /// stops expressing a cause that a receiver may not have read.
     PruneStampedBelowLogStart,
+    /// A received record's causes are merged into the frontier when it is delivered, not
+    /// when it is received, so a send made while a record is held does not express what
+    /// that record carried.
+    SkipReceiptMerge,
+    /// Every record at a position `≡ 6 (mod 7)` is counted as fed and then dropped: neither
+    /// held, nor delivered, nor refused.
+    SilentDrop,
+    /// A send stamps every frontier pair one position further on than the task knows.
+    OverExpressCauses,
+    /// The delivered past (the clock) takes a received record's causes at receipt, like
+    /// the frontier, though the record is only held.
+    DeriveClockFromFrontier,
+    /// A log start past the settled position never refuses: with nothing held the
+    /// discarded positions count as settled, so holds waiting on them release.
+    DeliverPastDeadHolds,
 }
 
 /// A received, undelivered record, with whatever the host keeps of it (`payload`).
@@ -431,6 +446,14 @@ impl<P: Clone> Engine<P> {
         if let Some(existing) = ch.fed_up_to {
             return Ok(existing);
         }
+        if fed_up_to == Position::MAX {
+            return Err(self.refuse(Refusal::at(
+                RefusalReason::SubstrateMisconfigured,
+                channel,
+                Some(fed_up_to),
+                format!("seeded {channel} at the largest position, which no log reaches"),
+            )));
+        }
         let baseline = fed_up_to.max(floor).max(-1);
         ch.fed_up_to = Some(baseline);
         self.pending.fed_up_to.insert(channel);
@@ -451,7 +474,15 @@ impl<P: Clone> Engine<P> {
         let Some(settled) = state.settled() else {
             return Ok(());
         };
-        if log_start > settled + 1 {
+        #[cfg(feature = "sim")]
+        if log_start > settled.saturating_add(1) && self.sabotage == EngineSabotage::DeliverPastDeadHolds {
+            if state.held.is_empty() {
+                self.channels.get_mut(&channel).expect("received").fed_up_to = Some(log_start - 1);
+                self.pending.fed_up_to.insert(channel);
+            }
+            return Ok(());
+        }
+        if log_start > settled.saturating_add(1) {
             let what = match state.held.front() {
                 Some(head) => format!(
                     "the task still holds {} record(s) from position {}, waiting for their causes",
@@ -539,6 +570,14 @@ impl<P: Clone> Engine<P> {
                 format!("fed {channel}@{position} before the channel was seeded with a baseline"),
             )));
         };
+        if position == Position::MAX {
+            return Err(self.refuse(Refusal::at(
+                RefusalReason::SubstrateMisconfigured,
+                channel,
+                Some(position),
+                format!("fed {channel}@{position}: no log holds a record at the largest position"),
+            )));
+        }
         if position < 0 || ch.fed_this_execution.is_some_and(|f| position <= f) {
             let previous = ch.fed_this_execution;
             return Err(self.refuse(Refusal::at(
@@ -571,7 +610,24 @@ impl<P: Clone> Engine<P> {
         let was_empty = ch.held.is_empty();
         ch.fed_up_to = Some(position);
         self.pending.fed_up_to.insert(channel);
-        for (c, p) in causes.iter() {
+        #[cfg(feature = "sim")]
+        match self.sabotage {
+            EngineSabotage::SilentDrop if position % 7 == 6 => return Ok(Receipt::Accepted { deliveries: Vec::new() }),
+            EngineSabotage::DeriveClockFromFrontier => {
+                for (c, p) in causes.iter() {
+                    if self.delivered.get(&c).is_none_or(|d| d < p) {
+                        self.delivered.merge_in_place(c, p);
+                        self.pending.clock.insert(c);
+                    }
+                }
+            }
+            _ => {}
+        }
+        #[cfg(feature = "sim")]
+        let merge = self.sabotage != EngineSabotage::SkipReceiptMerge;
+        #[cfg(not(feature = "sim"))]
+        let merge = true;
+        for (c, p) in causes.iter().filter(|_| merge) {
             if self.frontier.get(&c).is_none_or(|f| f < p) {
                 self.frontier.merge_in_place(c, p);
                 self.pending.frontier.insert(c);
@@ -680,6 +736,15 @@ impl<P: Clone> Engine<P> {
             self.frontier.merge_in_place(record.channel, record.position);
             self.pending.frontier.insert(record.channel);
         }
+        #[cfg(feature = "sim")]
+        if self.sabotage == EngineSabotage::SkipReceiptMerge {
+            for (c, p) in record.causes.iter() {
+                if self.frontier.get(&c).is_none_or(|f| f < p) {
+                    self.frontier.merge_in_place(c, p);
+                    self.pending.frontier.insert(c);
+                }
+            }
+        }
         let own = std::iter::once((record.channel, record.position));
         for (c, p) in own.chain(record.causes.iter()) {
             if self.delivered.get(&c).is_none_or(|d| d < p) {
@@ -741,6 +806,11 @@ impl<P: Clone> Engine<P> {
         self.check_not_refused()?;
         if self.frontier.is_empty() {
             return Ok(None);
+        }
+        #[cfg(feature = "sim")]
+        if self.sabotage == EngineSabotage::OverExpressCauses {
+            let beyond = CausalPast::from_pairs(self.frontier.iter().map(|(c, p)| (c, p + 1)));
+            return Ok(codec::encode_within(&beyond, self.config.metadata_budget).ok());
         }
         match codec::encode_within(&self.frontier, self.config.metadata_budget) {
             Ok(bytes) => Ok(Some(bytes)),

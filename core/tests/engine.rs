@@ -472,3 +472,27 @@ fn holding_past_the_byte_bound_counts_payload_weights_and_causes() {
     let again = again.with_weigher(|label: &&'static str| label.len());
     assert_eq!(again.refusal().map(|r| r.reason), Some(RefusalReason::HeldLimitExceeded));
 }
+
+/// No log holds a record at the largest position (its next position would not exist, and
+/// the codec refuses it in a header): a host feeding or seeding it is misconfigured, and
+/// the engine refuses rather than stamp a value no receiver can decode or overflow its
+/// log-start arithmetic.
+#[test]
+fn the_largest_position_is_refused_from_the_host() {
+    let mut e = task(&[ORDERS]);
+    let err = e.receive(ORDERS, Position::MAX, &[], "max").unwrap_err();
+    assert_eq!((err.reason, err.position), (RefusalReason::SubstrateMisconfigured, Some(Position::MAX)));
+    assert!(e.frontier().get(&ORDERS).is_none(), "nothing of it was kept");
+
+    let mut e: Task = Engine::new(EngineConfig::default(), [ORDERS]);
+    let err = e.seed(ORDERS, Position::MAX).unwrap_err();
+    assert_eq!(err.reason, RefusalReason::SubstrateMisconfigured);
+
+    // The position below it is a position like any other, and the log-start check does
+    // not overflow on it.
+    let mut e: Task = Engine::new(EngineConfig::default(), [ORDERS]);
+    e.seed(ORDERS, Position::MAX - 1).unwrap();
+    e.observe_log_start(ORDERS, 0).unwrap();
+    e.observe_log_start(ORDERS, Position::MAX).unwrap();
+    assert!(e.stamp().unwrap().is_none());
+}
