@@ -231,10 +231,23 @@ pub enum Sabotage {
     /// Host: the engine is never told the consumer's position, so `fed_up_to` stops at the
     /// last record and retention passing only a trailing transaction marker refuses.
     ReadPositionIgnored,
+    /// Engine: a received record's causes reach the frontier only when it is delivered, so
+    /// a process's send while it holds a record does not express that record's causes.
+    SkipReceiptMerge,
+    /// Engine: some records are counted as fed and dropped, neither delivered nor refused.
+    SilentDrop,
+    /// Engine: a send stamps each pair one position beyond what the sender knows.
+    OverExpressCauses,
+    /// Engine: the clock (what reads are gated on) takes a received record's causes at
+    /// receipt, as the frontier does, though the record is only held.
+    DeriveClockFromFrontier,
+    /// Engine: a log start past the settled position never refuses; with nothing held,
+    /// the discarded positions count as settled, releasing holds on them.
+    DeliverPastDeadHolds,
 }
 
 impl Sabotage {
-    pub const ALL: [Sabotage; 14] = [
+    pub const ALL: [Sabotage; 19] = [
         Sabotage::IgnoreCauses,
         Sabotage::NoFifoHold,
         Sabotage::NoReplayDrop,
@@ -249,6 +262,11 @@ impl Sabotage {
         Sabotage::StaleLogStart,
         Sabotage::LogStartAhead,
         Sabotage::ReadPositionIgnored,
+        Sabotage::SkipReceiptMerge,
+        Sabotage::SilentDrop,
+        Sabotage::OverExpressCauses,
+        Sabotage::DeriveClockFromFrontier,
+        Sabotage::DeliverPastDeadHolds,
     ];
 
     fn engine(self) -> EngineSabotage {
@@ -258,6 +276,11 @@ impl Sabotage {
             Sabotage::NoReplayDrop => EngineSabotage::NoReplayDrop,
             Sabotage::UndecodableAsEmpty => EngineSabotage::UndecodableAsEmpty,
             Sabotage::PruneDropsLiveCause => EngineSabotage::PruneStampedBelowLogStart,
+            Sabotage::SkipReceiptMerge => EngineSabotage::SkipReceiptMerge,
+            Sabotage::SilentDrop => EngineSabotage::SilentDrop,
+            Sabotage::OverExpressCauses => EngineSabotage::OverExpressCauses,
+            Sabotage::DeriveClockFromFrontier => EngineSabotage::DeriveClockFromFrontier,
+            Sabotage::DeliverPastDeadHolds => EngineSabotage::DeliverPastDeadHolds,
             _ => EngineSabotage::None,
         }
     }

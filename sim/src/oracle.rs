@@ -155,6 +155,9 @@ struct Receiver {
     committed: RecordSet,
     /// Delivered in the step in progress.
     staged: Vec<RecordId>,
+    /// What the step in progress taught it by receipt alone: the causes of the records it
+    /// received (held or not), which its frontier must contain from then on.
+    staged_receipts: RecordSet,
     /// Per channel, the index (into the channel's records) of the next record expected.
     next_committed: BTreeMap<ChannelId, usize>,
     next_staged: BTreeMap<ChannelId, usize>,
@@ -282,6 +285,7 @@ impl Oracle {
             baseline: BTreeMap::new(),
             committed: RecordSet::new(),
             staged: Vec::new(),
+            staged_receipts: RecordSet::new(),
             next_committed: BTreeMap::new(),
             next_staged: BTreeMap::new(),
         });
@@ -481,16 +485,29 @@ impl Oracle {
         }
     }
 
-    /// The receiver's step committed: its deliveries stand.
+    /// `receiver` received record `id` (whether it held or delivered it). A delivering
+    /// process's frontier must contain every cause of every record it received, so from
+    /// the step's commit on its sends must express them: receipt is knowledge, as delivery
+    /// is (the record itself becomes a cause only when delivered).
+    pub fn received(&mut self, receiver: usize, id: RecordId) {
+        let hist = &self.records[id as usize].hist;
+        let rc = &mut self.receivers[receiver];
+        if rc.actor.is_some() {
+            rc.staged_receipts.union_with(hist);
+        }
+    }
+
+    /// The receiver's step committed: its deliveries and receipts stand.
     pub fn commit(&mut self, receiver: usize) {
         let rc = &mut self.receivers[receiver];
         let staged = std::mem::take(&mut rc.staged);
+        let receipts = std::mem::take(&mut rc.staged_receipts);
         for &id in &staged {
             rc.committed.insert(id);
         }
         rc.next_committed = rc.next_staged.clone();
         if let Some(actor) = rc.actor {
-            let mut learned = RecordSet::new();
+            let mut learned = receipts;
             for &id in &staged {
                 learned.insert(id);
                 learned.union_with(&self.records[id as usize].hist);
@@ -503,6 +520,7 @@ impl Oracle {
     pub fn discard(&mut self, receiver: usize) {
         let rc = &mut self.receivers[receiver];
         rc.staged.clear();
+        rc.staged_receipts = RecordSet::new();
         rc.next_staged = rc.next_committed.clone();
     }
 
@@ -719,6 +737,29 @@ mod tests {
         assert!(o.record(z).hist.contains(x));
         o.delivered(task, ch(1, 0), 0, y);
         o.delivered(task, ch(1, 0), 1, z);
+        assert_eq!(kinds(&o), vec![ViolationKind::CausalOrder]);
+    }
+
+    /// Receipt is knowledge: a process that received `x` and holds it must express `x`'s
+    /// causes on what it sends next (its frontier merged them), though not `x` itself; a
+    /// receipt in a step that rolled back teaches nothing.
+    #[test]
+    fn process_knowledge_grows_by_receipt_of_causes() {
+        let (mut o, task) = model();
+        let p = o.add_receiver("P0", Some(Actor::Process(0)), &[ch(9, 0)]);
+        o.start(p, &[(ch(9, 0), 0)]);
+        let w = o.sent(ch(2, 0), 0, 1, Actor::Edge(0), false, false);
+        let x = o.sent(ch(9, 0), 0, 1, Actor::Edge(0), false, false);
+        o.received(p, x);
+        o.discard(p);
+        let y0 = o.sent(ch(1, 0), 0, 1, Actor::Process(0), false, false);
+        assert!(o.record(y0).hist.is_empty(), "a rolled-back receipt taught nothing");
+        o.received(p, x);
+        o.commit(p);
+        let y = o.sent(ch(1, 0), 1, 1, Actor::Process(0), false, false);
+        assert!(o.record(y).stamped.contains(w) && !o.record(y).hist.contains(x));
+        o.delivered(task, ch(1, 0), 0, y0);
+        o.delivered(task, ch(1, 0), 1, y);
         assert_eq!(kinds(&o), vec![ViolationKind::CausalOrder]);
     }
 

@@ -446,6 +446,63 @@ fn sabotage_log_start_ahead_is_caught() {
     must_catch(Sabotage::LogStartAhead, &Scenario::soak(), 85, &[ViolationKind::UnexpectedRefusal]);
 }
 
+/// A process's frontier must hold every cause of every record it received, held or not;
+/// the oracle counts receipt as knowledge, so sends that forget a held record's causes are
+/// caught where their effects are delivered.
+#[test]
+fn sabotage_skip_receipt_merge_is_caught() {
+    must_catch(
+        Sabotage::SkipReceiptMerge,
+        &Scenario::long(),
+        45,
+        &[ViolationKind::CausalOrder, ViolationKind::MonotonicWrites, ViolationKind::WritesFollowReads],
+    );
+}
+
+#[test]
+fn sabotage_silent_drop_is_caught() {
+    must_catch(Sabotage::SilentDrop, &Scenario::soak(), 85, &[ViolationKind::Incomplete, ViolationKind::Fifo]);
+}
+
+/// A cause beyond what the sender knows holds its effect until a record reaches that
+/// position, or for ever (caught by liveness: the drain ends with records never
+/// delivered), or names the effect's own channel at or past itself, which the receiver
+/// refuses (`IMPOSSIBLE_SELF_CAUSE`, unexpected in an honest world).
+#[test]
+fn sabotage_over_express_causes_is_caught() {
+    must_catch(
+        Sabotage::OverExpressCauses,
+        &Scenario::soak(),
+        85,
+        &[
+            ViolationKind::Incomplete,
+            ViolationKind::Wedged,
+            ViolationKind::ReadNeverCovered,
+            ViolationKind::UnexpectedRefusal,
+        ],
+    );
+}
+
+#[test]
+fn sabotage_derive_clock_from_frontier_is_caught() {
+    must_catch(
+        Sabotage::DeriveClockFromFrontier,
+        &Scenario::soak(),
+        55,
+        &[ViolationKind::ReadYourWrites, ViolationKind::MonotonicReads, ViolationKind::StaleRead],
+    );
+}
+
+#[test]
+fn sabotage_deliver_past_dead_holds_is_caught() {
+    must_catch(
+        Sabotage::DeliverPastDeadHolds,
+        &Scenario::retention(),
+        55,
+        &[ViolationKind::MissedRefusal, ViolationKind::CausalOrder],
+    );
+}
+
 // Each session guarantee's own check must be able to fail, not only some check.
 
 #[test]

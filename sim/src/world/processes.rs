@@ -38,7 +38,7 @@ impl World {
                     }
                     let receiver = proc.receiver;
                     proc.pending_sends += deliveries.len() as u32;
-                    // PROBE self.oracle.received(receiver, f.id);
+                    self.oracle.received(receiver, f.id);
                     let mut names = Vec::new();
                     for d in &deliveries {
                         if self.oracle.record(d.payload.id).author == Actor::Process(p as u32) {
