@@ -289,17 +289,10 @@ async fn restart_gateway(targets: &Targets, n: usize, recorder: &Recorder) -> an
 async fn terminate(targets: &Targets, recorder: &Recorder) -> anyhow::Result<()> {
     let url = targets.database_url.as_deref().context("no database")?;
     let mut connection = PgConnection::connect(url).await.context("connecting to the services' database")?;
-    // The checker's own statement: the services' crates never terminate sessions.
-    let terminated: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-          WHERE datname = current_database() AND pid <> pg_backend_pid()
-            AND ($1::text IS NULL OR application_name = $1)) AS t",
-    )
-    .bind(targets.application_name.as_deref())
-    .fetch_one(&mut connection)
-    .await
-    .context("pg_terminate_backend")?;
+    let terminated =
+        parsley_store::database::terminate_other_sessions(&mut connection, targets.application_name.as_deref()).await;
     let _ = connection.close().await;
+    let terminated = terminated?;
     recorder.fault(format!("pg_terminate_backend of {terminated} connection(s)"));
     Ok(())
 }

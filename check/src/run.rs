@@ -11,6 +11,7 @@ use anyhow::{bail, Context as _};
 use base64::Engine as _;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::types::RDKafkaErrorCode;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions as _, Connection as _};
@@ -84,7 +85,8 @@ pub async fn run(options: Options) -> anyhow::Result<(Verdict, Vec<Event>)> {
         };
         let projector = spawn.bin_dir.join("parsley-projector");
         let gateway = spawn.bin_dir.join("parsley-gateway");
-        for binary in [&projector, &gateway] {
+        let needed = [(spawn.projectors > 0, &projector), (spawn.gateways > 0, &gateway)];
+        for binary in needed.into_iter().filter(|(needed, _)| *needed).map(|(_, b)| b) {
             if !binary.is_file() {
                 bail!(
                     "{} is missing: build it with `cargo build -p parsley-projector -p parsley-gateway`",
@@ -139,7 +141,13 @@ pub async fn run(options: Options) -> anyhow::Result<(Verdict, Vec<Event>)> {
     wait_ready(&clients, Duration::from_secs(90)).await?;
 
     let run_id = format!("chk{}", SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis());
-    let keys: Vec<String> = (0..options.keys).map(|i| format!("{run_id}-k{i:02}")).collect();
+    let keys = match partition_counts(&[&options.replace_topic, &options.merge_topic]).await {
+        Ok(partitions) => workload::keys_covering(&run_id, options.keys, &partitions),
+        Err(e) => {
+            eprintln!("[check] the topics' partitions are unknown ({e:#}): the keys may miss some partitions");
+            workload::keys_covering(&run_id, options.keys, &[])
+        }
+    };
     let recorder = Arc::new(Recorder::new());
     recorder.record(Event::Start {
         run: run_id.clone(),
@@ -201,8 +209,9 @@ pub async fn run(options: Options) -> anyhow::Result<(Verdict, Vec<Event>)> {
     Ok((verdict, history))
 }
 
-/// Creates the topics and the services' database when missing; returns the database's URL.
-async fn prepare(spawn: &Spawn, options: &Options) -> anyhow::Result<String> {
+/// Creates the topics and the services' database when missing; returns the database's URL
+/// (`$DATABASE_URL` naming that database).
+pub async fn prepare(spawn: &Spawn, options: &Options) -> anyhow::Result<String> {
     let bootstrap = parsley_infra::env::kafka_bootstrap()?;
     let admin: AdminClient<DefaultClientContext> =
         parsley_infra::kafka::admin_config(&bootstrap).create().context("creating a Kafka admin client")?;
@@ -225,8 +234,51 @@ async fn prepare(spawn: &Spawn, options: &Options) -> anyhow::Result<String> {
         parsley_store::database::create(&mut connection, &name).await?;
     }
     let _ = connection.close().await;
-    let (base, _) = server.rsplit_once('/').context("the database URL names no database")?;
-    Ok(format!("{base}/{}", spawn.database))
+    with_database(&server, &spawn.database)
+}
+
+/// `url` naming `database` instead of its own: the path replaced, the query parameters
+/// (`?sslmode=…`) kept but for a `dbname`, which would override the path.
+pub fn with_database(url: &str, database: &str) -> anyhow::Result<String> {
+    let (base, query) = url.split_once('?').map_or((url, None), |(b, q)| (b, Some(q)));
+    let authority = base.find("://").context("the database URL has no scheme")? + 3;
+    let path = base[authority..].find('/').map_or(base.len(), |i| authority + i);
+    let mut out = format!("{}/{database}", &base[..path]);
+    let kept: Vec<&str> = query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty() && p.split('=').next() != Some("dbname"))
+        .collect();
+    if !kept.is_empty() {
+        out.push('?');
+        out.push_str(&kept.join("&"));
+    }
+    Ok(out)
+}
+
+/// Each topic's partition count, from the broker of `$PARSLEY_KAFKA_BOOTSTRAP`.
+async fn partition_counts(topics: &[&str]) -> anyhow::Result<Vec<u32>> {
+    let bootstrap = parsley_infra::env::kafka_bootstrap()?;
+    let topics: Vec<String> = topics.iter().map(|t| t.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        let client: BaseConsumer = parsley_infra::kafka::consumer_config(&bootstrap, "parsley-check.metadata")
+            .create()
+            .context("creating a Kafka metadata client")?;
+        topics
+            .iter()
+            .map(|topic| {
+                let metadata =
+                    client.fetch_metadata(Some(topic), Duration::from_secs(10)).context("fetching metadata")?;
+                let partitions = metadata.topics().first().map_or(0, |t| t.partitions().len()) as u32;
+                if partitions == 0 {
+                    bail!("topic {topic} has no partitions (does it exist?)");
+                }
+                Ok(partitions)
+            })
+            .collect()
+    })
+    .await
+    .context("the metadata task panicked")?
 }
 
 /// Waits until every gateway answers `/readyz` with 200.
@@ -252,4 +304,23 @@ fn random_bytes() -> anyhow::Result<[u8; 32]> {
     let mut key = [0u8; 32];
     std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut key)).context("reading /dev/urandom")?;
     Ok(key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_database_is_replaced_and_the_query_kept() {
+        for (url, expected) in [
+            ("postgres://u:p@h:5432/parsley", "postgres://u:p@h:5432/chk"),
+            ("postgres://u:p@h/parsley?sslmode=disable", "postgres://u:p@h/chk?sslmode=disable"),
+            ("postgresql://h?application_name=x&dbname=other", "postgresql://h/chk?application_name=x"),
+            ("postgres://h:5432", "postgres://h:5432/chk"),
+            ("postgres://h/?dbname=other", "postgres://h/chk"),
+        ] {
+            assert_eq!(with_database(url, "chk").unwrap(), expected, "{url}");
+        }
+        assert!(with_database("parsley", "chk").is_err());
+    }
 }

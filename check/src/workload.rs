@@ -3,10 +3,12 @@
 //! gateways, recording every operation. Now and then a session ends and a new one starts
 //! with another live session's token: it reads what the other wrote.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use parsley::murmur2::partition_for_key;
 use serde_json::json;
 use tokio::sync::Mutex;
 
@@ -81,6 +83,38 @@ pub struct Target {
     /// The run's keys; they share a prefix no other run uses, `<run>-`.
     pub run: String,
     pub keys: Vec<String>,
+}
+
+/// The run's hot keys, `<run>-kNN`: at least `wanted`, and enough that every partition of
+/// every topic (`partitions`, each topic's count) holds one of them, partitioned as the
+/// producers partition (murmur2 of the key). The first key of each partition not yet
+/// covered is taken, then the lowest-numbered others up to `wanted`.
+pub fn keys_covering(run: &str, wanted: usize, partitions: &[u32]) -> Vec<String> {
+    let name = |i: usize| format!("{run}-k{i:02}");
+    let mut uncovered: BTreeSet<(usize, u32)> =
+        partitions.iter().enumerate().flat_map(|(t, &n)| (0..n).map(move |p| (t, p))).collect();
+    let mut chosen: BTreeSet<usize> = BTreeSet::new();
+    // Murmur2 spreads keys evenly: a few hundred candidates cover any count a test or a
+    // small deployment has, so the bound only stops a pathological count.
+    for i in 0..100_000 {
+        if uncovered.is_empty() {
+            break;
+        }
+        let key = name(i);
+        let mut covers = false;
+        for (t, &n) in partitions.iter().enumerate() {
+            covers |= uncovered.remove(&(t, partition_for_key(key.as_bytes(), n)));
+        }
+        if covers {
+            chosen.insert(i);
+        }
+    }
+    let mut i = 0;
+    while chosen.len() < wanted.max(1) {
+        chosen.insert(i);
+        i += 1;
+    }
+    chosen.into_iter().map(name).collect()
 }
 
 /// One session slot: the session now using it, its last operation, its token.
@@ -293,5 +327,24 @@ fn outcome(answer: &anyhow::Result<Response>, expected: u16) -> Outcome {
 fn adopt(slot: &mut Slot, answer: &anyhow::Result<Response>) {
     if let Some(t) = answer.as_ref().ok().and_then(|r| r.header(SESSION_HEADER)) {
         slot.token = Some(t.to_string());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_keys_cover_every_partition_of_every_topic() {
+        for (wanted, partitions) in [(16, vec![4, 4]), (1, vec![4, 4]), (3, vec![32, 7]), (20, vec![]), (0, vec![1])] {
+            let keys = keys_covering("chk1", wanted, &partitions);
+            assert!(keys.len() >= wanted.max(1), "{wanted} {partitions:?}: {keys:?}");
+            for &n in &partitions {
+                let covered: BTreeSet<u32> = keys.iter().map(|k| partition_for_key(k.as_bytes(), n)).collect();
+                assert_eq!(covered.len(), n as usize, "{wanted} {partitions:?}: {keys:?}");
+            }
+            assert!(keys.iter().all(|k| k.starts_with("chk1-k")), "{keys:?}");
+        }
+        assert_eq!(keys_covering("chk1", 3, &[]), ["chk1-k00", "chk1-k01", "chk1-k02"]);
     }
 }

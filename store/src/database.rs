@@ -1,5 +1,6 @@
 //! Databases as a whole, for a host that manages its own (the demo creates its database, and
-//! drops it when the state in it describes topics that are gone). Names are checked to be
+//! drops it when the state in it describes topics that are gone; the checker creates its
+//! own and cuts the services' sessions to it). Names are checked to be
 //! plain identifiers and quoted; they are never bound as values, since Postgres takes none
 //! in these statements.
 
@@ -63,6 +64,26 @@ pub async fn drop_forced(server: &mut PgConnection, name: &DatabaseName) -> anyh
         .await
         .with_context(|| format!("dropping database {name}"))?;
     Ok(())
+}
+
+/// Terminates every other session of the database this connection is on (only those whose
+/// `application_name` is `application_name`, when given); returns how many were signalled.
+/// A fault the session-guarantee checker injects (`parsley-check --nemesis pg-terminate`):
+/// the services must survive losing their connections at any moment.
+pub async fn terminate_other_sessions(
+    connection: &mut PgConnection,
+    application_name: Option<&str>,
+) -> anyhow::Result<u64> {
+    let terminated: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+          WHERE datname = current_database() AND pid <> pg_backend_pid()
+            AND ($1::text IS NULL OR application_name = $1)) AS t",
+    )
+    .bind(application_name)
+    .fetch_one(&mut *connection)
+    .await
+    .context("terminating the database's other sessions")?;
+    Ok(terminated as u64)
 }
 
 #[cfg(test)]
