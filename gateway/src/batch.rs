@@ -36,6 +36,7 @@ use crate::facts::TopicFact;
 use crate::metrics::Metric;
 use crate::problem::ApiError;
 use crate::session::{self, kafka_unavailable, SESSION_HEADER};
+use crate::trace::{TraceContext, TRACEPARENT};
 use crate::write::{self, body_bytes, Idempotent};
 
 /// How many transactional producers a gateway keeps (batches at once).
@@ -137,7 +138,8 @@ pub async fn post_batch(
             Idempotent::Replay(ack) => return write::replay(&state, &caller, &past, &ack, now),
             Idempotent::Write(claim) => claim,
         };
-    match produce_batch(&state, &facts, &past, &records).await {
+    let trace = TraceContext::for_request(&headers);
+    match produce_batch(&state, &facts, &past, &records, &trace).await {
         Ok(acked) => {
             let body = json!({"records": acked.iter().map(|(topic, c, offset)| json!({
                 "topic": topic, "partition": c.partition, "offset": offset,
@@ -162,7 +164,9 @@ async fn produce_batch(
     facts: &[TopicFact],
     past: &CausalPast,
     records: &[BatchRecord<'_>],
+    trace: &TraceContext,
 ) -> Result<Vec<(String, ChannelId, i64)>, ApiError> {
+    let traceparent = trace.header();
     let settings = &state.config.settings;
     let causes = if past.is_empty() {
         None
@@ -194,6 +198,9 @@ async fn produce_batch(
         }
         if let Some(c) = &causes {
             headers = headers.insert(Header { key: CAUSES_HEADER, value: Some(c.as_slice()) });
+        }
+        if !r.record.headers.iter().any(|(name, _)| name.eq_ignore_ascii_case(TRACEPARENT)) {
+            headers = headers.insert(Header { key: TRACEPARENT, value: Some(traceparent.as_bytes()) });
         }
         let mut record: FutureRecord<'_, [u8], [u8]> =
             FutureRecord::to(&r.topic).key(r.record.key.as_bytes()).headers(headers);
@@ -252,7 +259,7 @@ async fn produce_batch(
         state.metrics.add(Metric::WritesTotal, &[("topic", topic)], 1.0);
     }
     state.metrics.add(Metric::BatchesTotal, &[], 1.0);
-    tracing::info!(records = acked.len(), causes = past.len(), "batch committed");
+    tracing::info!(records = acked.len(), causes = past.len(), trace_id = %trace.trace_id_hex(), "batch committed");
     Ok(acked)
 }
 

@@ -18,12 +18,14 @@
 //! - [`body`]: the write body, parsed and checked as hostile input (the value kept as sent).
 //! - [`write`]: `POST /v1/topics/{topic}/records`, with `Idempotency-Key` replays.
 //! - [`batch`]: `POST /v1/records`, several records in one Kafka transaction.
+//! - [`trace`]: W3C `traceparent` continued from a request onto the records it writes.
 //! - [`cors`]: cross-origin requests from browser apps (`gateway.cors_allowed_origins`).
 //! - [`widths`]: the width each model was recorded with, for refusing writes after a
 //!   topic's partition count changed.
 //! - [`read`]: the gated reads, `GET /v1/models/{model}/documents[/{key}]`.
 //! - [`notify`]: the `LISTEN` task waking waiting reads.
 //! - [`ops`]: `/healthz`, `/readyz`, `/metrics`, `/v1/status` (from SQL aggregates).
+//! - [`openapi`]: the API's OpenAPI 3.1 document, `GET /openapi.json` (`gateway/openapi.json`).
 //! - [`problem`]: the one error type and its problem documents.
 //! - [`database`]: failed database calls told apart (outage, rejected value, bug).
 //! - [`metrics`]: the Prometheus registry.
@@ -43,6 +45,7 @@ pub mod facts;
 pub mod keys;
 pub mod metrics;
 pub mod notify;
+pub mod openapi;
 pub mod ops;
 pub mod problem;
 pub mod read;
@@ -50,6 +53,7 @@ pub mod server;
 pub mod session;
 pub mod subject;
 pub mod token;
+pub mod trace;
 pub mod widths;
 pub mod write;
 

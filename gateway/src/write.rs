@@ -32,6 +32,7 @@ use crate::facts::TopicFact;
 use crate::metrics::Metric;
 use crate::problem::ApiError;
 use crate::session::{self, kafka_unavailable, SESSION_HEADER};
+use crate::trace::{TraceContext, TRACEPARENT};
 
 /// The body's bytes, or why there are none.
 pub fn body_bytes(body: Result<Bytes, BytesRejection>, max_body_bytes: usize) -> Result<Bytes, ApiError> {
@@ -199,7 +200,8 @@ pub async fn post_record(
         Idempotent::Replay(ack) => return replay(&state, &caller, &past, &ack, now),
         Idempotent::Write(claim) => claim,
     };
-    match produce_one(&state, &topic, fact, &past, &request).await {
+    let trace = TraceContext::for_request(&headers);
+    match produce_one(&state, &topic, fact, &past, &request, &trace).await {
         Ok((channel, offset)) => {
             let body = json!({"topic": topic, "partition": channel.partition, "offset": offset});
             settle(&state, claim, Ok(&acknowledgement(&body, &[(channel, offset)]))).await;
@@ -220,6 +222,7 @@ async fn produce_one(
     fact: TopicFact,
     past: &CausalPast,
     request: &WriteBody<'_>,
+    trace: &TraceContext,
 ) -> Result<(ChannelId, i64), ApiError> {
     let settings = &state.config.settings;
     let causes = if past.is_empty() {
@@ -238,6 +241,10 @@ async fn produce_one(
     }
     if let Some(c) = &causes {
         record_headers = record_headers.insert(Header { key: CAUSES_HEADER, value: Some(c.as_slice()) });
+    }
+    let traceparent = trace.header();
+    if !app_headers.iter().any(|(name, _)| name.eq_ignore_ascii_case(TRACEPARENT)) {
+        record_headers = record_headers.insert(Header { key: TRACEPARENT, value: Some(traceparent.as_bytes()) });
     }
     let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).key(key.as_bytes()).headers(record_headers);
     if let Some(v) = value {
@@ -265,7 +272,8 @@ async fn produce_one(
         // Reads route this key to task `expected`; the producer's partitioner disagreed.
         tracing::error!(topic, partition, expected, "the producer did not partition by murmur2 of the key");
     }
-    tracing::info!(topic, partition, offset = delivery.offset, causes = past.len(), "write acknowledged");
+    tracing::info!(topic, partition, offset = delivery.offset, causes = past.len(), trace_id = %trace.trace_id_hex(),
+        "write acknowledged");
     Ok((channel, delivery.offset))
 }
 

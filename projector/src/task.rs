@@ -67,6 +67,24 @@ pub enum StepOutcome {
     Fenced,
 }
 
+/// Logs each applied record that carries a W3C `traceparent` header (a client opted into
+/// tracing it, e.g. through the gateway), naming its trace, so a write can be followed from
+/// the HTTP request to the step that applied it. Records without one are not logged one by
+/// one.
+fn log_traced(plan: &ModelPlan, task: u32, deliveries: &[Delivery<RecordData>]) {
+    for d in deliveries {
+        let Some(value) = d.payload.headers.iter().find_map(|(name, value)| {
+            (name.eq_ignore_ascii_case(b"traceparent")).then_some(value.as_deref()).flatten()
+        }) else {
+            continue;
+        };
+        let Ok(traceparent) = std::str::from_utf8(value) else { continue };
+        let Some(trace_id) = traceparent.split('-').nth(1).filter(|t| t.len() == 32) else { continue };
+        tracing::info!(model = %plan.name, task, record = %plan.describe(&d.channel), position = d.position,
+            trace_id, traceparent, skipped = d.payload.skipped, "applied a traced record");
+    }
+}
+
 /// What the projection sees of a delivery.
 fn view<'a>(plan: &'a ModelPlan, d: &'a Delivery<RecordData>) -> Delivered<'a> {
     Delivered {
@@ -807,6 +825,7 @@ impl<P: Projection> TaskRunner<P> {
                 let held = self.host.engine().held_count();
                 tracing::debug!(model = %plan.name, task = self.task, fed, replayed, delivered = deliveries.len(),
                     held, "step committed");
+                log_traced(&plan, self.task, &deliveries);
                 if let Some(r) = commit.changes.refusal {
                     self.metric_reason(&r);
                     self.become_refused(r.clone());

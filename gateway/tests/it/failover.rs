@@ -791,3 +791,41 @@ async fn a_joining_instance_takes_its_share_and_a_leaving_one_hands_its_tasks_ov
     workload.wait_for_reads(&fleet, 5).await;
     workload.finish(&fleet).await;
 }
+
+/// One trace id followed from a `POST` to the projector step that applied its record: the
+/// gateway continues the request's `traceparent` onto the record (a new parent id, the same
+/// trace), and the projector instance that applied it logs the trace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_trace_id_is_followed_from_a_post_to_the_step_that_applied_it() {
+    let mut fleet = Fleet::new("trace").await;
+    let name = fleet.spawn();
+    fleet.wait_for_even_split(&[name.as_str()]).await;
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let traceparent = format!("00-{trace_id}-00f067aa0ba902b7-01");
+    let uri = format!("/v1/topics/{}/records", fleet.stack.names.orders);
+    let request = axum::http::Request::builder()
+        .method(Method::POST)
+        .uri(&uri)
+        .header("content-type", "application/json")
+        .header("traceparent", &traceparent)
+        .body(axum::body::Body::from(r#"{"key":"traced","value":{"n":1}}"#))
+        .unwrap();
+    let response = tower::ServiceExt::oneshot(fleet.stack.router.clone(), request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let token = response.headers()["parsley-session"].to_str().unwrap().to_string();
+    let r = fleet.stack.read("traced", Some(&token)).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.json);
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let line = loop {
+        let log = std::fs::read_to_string(&fleet.instance(&name).log).unwrap_or_default();
+        if let Some(line) = log.lines().find(|l| l.contains("applied a traced record") && l.contains(trace_id)) {
+            break line.to_string();
+        }
+        assert!(Instant::now() < deadline, "no log line names the trace:\n{}", fleet.instance(&name).tail(30));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(line.contains(&format!("traceparent=\"00-{trace_id}-")), "{line}");
+    assert!(!line.contains("00f067aa0ba902b7"), "the record carries the gateway's own span as parent: {line}");
+    assert!(line.contains(&fleet.stack.names.orders), "{line}");
+}
