@@ -154,6 +154,7 @@ pub fn app(state: AppState) -> Router {
         .route_layer(middleware::from_fn_with_state(state.clone(), require_admin_token));
     let clients = Router::new()
         .route("/readyz", get(ops::readyz))
+        .route("/openapi.json", get(crate::openapi::document))
         .route("/v1/topics/{topic}/records", post(write::post_record))
         .route("/v1/records", post(crate::batch::post_batch))
         .route("/v1/models/{model}/documents", get(read::get_collection))

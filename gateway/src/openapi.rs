@@ -1,0 +1,204 @@
+//! The API's OpenAPI 3.1 description, `GET /openapi.json`: the document is
+//! `gateway/openapi.json`, written by hand and compiled in, so the binary serves exactly
+//! the file in the repository.
+//!
+//! The tests below keep it honest: every route the routers declare (read from `app.rs`'s
+//! `.route(...)` calls, and each answered by the routers) is a documented path and method
+//! and nothing else is; every [`ProblemType`] is in the problem schema of its status and
+//! nothing else is; the CORS facts match [`crate::cors`]'s. A route or a problem type added
+//! without the document fails them. Whether answers conform to it is checked against a
+//! running gateway by `scripts/api-fuzz.sh` (schemathesis).
+
+use axum::http::header;
+use axum::response::IntoResponse;
+
+/// The document, as served.
+pub const DOCUMENT: &str = include_str!("../openapi.json");
+
+/// `GET /openapi.json`.
+pub async fn document() -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/json")], DOCUMENT)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use axum::body::Body;
+    use axum::http::{Method, Request, StatusCode};
+    use axum::Router;
+    use parsley_store::config::Config;
+    use serde_json::Value;
+    use tower::ServiceExt as _;
+
+    use super::*;
+    use crate::problem::{ProblemType, PROBLEM_BASE};
+    use crate::token::{KeyRing, SecretKey};
+    use crate::{admin_app, app, AppState, GatewayConfig};
+
+    /// Nothing here reaches a service: the pool connects lazily, Kafka is a closed port.
+    const FILE: &str = r#"
+[kafka]
+bootstrap = "127.0.0.1:1"
+[database]
+url = "postgres://nobody:secret@127.0.0.1:1/none"
+[[models]]
+name = "shop"
+topics = [{ name = "orders" }]
+"#;
+
+    fn state() -> AppState {
+        let ring = KeyRing::new(vec![("k1".into(), SecretKey::from_bytes([5; 32]))]).unwrap();
+        let mut config = GatewayConfig::with_keys(Config::parse(FILE).unwrap(), ring).unwrap();
+        config.admin_token = Some(crate::config::AdminToken::new("an-admin-token-of-some-length").unwrap());
+        AppState::new(config).unwrap()
+    }
+
+    fn doc() -> Value {
+        serde_json::from_str(DOCUMENT).expect("gateway/openapi.json is JSON")
+    }
+
+    /// `(method, path)` of every `.route("<path>", <method>(...))` in `app.rs` outside its
+    /// tests: the routes of both routers, as declared.
+    fn declared_routes() -> BTreeSet<(String, String)> {
+        // The routers, not the routes app.rs's own tests build.
+        let source = include_str!("app.rs").split("#[cfg(test)]").next().unwrap_or_default();
+        let mut routes = BTreeSet::new();
+        for piece in source.split(".route(\"").skip(1) {
+            let (path, rest) = piece.split_once('"').expect("a route's path is a string literal");
+            let rest = rest.trim_start_matches(',').trim_start();
+            let method: String = rest.chars().take_while(char::is_ascii_alphabetic).collect();
+            assert!(["get", "post"].contains(&method.as_str()), "route {path}: method {method:?}");
+            routes.insert((method, path.to_string()));
+        }
+        routes
+    }
+
+    fn documented_routes() -> BTreeSet<(String, String)> {
+        let doc = doc();
+        let paths = doc["paths"].as_object().expect("paths");
+        let mut routes = BTreeSet::new();
+        for (path, item) in paths {
+            for method in item.as_object().expect("a path item").keys() {
+                if ["get", "post", "put", "delete", "patch", "options", "head"].contains(&method.as_str()) {
+                    routes.insert((method.clone(), path.clone()));
+                }
+            }
+        }
+        routes
+    }
+
+    /// What a router answers to `method path` (parameters filled in), as (status, problem kind).
+    async fn answer(router: Router, method: Method, path: &str) -> (StatusCode, String) {
+        let uri = path.replace("{topic}", "orders").replace("{model}", "shop").replace("{key}", "k");
+        let req = Request::builder().method(method).uri(uri).body(Body::empty()).unwrap();
+        let response = router.oneshot(req).await.unwrap();
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
+        let kind = serde_json::from_slice::<Value>(&bytes).ok().and_then(|v| v["type"].as_str().map(String::from));
+        (status, kind.unwrap_or_default())
+    }
+
+    #[test]
+    fn the_document_is_openapi_3_1() {
+        let doc = doc();
+        assert_eq!(doc["openapi"], "3.1.0");
+        assert!(doc["info"]["title"].is_string() && doc["info"]["version"].is_string());
+    }
+
+    #[tokio::test]
+    async fn every_route_is_documented_and_every_documented_route_is_served() {
+        let declared = declared_routes();
+        assert!(declared.len() >= 8, "the scan of app.rs found {declared:?}");
+        assert_eq!(documented_routes(), declared, "gateway/openapi.json's paths against app.rs's routes");
+        // Each path is routed by one of the routers: a method it does not take is 405 there,
+        // never the fallback's 404 (no handler runs, so nothing reaches a service).
+        for (_, path) in &declared {
+            let main = answer(app(state()), Method::DELETE, path).await;
+            let admin = answer(admin_app(state()), Method::DELETE, path).await;
+            let no_route = format!("{PROBLEM_BASE}no-such-route");
+            assert!(main.1 != no_route || admin.1 != no_route, "{path} is not routed: {main:?} {admin:?}");
+        }
+        // And an undocumented path is not.
+        let (status, kind) = answer(app(state()), Method::GET, "/v1/undocumented").await;
+        assert_eq!((status, kind), (StatusCode::NOT_FOUND, format!("{PROBLEM_BASE}no-such-route")));
+    }
+
+    #[tokio::test]
+    async fn the_document_is_served() {
+        let req = Request::builder().uri("/openapi.json").body(Body::empty()).unwrap();
+        let response = app(state()).oneshot(req).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
+        assert_eq!(bytes, DOCUMENT.as_bytes());
+    }
+
+    /// Every problem type is in `components.schemas.Problem<status>`'s `type` enum of its
+    /// status, once; every status schema's `status` is its own.
+    #[test]
+    fn every_problem_type_is_documented_with_its_status() {
+        let doc = doc();
+        let schemas = doc["components"]["schemas"].as_object().unwrap();
+        let mut documented: Vec<(String, u16)> = Vec::new();
+        for (name, schema) in schemas {
+            let Some(status) = name.strip_prefix("Problem").and_then(|s| s.parse::<u16>().ok()) else { continue };
+            let own = &schema["allOf"][1]["properties"];
+            assert_eq!(own["status"]["const"], status, "{name}");
+            for uri in own["type"]["enum"].as_array().unwrap_or_else(|| panic!("{name}: a type enum")) {
+                let uri = uri.as_str().unwrap();
+                let kind = uri.strip_prefix(PROBLEM_BASE).unwrap_or_else(|| panic!("{name}: {uri}"));
+                documented.push((kind.to_string(), status));
+            }
+        }
+        let mut declared: Vec<(String, u16)> =
+            ProblemType::ALL.iter().map(|t| (t.kind().to_string(), t.status().as_u16())).collect();
+        documented.sort();
+        declared.sort();
+        assert_eq!(documented, declared, "gateway/openapi.json's problem schemas against ProblemType::ALL");
+        // Each status schema is the content of the response of that name.
+        for (_, status) in &declared {
+            let response = &doc["components"]["responses"][format!("Problem{status}")];
+            let schema = &response["content"]["application/problem+json"]["schema"]["$ref"];
+            assert_eq!(schema, &format!("#/components/schemas/Problem{status}"), "response Problem{status}");
+        }
+    }
+
+    /// Every operation's responses, and every `$ref`, resolve.
+    #[test]
+    fn every_reference_resolves() {
+        fn walk(v: &Value, refs: &mut Vec<String>) {
+            match v {
+                Value::Object(m) => {
+                    if let Some(Value::String(r)) = m.get("$ref") {
+                        refs.push(r.clone());
+                    }
+                    m.values().for_each(|x| walk(x, refs));
+                }
+                Value::Array(a) => a.iter().for_each(|x| walk(x, refs)),
+                _ => {}
+            }
+        }
+        let doc = doc();
+        let mut refs = Vec::new();
+        walk(&doc, &mut refs);
+        assert!(!refs.is_empty());
+        for r in refs {
+            let pointer = r.strip_prefix('#').unwrap_or_else(|| panic!("{r}: only local references"));
+            assert!(doc.pointer(pointer).is_some(), "{r} does not resolve");
+        }
+    }
+
+    /// The CORS facts the document states are the middleware's.
+    #[test]
+    fn the_cors_facts_are_the_middleware_s() {
+        let doc = doc();
+        let cors = &doc["x-parsley-cors"];
+        assert_eq!(cors["allow_methods"], crate::cors::ALLOWED_METHODS);
+        assert_eq!(cors["expose_headers"], crate::cors::EXPOSED_HEADERS);
+        assert_eq!(cors["max_age_s"], crate::cors::PREFLIGHT_MAX_AGE_S);
+        let headers: Vec<&str> =
+            cors["allow_headers"].as_array().unwrap().iter().map(|h| h.as_str().unwrap()).collect();
+        assert_eq!(headers, crate::cors::ALLOWED_HEADERS);
+    }
+}
