@@ -1,7 +1,10 @@
 //! The binary's contract on a saved history: `parsley-check verify FILE` prints one JSON line
-//! on stdout and exits 1 on a violation (a read that misses the session's own write).
+//! on stdout and exits 1 on a violation (a read that misses the session's own write); and
+//! runs against a live stack ([`stack`]).
 
 use std::process::Command;
+
+mod stack;
 
 #[test]
 fn verify_prints_one_json_line_and_fails_on_a_violation() {
