@@ -1,0 +1,178 @@
+// Types of the Parsley gateway client (index.js). The API: docs/gateway.md, GET /openapi.json.
+
+/** Any JSON value: what a record's value and a document are. */
+export type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
+
+/** Where a session keeps its token. May be synchronous or asynchronous. */
+export interface TokenStorage {
+  get(): string | null | undefined | Promise<string | null | undefined>;
+  set(token: string | null): void | Promise<void>;
+}
+
+/** Keeps the token in memory: the default storage. */
+export declare class MemoryStorage implements TokenStorage {
+  get(): string | null;
+  set(token: string | null): void;
+}
+
+export interface SessionOptions {
+  /** The gateway's main listener, e.g. `https://api.example.com`. */
+  baseUrl: string;
+  /** Where the token lives (default: memory). */
+  storage?: TokenStorage;
+  /** The `fetch` to use (default: `globalThis.fetch`). */
+  fetch?: typeof fetch;
+  /** Retries after a 503, a 409 idempotency-key-in-flight or no answer (default 3). */
+  retries?: number;
+  /** Longest wait between attempts, whatever `Retry-After` says (default 10000). */
+  maxRetryDelayMs?: number;
+  /** First backoff after no answer, doubled each time (default 200). */
+  backoffMs?: number;
+  /** How long one attempt may take (default 30000; the gateway answers within its own
+   * response timeout). */
+  timeoutMs?: number;
+  /** Headers sent with every request (e.g. `Authorization: Bearer <JWT>` with verified
+   * subjects), or a function giving them. */
+  headers?: Record<string, string> | (() => Record<string, string> | Promise<Record<string, string>>);
+  /** Makes the idempotency key of a write that was given none (default `crypto.randomUUID`). */
+  newIdempotencyKey?: () => string;
+}
+
+export interface WriteOptions {
+  /** Application headers of the record (no `parsley.` names). */
+  headers?: Record<string, string>;
+  /** The write's idempotency key (default: a new UUID, reused across its retries). */
+  idempotencyKey?: string;
+  signal?: AbortSignal;
+}
+
+export interface Acknowledgement {
+  topic: string;
+  partition: number;
+  offset: number;
+}
+
+export interface WriteResult extends Acknowledgement {
+  /** The gateway answered an earlier identical request's acknowledgement. */
+  replayed: boolean;
+}
+
+export interface BatchRecord {
+  topic: string;
+  key: string;
+  value: Json;
+  headers?: Record<string, string>;
+}
+
+export interface BatchResult {
+  records: Acknowledgement[];
+  replayed: boolean;
+}
+
+export interface Document<T = Json> {
+  key: string;
+  document: T;
+  /** Records applied to the document since it was (re)created. */
+  version: number;
+}
+
+export interface Page<T = Json> {
+  documents: Document<T>[];
+  /** Pass as `after` for the next page; null on the last. */
+  next: string | null;
+}
+
+export interface ListOptions {
+  /** 1 to 1000 (default 100). */
+  limit?: number;
+  after?: string | null;
+  signal?: AbortSignal;
+}
+
+export declare class Session {
+  constructor(options: SessionOptions);
+  readonly baseUrl: string;
+  readonly storage: TokenStorage;
+  /** The token this session holds (null: none yet). */
+  token(): Promise<string | null>;
+  /** Forgets the token: the next request starts a new session. */
+  reset(): Promise<void>;
+  write(topic: string, key: string, value: Json, options?: WriteOptions): Promise<WriteResult>;
+  writeBatch(records: BatchRecord[], options?: Omit<WriteOptions, "headers">): Promise<BatchResult>;
+  /** The document, once the projection reflects this session; null when there is none. */
+  read<T = Json>(model: string, key: string, options?: { signal?: AbortSignal }): Promise<Document<T> | null>;
+  list<T = Json>(model: string, options?: ListOptions): Promise<Page<T>>;
+}
+
+/** Every problem the gateway answers with (the last segment of its `type`). */
+export type ProblemKind =
+  | "token-malformed"
+  | "token-invalid"
+  | "token-expired"
+  | "token-too-old"
+  | "token-wrong-subject"
+  | "token-ahead-of-log"
+  | "invalid-subject"
+  | "subject-unverified"
+  | "session-too-large"
+  | "metadata-budget-exceeded"
+  | "reserved-header"
+  | "invalid-body"
+  | "body-too-large"
+  | "invalid-query"
+  | "invalid-key"
+  | "invalid-path"
+  | "width-changed"
+  | "invalid-idempotency-key"
+  | "idempotency-key-reused"
+  | "idempotency-key-in-flight"
+  | "cors-origin-not-allowed"
+  | "unauthorized"
+  | "unknown-topic"
+  | "unknown-model"
+  | "not-found"
+  | "no-such-route"
+  | "not-yet-covered"
+  | "write-failed"
+  | "unavailable"
+  | "overloaded"
+  | "request-timeout"
+  | "not-ready"
+  | "internal";
+
+/** A problem document (RFC 9457) with the gateway's extension members. */
+export interface Problem {
+  type: string;
+  title: string;
+  status: number;
+  detail: string;
+  /** invalid-body: the part of the body at fault. */
+  field?: string;
+  /** invalid-body: why. */
+  reason?: "shape" | "nul" | "duplicate-key" | "empty" | "too-long" | "too-deep" | "unrepresentable";
+  /** invalid-query, invalid-key. */
+  parameter?: string;
+  topic?: string;
+  model?: string;
+  [extension: string]: unknown;
+}
+
+/** An answer that is a problem document. */
+export declare class ProblemError extends Error {
+  readonly status: number;
+  readonly type: string;
+  readonly kind: ProblemKind;
+  readonly title: string;
+  readonly detail: string;
+  readonly problem: Problem;
+  /** `Retry-After` in milliseconds, when the answer had one. */
+  readonly retryAfterMs: number | undefined;
+}
+
+/** No answer at all: every attempt failed on the network or timed out. */
+export declare class NetworkError extends Error {}
+
+export declare const PROBLEM_BASE: "https://parsley.dev/problems/";
+
+/** `Retry-After` (seconds or an HTTP date) in milliseconds. */
+export declare function parseRetryAfter(value: string | null | undefined, now?: number): number | undefined;

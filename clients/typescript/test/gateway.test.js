@@ -1,0 +1,112 @@
+// The client against a real gateway and projector: run by scripts/client-tests.sh inside
+// scripts/api-stack.sh, which sets PARSLEY_API_URL and the model's names.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { ProblemError, Session } from "../src/index.js";
+
+const baseUrl = process.env.PARSLEY_API_URL;
+if (!baseUrl) {
+  throw new Error(
+    "PARSLEY_API_URL is not set: run these tests with scripts/client-tests.sh (it starts a gateway and a projector)",
+  );
+}
+const model = process.env.PARSLEY_API_MODEL ?? "shop";
+const orders = process.env.PARSLEY_API_ORDERS ?? "api.orders";
+const payments = process.env.PARSLEY_API_PAYMENTS ?? "api.payments";
+/** Keys of their own per run: the database outlives runs. */
+const unique = (name) => `${name}-${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 8)}`;
+
+test("read your writes: a write, then the session's read returns it", async () => {
+  const s = new Session({ baseUrl });
+  const key = unique("ryw");
+  const ack = await s.write(orders, key, { total: 30, items: ["a"] }, { headers: { source: "client-test" } });
+  assert.equal(ack.topic, orders);
+  assert.equal(ack.replayed, false);
+  assert.ok(ack.partition >= 0 && ack.offset >= 0);
+  assert.ok(await s.token());
+  const doc = await s.read(model, key);
+  assert.deepEqual(doc, { key, document: { total: 30, items: ["a"] }, version: 1 });
+  assert.equal(await s.read(model, unique("absent")), null);
+});
+
+test("a batch is written in one transaction and read back merged", async () => {
+  const s = new Session({ baseUrl });
+  const key = unique("batch");
+  const r = await s.writeBatch([
+    { topic: orders, key, value: { total: 12 } },
+    { topic: payments, key, value: { paid: true }, headers: { source: "web" } },
+  ]);
+  assert.deepEqual(r.records.map((a) => a.topic), [orders, payments]);
+  // Concurrent records: the merge may apply before or after the replace, so wait until both are.
+  let doc;
+  for (let i = 0; i < 50; i++) {
+    doc = await s.read(model, key);
+    if (doc && doc.version === 2) break;
+    await new Promise((ok) => setTimeout(ok, 100));
+  }
+  assert.equal(doc.version, 2);
+  assert.equal(doc.document.paid, true);
+  const page = await s.list(model, { limit: 1000 });
+  assert.ok(page.documents.some((d) => d.key === key));
+});
+
+test("a write retried after a timeout is written once (same idempotency key)", async () => {
+  const key = unique("retried");
+  let attempts = 0;
+  // The first attempt reaches the gateway and is written, but its answer is lost.
+  const lossy = async (url, init) => {
+    attempts++;
+    const response = await fetch(url, init);
+    if (attempts === 1) {
+      await response.text();
+      throw new DOMException("the answer was lost", "TimeoutError");
+    }
+    return response;
+  };
+  const s = new Session({ baseUrl, fetch: lossy, backoffMs: 10 });
+  const ack = await s.write(orders, key, { n: 1 });
+  assert.equal(attempts, 2);
+  assert.equal(ack.replayed, true, "the retry is answered from the first acknowledgement");
+  const doc = await s.read(model, key);
+  assert.equal(doc.version, 1, "one record, not two");
+  // Any later retry with that key and body is answered the same coordinate, written nothing.
+  const retry = new Session({ baseUrl });
+  const sent = [];
+  const spy = async (url, init) => (sent.push(init.headers["Idempotency-Key"]), fetch(url, init));
+  const again = await new Session({ baseUrl, fetch: spy, newIdempotencyKey: () => sent[0] ?? "k-" + key }).write(
+    orders,
+    key,
+    { n: 1 },
+  );
+  assert.equal(again.replayed, false, "a new key writes");
+  const replay = await retry.write(orders, key, { n: 1 }, { idempotencyKey: sent[0] });
+  assert.deepEqual([replay.replayed, replay.partition, replay.offset], [true, again.partition, again.offset]);
+  assert.equal((await retry.read(model, key)).version, 2);
+});
+
+test("problems are typed errors", async () => {
+  const s = new Session({ baseUrl });
+  const kindOf = (p) =>
+    p.then(
+      () => assert.fail("expected a ProblemError"),
+      (e) => {
+        assert.ok(e instanceof ProblemError, String(e));
+        return [e.kind, e.status, e.problem];
+      },
+    );
+  const [kind, status, problem] = await kindOf(s.write(orders, "k", { a: "\u0000" }));
+  assert.deepEqual([kind, status, problem.field, problem.reason], ["invalid-body", 400, "value.a", "nul"]);
+  assert.deepEqual((await kindOf(s.write("no.such.topic", "k", 1))).slice(0, 2), ["unknown-topic", 404]);
+  assert.deepEqual((await kindOf(s.read("nope", "k"))).slice(0, 2), ["unknown-model", 404]);
+  assert.deepEqual((await kindOf(s.list(model, { limit: 0 }))).slice(0, 2), ["invalid-query", 400]);
+  const key = unique("reused");
+  await s.write(orders, key, 1, { idempotencyKey: key });
+  assert.deepEqual((await kindOf(s.write(orders, key, 2, { idempotencyKey: key }))).slice(0, 2), [
+    "idempotency-key-reused",
+    409,
+  ]);
+  const tampered = new Session({ baseUrl });
+  await tampered.storage.set("AQ" + "A".repeat(80));
+  const [tk] = await kindOf(tampered.read(model, "k"));
+  assert.ok(["token-malformed", "token-invalid"].includes(tk), tk);
+});

@@ -1,0 +1,133 @@
+// The client's behaviour against a scripted fetch: no gateway needed.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { MemoryStorage, NetworkError, PROBLEM_BASE, ProblemError, Session, parseRetryAfter } from "../src/index.js";
+
+/** A fetch answering from `script` in turn, recording each request. */
+function scripted(script) {
+  const calls = [];
+  const fetch = async (url, init) => {
+    calls.push({ url, method: init.method, headers: { ...init.headers }, body: init.body });
+    const step = script[Math.min(calls.length - 1, script.length - 1)];
+    if (step instanceof Error) throw step;
+    return new Response(step.body === undefined ? null : JSON.stringify(step.body), {
+      status: step.status,
+      headers: step.headers ?? {},
+    });
+  };
+  return { fetch, calls };
+}
+
+const ack = { status: 201, body: { topic: "orders", partition: 1, offset: 7 }, headers: { "Parsley-Session": "t1" } };
+const problem = (kind, status, headers = {}, extra = {}) => ({
+  status,
+  body: { type: PROBLEM_BASE + kind, title: kind, status, detail: `a ${kind}`, ...extra },
+  headers: { "Content-Type": "application/problem+json", ...headers },
+});
+
+test("the token of every answer is kept and sent with the next request", async () => {
+  const { fetch, calls } = scripted([ack, { status: 200, body: { key: "k", document: 1, version: 1 }, headers: { "Parsley-Session": "t2" } }]);
+  const s = new Session({ baseUrl: "http://gw/", fetch });
+  assert.equal(await s.token(), null);
+  await s.write("orders", "k", { a: 1 });
+  assert.equal(await s.token(), "t1");
+  await s.read("shop", "k");
+  assert.equal(calls[0].headers["Parsley-Session"], undefined);
+  assert.equal(calls[1].headers["Parsley-Session"], "t1");
+  assert.equal(calls[1].url, "http://gw/v1/models/shop/documents/k");
+  assert.equal(await s.token(), "t2");
+  await s.reset();
+  assert.equal(await s.token(), null);
+});
+
+test("storage is pluggable, synchronous or not", async () => {
+  const saved = [];
+  const storage = { get: async () => saved.at(-1) ?? "from-storage", set: async (t) => void saved.push(t) };
+  const { fetch, calls } = scripted([ack]);
+  await new Session({ baseUrl: "http://gw", fetch, storage }).write("orders", "k", 1);
+  assert.equal(calls[0].headers["Parsley-Session"], "from-storage");
+  assert.deepEqual(saved, ["t1"]);
+  const memory = new MemoryStorage();
+  memory.set("x");
+  assert.equal(memory.get(), "x");
+});
+
+test("a 503 is retried after its Retry-After with the same idempotency key", async () => {
+  const { fetch, calls } = scripted([problem("write-failed", 503, { "Retry-After": "0" }), ack]);
+  const s = new Session({ baseUrl: "http://gw", fetch });
+  const r = await s.write("orders", "k", 1, { headers: { h: "v" } });
+  assert.deepEqual(r, { topic: "orders", partition: 1, offset: 7, replayed: false });
+  assert.equal(calls.length, 2);
+  const key = calls[0].headers["Idempotency-Key"];
+  assert.match(key, /^[0-9a-f-]{36}$/);
+  assert.equal(calls[1].headers["Idempotency-Key"], key);
+  assert.deepEqual(JSON.parse(calls[0].body), { key: "k", value: 1, headers: { h: "v" } });
+});
+
+test("no answer is retried with backoff, then a NetworkError", async () => {
+  const { fetch, calls } = scripted([new TypeError("fetch failed"), new TypeError("fetch failed"), ack]);
+  const s = new Session({ baseUrl: "http://gw", fetch, backoffMs: 1 });
+  assert.equal((await s.write("orders", "k", 1)).offset, 7);
+  assert.equal(new Set(calls.map((c) => c.headers["Idempotency-Key"])).size, 1);
+  const failing = scripted([new TypeError("fetch failed")]);
+  const t = new Session({ baseUrl: "http://gw", fetch: failing.fetch, retries: 2, backoffMs: 1 });
+  await assert.rejects(t.read("shop", "k"), NetworkError);
+  assert.equal(failing.calls.length, 3);
+});
+
+test("retries are bounded and the last problem is thrown", async () => {
+  const { fetch, calls } = scripted([problem("not-yet-covered", 503, { "Retry-After": "0" }, { gaps: [] })]);
+  const s = new Session({ baseUrl: "http://gw", fetch, retries: 2 });
+  const e = await s.read("shop", "k").catch((e) => e);
+  assert.ok(e instanceof ProblemError);
+  assert.equal(e.kind, "not-yet-covered");
+  assert.equal(e.status, 503);
+  assert.equal(e.retryAfterMs, 0);
+  assert.deepEqual(e.problem.gaps, []);
+  assert.equal(calls.length, 3);
+});
+
+test("client errors are thrown at once, typed", async () => {
+  const { fetch, calls } = scripted([problem("invalid-body", 400, {}, { field: "value", reason: "nul" })]);
+  const s = new Session({ baseUrl: "http://gw", fetch });
+  const e = await s.write("orders", "k", 1).catch((e) => e);
+  assert.ok(e instanceof ProblemError);
+  assert.deepEqual([e.kind, e.status, e.problem.field, e.problem.reason], ["invalid-body", 400, "value", "nul"]);
+  assert.equal(calls.length, 1);
+});
+
+test("a missing document is null, with the refreshed token kept", async () => {
+  const { fetch } = scripted([problem("not-found", 404, { "Parsley-Session": "t9" }, { key: "k" })]);
+  const s = new Session({ baseUrl: "http://gw", fetch });
+  assert.equal(await s.read("shop", "k"), null);
+  assert.equal(await s.token(), "t9");
+});
+
+test("keys and cursors are percent-encoded", async () => {
+  const { fetch, calls } = scripted([{ status: 200, body: { documents: [], next: null } }]);
+  const s = new Session({ baseUrl: "http://gw", fetch });
+  await s.list("shop", { limit: 5, after: "a/b c" });
+  assert.equal(calls[0].url, "http://gw/v1/models/shop/documents?limit=5&after=a%2Fb+c");
+  const one = scripted([{ status: 200, body: { key: "a/b", document: 1, version: 1 } }]);
+  await new Session({ baseUrl: "http://gw", fetch: one.fetch }).read("shop", "a/b");
+  assert.equal(one.calls[0].url, "http://gw/v1/models/shop/documents/a%2Fb");
+});
+
+test("Retry-After is read in seconds or as a date", () => {
+  assert.equal(parseRetryAfter("3"), 3000);
+  assert.equal(parseRetryAfter(null), undefined);
+  assert.equal(parseRetryAfter(new Date(10_000).toUTCString(), 4_000), 6_000);
+});
+
+test("the declared problem kinds are the gateway's (gateway/openapi.json)", () => {
+  const doc = JSON.parse(readFileSync(new URL("../../../gateway/openapi.json", import.meta.url), "utf8"));
+  const documented = Object.entries(doc.components.schemas)
+    .filter(([name]) => /^Problem\d+$/.test(name))
+    .flatMap(([, s]) => s.allOf[1].properties.type.enum.map((uri) => uri.slice(PROBLEM_BASE.length)))
+    .sort();
+  const dts = readFileSync(new URL("../src/index.d.ts", import.meta.url), "utf8");
+  const union = dts.split("export type ProblemKind =")[1].split(";")[0];
+  const declared = [...union.matchAll(/"([a-z-]+)"/g)].map((m) => m[1]).sort();
+  assert.deepEqual(declared, documented);
+});

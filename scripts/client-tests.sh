@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The TypeScript client's tests (clients/typescript, `node --test`): its unit tests, then its
+# tests against a real gateway and projector started by scripts/api-stack.sh. Needs Node 18+.
+set -Eeuo pipefail
+
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$PARSLEY_ROOT"
+
+command -v node >/dev/null 2>&1 || fail "node not found: the TypeScript client's tests need Node 18 or later"
+node --test clients/typescript/test/unit.test.js
+bash scripts/api-stack.sh node --test clients/typescript/test/gateway.test.js
