@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# `make api-fuzz`: property-based fuzzing of the HTTP API with schemathesis, against a real
+# gateway and projector (scripts/api-stack.sh) and the gateway's own OpenAPI document
+# (GET /openapi.json, gateway/openapi.json).
+#
+# Every operation gets EXAMPLES generated requests (default 200; valid and invalid bodies,
+# parameters and headers) in each phase (examples, coverage, fuzzing, stateful), and every
+# answer is checked: no 5xx but the documented 503s, status code, content type, headers and
+# body conforming to the document, invalid data refused. Exit status: schemathesis's.
+#
+# schemathesis (PyPI) is installed into .local/api-fuzz-venv on first use. With
+# API_FUZZ_OPTIONAL=1 (the short run in `make test`) a failed install is a skip with a
+# message, not a failure.
+#   EXAMPLES=<n>   examples per operation (default 200)
+#   SEED=<n>       schemathesis's seed (default: random; printed in its summary)
+set -Eeuo pipefail
+
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$PARSLEY_ROOT"
+
+SCHEMATHESIS_VERSION="4.32.5"
+VENV="$LOCAL_DIR/api-fuzz-venv"
+EXAMPLES="${EXAMPLES:-200}"
+REPORT_DIR="$LOG_DIR/api-fuzz"
+
+fuzz_say() { printf '[api-fuzz] %s\n' "$*"; }
+
+if ! "$VENV/bin/schemathesis" --version 2>/dev/null | grep -q "$SCHEMATHESIS_VERSION"; then
+    mkdir -p "$LOG_DIR"
+    fuzz_say "installing schemathesis $SCHEMATHESIS_VERSION into $VENV (log: $LOG_DIR/api-fuzz-install.log)"
+    if ! { python3 -m venv "$VENV" && "$VENV/bin/pip" install -q "schemathesis==$SCHEMATHESIS_VERSION"; } \
+        >"$LOG_DIR/api-fuzz-install.log" 2>&1; then
+        if [ "${API_FUZZ_OPTIONAL:-0}" = 1 ]; then
+            fuzz_say "SKIPPED: schemathesis could not be installed (no Python 3 venv or no PyPI?); see $LOG_DIR/api-fuzz-install.log"
+            exit 0
+        fi
+        fail "installing schemathesis failed" "$LOG_DIR/api-fuzz-install.log"
+    fi
+fi
+
+# Run inside the stack: the gateway's URL and admin token come from scripts/api-stack.sh.
+if [ -z "${PARSLEY_API_URL:-}" ]; then
+    exec bash scripts/api-stack.sh bash "$0" "$@"
+fi
+
+mkdir -p "$REPORT_DIR"
+# A real session token for every generated request (config/schemathesis.toml says why).
+PARSLEY_API_FUZZ_TOKEN="$(curl -sS -D - -o /dev/null -X POST -H 'Content-Type: application/json' \
+    --data '{"key":"api-fuzz-session","value":{"started":true}}' "$PARSLEY_API_URL/v1/topics/api.orders/records" |
+    tr -d '\r' | sed -n 's/^[Pp]arsley-[Ss]ession: //p')"
+[ -n "$PARSLEY_API_FUZZ_TOKEN" ] || fail "the gateway handed out no session token for the fuzzer's session"
+export PARSLEY_API_FUZZ_TOKEN
+seed=()
+[ -n "${SEED:-}" ] && seed=(--seed "$SEED")
+fuzz_say "schemathesis against $PARSLEY_API_URL/openapi.json, $EXAMPLES examples per operation"
+"$VENV/bin/schemathesis" --config-file config/schemathesis.toml run "$PARSLEY_API_URL/openapi.json" \
+    --url "$PARSLEY_API_URL" \
+    --checks all \
+    --max-examples "$EXAMPLES" \
+    --workers 2 \
+    --header "Authorization: Bearer $PARSLEY_API_ADMIN_TOKEN" \
+    --report junit --report-dir "$REPORT_DIR" \
+    --no-color \
+    "${seed[@]}" "$@"
