@@ -49,6 +49,8 @@ pub struct Inner {
     pub transactions: crate::batch::Transactions,
     pub facts: KafkaFacts,
     pub notifier: Arc<ClockNotifier>,
+    /// Per model, the shared re-checks of waiting reads.
+    pub feeds: crate::feed::Feeds,
     pub metrics: Arc<Metrics>,
     /// Names of the topics some configured model receives; ask [`Inner::receives`].
     pub received_topics: BTreeSet<String>,
@@ -113,6 +115,7 @@ impl AppState {
             crate::batch::Transactions::new(&config.shared.kafka.bootstrap, config.settings.produce_timeout_ms);
         let facts = KafkaFacts::new(&config.shared.kafka.bootstrap, config.settings.kafka_timeout())?;
         let notifier = Arc::new(ClockNotifier::new(config.shared.models.iter().map(|m| m.name.as_str())));
+        let feeds = crate::feed::Feeds::new(config.shared.models.iter().map(|m| m.name.as_str()));
         let received_topics =
             config.shared.models.iter().flat_map(|m| m.topics.iter().map(|t| t.name.clone())).collect();
         let waiting_reads = config
@@ -131,6 +134,7 @@ impl AppState {
             transactions,
             facts,
             notifier,
+            feeds,
             metrics,
             received_topics,
             widths: RecordedWidths::default(),

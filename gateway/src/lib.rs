@@ -24,6 +24,7 @@
 //!   topic's partition count changed.
 //! - [`read`]: the gated reads, `GET /v1/models/{model}/documents[/{key}]`.
 //! - [`notify`]: the `LISTEN` task waking waiting reads.
+//! - [`feed`]: one clock fetch per model per wake-up, shared by every waiting read.
 //! - [`ops`]: `/healthz`, `/readyz`, `/metrics`, `/v1/status` (from SQL aggregates).
 //! - [`openapi`]: the API's OpenAPI 3.1 document, `GET /openapi.json` (`gateway/openapi.json`).
 //! - [`problem`]: the one error type and its problem documents.
@@ -42,6 +43,7 @@ pub mod config;
 pub mod cors;
 pub mod database;
 pub mod facts;
+pub mod feed;
 pub mod keys;
 pub mod metrics;
 pub mod notify;

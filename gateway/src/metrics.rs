@@ -40,6 +40,11 @@ parsley_infra::metric_names! {
             "Reads answered 503 not-yet-covered, by model.",
         ),
         GateChecksTotal = ("parsley_gateway_gate_checks_total", Counter, "Gate transactions run, by model."),
+        ClockFetchesTotal = (
+            "parsley_gateway_clock_fetches_total",
+            Counter,
+            "Clock fetches shared by the reads of a model waiting for coverage, by model.",
+        ),
         TokenPairsPrunedTotal = ("parsley_gateway_token_pairs_pruned_total", Counter, "Token pairs pruned, by reason."),
         ClockNotificationsTotal = (
             "parsley_gateway_clock_notifications_total",

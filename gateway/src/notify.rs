@@ -1,8 +1,8 @@
 //! Waking waiting reads: one task `LISTEN`s on the projector's clock channel and bumps a
-//! per-model counter (a `tokio::sync::watch`) for every notification. A read subscribes
-//! *before* it checks coverage, so a step committed between its check and its wait still
-//! wakes it. Notifications sent while the listener is reconnecting are lost, so the
-//! listener bumps every model after a reconnect, and waiting reads also re-check on a timer.
+//! per-model counter (a `tokio::sync::watch`) for every notification; each model's feed
+//! ([`crate::feed`]) fetches the clock once per bump for all of the model's waiting reads.
+//! Notifications sent while the listener is reconnecting are lost, so the listener bumps
+//! every model after a reconnect, and the feeds also re-check on a timer.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

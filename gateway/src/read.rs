@@ -36,6 +36,7 @@ use sqlx::{Postgres, Transaction};
 
 use crate::app::AppState;
 use crate::database;
+use crate::feed;
 use crate::metrics::Metric;
 use crate::problem::{ApiError, Problem, ProblemType};
 use crate::session::{self, SESSION_HEADER};
@@ -218,15 +219,14 @@ async fn gated_read(
     let mut token = session::sanitize(state, &caller.past).await?;
     let mut demand = known_demand(state, &token).await;
 
-    // Subscribe before the first check: a step committed after the check still wakes us.
-    let mut woken = state.notifier.subscribe(&model.name).expect("every configured model has a notifier");
     let started = Instant::now();
     let deadline = started + state.config.settings.read_wait();
     let mut log_starts_checked = false;
     // Held while waiting: at most `max_waiting_reads` reads of a model wait at once.
     let mut waiting = None;
+    // The model's shared re-checks, once the first attempt found the read not covered.
+    let mut feed: Option<feed::Waiting> = None;
     loop {
-        woken.borrow_and_update();
         state.metrics.add(Metric::GateChecksTotal, &[("model", &model.name)], 1.0);
         match attempt(state, model, &target, &demand, &token).await? {
             Ok(served) => {
@@ -263,8 +263,7 @@ async fn gated_read(
                         }
                     })?);
                 }
-                let now_i = Instant::now();
-                if now_i >= deadline {
+                if Instant::now() >= deadline {
                     state.metrics.add(Metric::NotCoveredTotal, &[("model", &model.name)], 1.0);
                     state.metrics.observe(
                         Metric::ReadWaitSeconds,
@@ -274,13 +273,38 @@ async fn gated_read(
                     tracing::info!(model = %model.name, gaps = uncovered.gaps.len(), "read not covered in time");
                     return Err(not_yet_covered(state, &model.name, uncovered, started.elapsed()));
                 }
-                let nap = state.config.settings.recheck().min(deadline - now_i);
-                tokio::select! {
-                    _ = woken.changed() => {}
-                    _ = tokio::time::sleep(nap) => {}
+                // Wait for shared clock rows that cover the read (then attempt: the check and
+                // the data in one snapshot), or for the deadline (then attempt once more,
+                // and answer 503 with what it finds).
+                let rows = &mut feed
+                    .get_or_insert_with(|| {
+                        state.feeds.wait(state, &model.name).expect("every configured model has a feed")
+                    })
+                    .rows;
+                let served = served_tasks(&target, &uncovered.shape);
+                loop {
+                    tokio::select! {
+                        changed = rows.changed() => if changed.is_err() { break },
+                        _ = tokio::time::sleep_until(deadline.into()) => break,
+                    }
+                    let covered = rows
+                        .borrow_and_update()
+                        .as_ref()
+                        .is_some_and(|rows| gate(&demand, &uncovered.shape, rows, &served).is_covered());
+                    if covered {
+                        break;
+                    }
                 }
             }
         }
+    }
+}
+
+/// The tasks a read is served by: the key's owner, or every task for a page.
+fn served_tasks(target: &Target, shape: &ModelShape) -> BTreeSet<u32> {
+    match target {
+        Target::One { key } => [partition_for_key(key.as_bytes(), shape.task_count)].into(),
+        Target::Page { .. } => (0..shape.task_count).collect(),
     }
 }
 
@@ -319,10 +343,7 @@ async fn attempt(
     let recorded = store::load_model(&mut tx, &model.name).await.map_err(db)?;
     let shape = model_shape(state, model, recorded.as_ref());
     let rows: Vec<ClockRow> = store::clock_rows(&mut tx, &model.name).await.map_err(db)?;
-    let served: BTreeSet<u32> = match target {
-        Target::One { key } => [partition_for_key(key.as_bytes(), shape.task_count)].into(),
-        Target::Page { .. } => (0..shape.task_count).collect(),
-    };
+    let served = served_tasks(target, &shape);
     let verdict = gate(demand, &shape, &rows, &served);
     #[cfg(feature = "unsafe-ungated-reads")]
     let verdict = if ungated::on() { Verdict::Covered } else { verdict };

@@ -84,7 +84,13 @@ async fn what_could_never_be_stored_is_refused_and_the_value_is_produced_as_sent
         tokio::task::spawn_blocking(move || consume(&orders, partition, offset)).await.unwrap();
     assert_eq!(key, b"big");
     assert_eq!(value, br#"{"b":1,"a":12345678901234567890123}"#.to_vec(), "{}", String::from_utf8_lossy(&value));
-    assert_eq!(headers, vec![("z".to_string(), b"1".to_vec()), ("a".to_string(), b"\0x".to_vec())]);
+    // The application headers in the order sent, then the gateway's trace context (a new
+    // trace: the request carried none).
+    assert_eq!(headers[..2], [("z".to_string(), b"1".to_vec()), ("a".to_string(), b"\0x".to_vec())]);
+    assert_eq!(headers.len(), 3, "{headers:?}");
+    let (name, traceparent) = &headers[2];
+    assert_eq!(name, "traceparent");
+    assert!(parsley_gateway::trace::TraceContext::parse(std::str::from_utf8(traceparent).unwrap()).is_some());
 
     // The partitions keep serving: the record is applied and read with the session.
     let r = s.read("big", Some(&w.token())).await;

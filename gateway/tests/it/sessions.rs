@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use axum::http::{Method, StatusCode};
+use parsley_gateway::metrics::Metric;
 use serde_json::{json, Value};
 
 use crate::support::*;
@@ -252,5 +253,57 @@ async fn a_503_names_the_stopped_task_that_blocks_the_session() {
         _ => panic!("the task is named failing or refused: {}", r.json),
     };
     assert!(why.unwrap_or_default().contains("not JSON"), "{}", r.json);
+    s.stop_projector().await;
+}
+
+/// A thousand reads waiting on one model share their re-checks: while they wait, each made
+/// one gate attempt, and the clock is fetched once per wake-up (a projector step's
+/// `NOTIFY`, a new waiter, a re-check tick) for all of them — not once per read; once a
+/// fetch shows them covered, each is served by one more attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_thousand_waiting_reads_share_one_clock_fetch_per_wake_up() {
+    const READS: usize = 1000;
+    let mut s = Stack::new(
+        "shared-wait",
+        2,
+        "read_wait_ms = 30000\nresponse_timeout_ms = 60000\nmax_waiting_reads = 2000\nmax_in_flight = 4096",
+    )
+    .await;
+    let model = s.names.model.clone();
+    let w = s.write(&s.names.orders.clone(), "k", json!({"n": 1}), None).await;
+    let token = w.token();
+    let metric = |s: &Stack, m: Metric| s.state.metrics.value(m, &[("model", &model)]).unwrap_or(0.0);
+
+    let mut reads = Vec::new();
+    for _ in 0..READS {
+        let (router, uri, token) = (s.router.clone(), format!("/v1/models/{model}/documents/k"), token.clone());
+        reads.push(tokio::spawn(async move { send(&router, Method::GET, &uri, Some(&token), None).await.status }));
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while metric(&s, Metric::GateChecksTotal) < READS as f64 {
+        assert!(Instant::now() < deadline, "the reads did not all make their first attempt");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Waiting (the projector is not running): a second of re-check ticks costs the fetches
+    // of the ticks, and no read attempts again.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let waited_checks = metric(&s, Metric::GateChecksTotal);
+    let waited_fetches = metric(&s, Metric::ClockFetchesTotal);
+    assert_eq!(waited_checks, READS as f64, "no waiting read re-ran the gate on its own");
+    assert!(waited_fetches <= 12.0, "{waited_fetches} fetches in about a second of 250 ms ticks");
+
+    let started = Instant::now();
+    s.start_projector().await;
+    for r in reads {
+        assert_eq!(r.await.unwrap(), StatusCode::OK);
+    }
+    let took = started.elapsed();
+    let notifications = s.state.metrics.value(Metric::ClockNotificationsTotal, &[]).unwrap_or(0.0);
+    let checks = metric(&s, Metric::GateChecksTotal) - waited_checks;
+    let fetches = metric(&s, Metric::ClockFetchesTotal) - waited_fetches;
+    let ticks = (took.as_millis() / 250) as f64 + 1.0;
+    eprintln!("{READS} waiting reads served in {took:?}: {fetches} shared clock fetches, {notifications} notifications, {checks} serving attempts");
+    assert!(fetches <= 2.0 * notifications + ticks, "{fetches} fetches for {notifications} steps and {ticks} ticks");
+    assert!(checks <= READS as f64 + 10.0, "each read served by about one more attempt: {checks}");
     s.stop_projector().await;
 }

@@ -1,0 +1,123 @@
+//! Shared re-checks for waiting reads: one clock fetch per model per wake-up serves every
+//! read of that model that is waiting for coverage.
+//!
+//! A read that is not covered at its first attempt registers with its model's [`Feed`] and
+//! waits for clock rows. The feed's task — running only while reads wait — fetches the
+//! model's clock rows once per wake-up (a `NOTIFY` from the projector's step, a new waiter,
+//! or every `recheck_ms`) and publishes them; each waiter runs the pure gate over them and
+//! makes its own snapshot attempt (the check and the data read in one snapshot, as always)
+//! only once the published rows cover it. So 1,000 reads waiting on one model cost about one
+//! clock query per projector step, not 1,000 (`parsley_gateway_clock_fetches_total`).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use parsley::gate::ClockRow;
+use parsley_store::ordering as store;
+use tokio::sync::{watch, Notify};
+
+use crate::app::AppState;
+use crate::metrics::Metric;
+
+/// The clock rows a feed last fetched (`None`: none yet).
+pub type Rows = Option<Arc<Vec<ClockRow>>>;
+
+/// Per model, its feed.
+#[derive(Debug)]
+pub struct Feeds {
+    models: BTreeMap<String, Arc<Feed>>,
+}
+
+impl Feeds {
+    pub fn new<'a>(models: impl IntoIterator<Item = &'a str>) -> Feeds {
+        Feeds { models: models.into_iter().map(|m| (m.to_string(), Arc::new(Feed::default()))).collect() }
+    }
+
+    /// Registers a waiting read of `model` (`None`: not configured); the feed's task starts
+    /// if it is not running, and fetches soon (a new waiter is a wake-up).
+    pub fn wait(&self, state: &AppState, model: &str) -> Option<Waiting> {
+        let feed = Arc::clone(self.models.get(model)?);
+        feed.waiters.fetch_add(1, Ordering::SeqCst);
+        let mut rows = feed.rows.subscribe();
+        rows.mark_unchanged();
+        feed.kick.notify_one();
+        if !feed.running.swap(true, Ordering::SeqCst) {
+            tokio::spawn(run(Arc::clone(&feed), state.clone(), model.to_string()));
+        }
+        Some(Waiting { feed, rows })
+    }
+}
+
+/// One model's feed.
+#[derive(Debug)]
+pub struct Feed {
+    rows: watch::Sender<Rows>,
+    waiters: AtomicUsize,
+    running: AtomicBool,
+    kick: Notify,
+}
+
+impl Default for Feed {
+    fn default() -> Self {
+        Feed {
+            rows: watch::Sender::new(None),
+            waiters: AtomicUsize::new(0),
+            running: AtomicBool::new(false),
+            kick: Notify::new(),
+        }
+    }
+}
+
+/// A waiting read's registration; dropping it deregisters.
+pub struct Waiting {
+    feed: Arc<Feed>,
+    /// The rows as the feed publishes them.
+    pub rows: watch::Receiver<Rows>,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.feed.waiters.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The feed's task: while reads wait, fetch on every wake-up and publish; stop when none is
+/// left (the next waiter starts it again).
+async fn run(feed: Arc<Feed>, state: AppState, model: String) {
+    let Some(mut bumps) = state.notifier.subscribe(&model) else { return };
+    let recheck = state.config.settings.recheck();
+    loop {
+        if feed.waiters.load(Ordering::SeqCst) == 0 {
+            feed.running.store(false, Ordering::SeqCst);
+            // A waiter that registered meanwhile saw `running` still set and spawned nothing:
+            // carry on for it, unless one of them has started a task of its own since.
+            if feed.waiters.load(Ordering::SeqCst) == 0 || feed.running.swap(true, Ordering::SeqCst) {
+                return;
+            }
+        }
+        tokio::select! {
+            changed = bumps.changed() => if changed.is_err() { return },
+            _ = feed.kick.notified() => {}
+            _ = tokio::time::sleep(recheck) => {}
+        }
+        if feed.waiters.load(Ordering::SeqCst) == 0 {
+            continue;
+        }
+        let fetched = async {
+            let mut conn = state.pool.acquire().await.map_err(anyhow::Error::from)?;
+            store::clock_rows(&mut conn, &model).await
+        };
+        match fetched.await {
+            Ok(rows) => {
+                state.metrics.add(Metric::ClockFetchesTotal, &[("model", &model)], 1.0);
+                feed.rows.send_replace(Some(Arc::new(rows)));
+            }
+            Err(e) => {
+                tracing::warn!(model, error = %format!("{e:#}"), "fetching clock rows for waiting reads failed");
+                // Waiters still time out into a 503 at their deadline.
+                tokio::time::sleep(recheck).await;
+            }
+        }
+    }
+}
