@@ -1,5 +1,5 @@
 # Entry points; the work is done by the scripts in scripts/ (see docs/development.md).
-.PHONY: demo test failover fuzz soak services-up services-down services-status services-reset
+.PHONY: demo test failover fuzz soak api-fuzz client-test services-up services-down services-status services-reset
 
 # Start the local stack, then run the main job.
 demo:
@@ -28,6 +28,17 @@ fuzz:
 # in release mode (see docs/verification.md).
 soak:
 	@SIM_SEEDS=$(or $(SEEDS),20000) cargo test --release -p parsley-sim --test simulation -- _sweep
+
+# Property-based fuzzing of the HTTP API: schemathesis (installed from PyPI into .local/ on
+# first use) against a real gateway and projector and GET /openapi.json, EXAMPLES=<n> per
+# operation (default 200); no 5xx but the documented 503s, every answer as documented. See
+# docs/gateway.md ("The OpenAPI document").
+api-fuzz:
+	@EXAMPLES=$(or $(EXAMPLES),200) bash scripts/api-fuzz.sh
+
+# The TypeScript client's tests (clients/typescript): unit tests, then against a real gateway.
+client-test:
+	@bash scripts/client-tests.sh
 
 services-up:
 	@bash scripts/services.sh up

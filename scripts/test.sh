@@ -42,6 +42,14 @@ t2="$(now_s)"
 phase "test (cargo test --workspace --no-fail-fast)"
 rc=0
 cargo test --workspace --no-fail-fast || rc=$?
+t_cargo="$(now_s)"
+
+# The HTTP API as clients see it, on one real gateway and projector: the TypeScript client's
+# tests, then a short schemathesis run (skipped with a message when it cannot be installed).
+phase "API (TypeScript client tests; schemathesis, ${API_FUZZ_EXAMPLES:-100} examples per operation)"
+bash scripts/api-stack.sh bash -c \
+    "bash scripts/client-tests.sh && API_FUZZ_OPTIONAL=1 EXAMPLES=${API_FUZZ_EXAMPLES:-100} bash scripts/api-fuzz.sh" ||
+    rc=$?
 t3="$(now_s)"
 
 install_s="?" start_s="?"
@@ -53,7 +61,8 @@ phase "timings"
 printf '  services up: %4ss  (install/check %ss, start/readiness %ss)\n' "$((t1 - t0))" "$install_s" "$start_s"
 printf '  lint:        %4ss\n' "$((t_lint - t1))"
 printf '  build:       %4ss\n' "$((t2 - t_lint))"
-printf '  test:        %4ss\n' "$((t3 - t2))"
+printf '  test:        %4ss\n' "$((t_cargo - t2))"
+printf '  API:         %4ss\n' "$((t3 - t_cargo))"
 printf '  total:       %4ss\n' "$((t3 - t0))"
 if [ "$rc" = 0 ]; then
     echo "make test: the test suite passed"
