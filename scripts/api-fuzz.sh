@@ -56,7 +56,9 @@ export PARSLEY_API_FUZZ_TOKEN
 seed=()
 [ -n "${SEED:-}" ] && seed=(--seed "$SEED")
 fuzz_say "schemathesis against $PARSLEY_API_URL/openapi.json, $EXAMPLES examples per operation"
-"$VENV/bin/schemathesis" --config-file config/schemathesis.toml run "$PARSLEY_API_URL/openapi.json" \
+# From .local/, where schemathesis keeps its cache (.schemathesis/).
+cd "$REPORT_DIR"
+"$VENV/bin/schemathesis" --config-file "$PARSLEY_ROOT/config/schemathesis.toml" run "$PARSLEY_API_URL/openapi.json" \
     --url "$PARSLEY_API_URL" \
     --checks all \
     --max-examples "$EXAMPLES" \
@@ -64,6 +66,6 @@ fuzz_say "schemathesis against $PARSLEY_API_URL/openapi.json, $EXAMPLES examples
     --header "Authorization: Bearer $PARSLEY_API_ADMIN_TOKEN" \
     --report junit --report-dir "$REPORT_DIR" \
     --generation-database "$REPORT_DIR/examples.db" \
-    --baseline config/api-fuzz-baseline.json \
+    --baseline "$PARSLEY_ROOT/config/api-fuzz-baseline.json" \
     --no-color \
     "${seed[@]}" "$@"
