@@ -316,6 +316,10 @@ pub struct Stats {
     pub crashes_while_held: u64,
     /// Restarts whose restore path brought back held records.
     pub restores_with_held: u64,
+    /// Upstream processes crashed and restored from their durable state.
+    pub process_restarts: u64,
+    /// Of those, restores that brought back held records.
+    pub process_restores_with_held: u64,
     pub step_aborts: u64,
     pub txn_commits: u64,
     pub txn_aborts: u64,

@@ -1,6 +1,7 @@
-//! The simulated database of the projector tasks: per task, the rows a step commits
-//! atomically — held records, `fed_up_to`, frontier, clock rows, refusal status and the
-//! projection's documents — and the reads the gateway makes of them.
+//! The simulated database of the projector tasks — per task, the rows a step commits
+//! atomically: held records, `fed_up_to`, frontier, clock rows, refusal status and the
+//! document projection — and the reads the gateway makes of them. Upstream processes keep
+//! their durable ordering state in the same rows ([`TaskRows`]).
 
 use std::collections::BTreeMap;
 
@@ -34,6 +35,56 @@ pub struct SimDb {
     pub tasks: Vec<TaskRows>,
 }
 
+impl TaskRows {
+    /// What a restore path reads back.
+    pub fn persisted(&self) -> PersistedState<Payload> {
+        PersistedState {
+            format_version: ORDERING_STATE_FORMAT,
+            fed_up_to: self.fed_up_to.clone(),
+            held: self.held.values().cloned().collect(),
+            frontier: self.frontier.iter().map(|(&c, &p)| (c, p)).collect(),
+            delivered: self.clock.iter().map(|(&c, &p)| (c, p)).collect(),
+        }
+    }
+
+    /// Commits one step: the engine's state changes and the projection writes of its
+    /// deliveries, atomically. `persist_held: false` is the `HeldNotPersisted` sabotage.
+    pub fn commit(&mut self, changes: StepChanges<Payload>, applied: &[Payload], persist_held: bool) {
+        if persist_held {
+            for r in changes.held_inserted {
+                self.held.insert((r.channel, r.position), r);
+            }
+        }
+        for key in changes.held_removed {
+            self.held.remove(&key);
+        }
+        for (c, p) in changes.fed_up_to {
+            self.fed_up_to.insert(c, p);
+        }
+        for c in changes.channels_removed {
+            self.fed_up_to.remove(&c);
+        }
+        for (c, p) in changes.frontier_upserts {
+            self.frontier.insert(c, p);
+        }
+        for c in changes.frontier_removed {
+            self.frontier.remove(&c);
+        }
+        for (c, p) in changes.clock_upserts {
+            self.clock.insert(c, p);
+        }
+        for c in changes.clock_removed {
+            self.clock.remove(&c);
+        }
+        if let Some(r) = changes.refusal {
+            self.refusal = Some(r);
+        }
+        for d in applied {
+            self.docs.entry(d.key).or_default().push(d.id);
+        }
+    }
+}
+
 impl SimDb {
     pub fn new(tasks: u32) -> Self {
         SimDb { tasks: (0..tasks).map(|_| TaskRows::default()).collect() }
@@ -41,52 +92,12 @@ impl SimDb {
 
     /// What the task's restore path reads back.
     pub fn persisted(&self, task: u32) -> PersistedState<Payload> {
-        let rows = &self.tasks[task as usize];
-        PersistedState {
-            format_version: ORDERING_STATE_FORMAT,
-            fed_up_to: rows.fed_up_to.clone(),
-            held: rows.held.values().cloned().collect(),
-            frontier: rows.frontier.iter().map(|(&c, &p)| (c, p)).collect(),
-            delivered: rows.clock.iter().map(|(&c, &p)| (c, p)).collect(),
-        }
+        self.tasks[task as usize].persisted()
     }
 
-    /// Commits one step: the engine's state changes and the projection writes of its
-    /// deliveries, atomically. `persist_held: false` is the `HeldNotPersisted` sabotage.
+    /// Commits one step of `task` (see [`TaskRows::commit`]).
     pub fn commit(&mut self, task: u32, changes: StepChanges<Payload>, applied: &[Payload], persist_held: bool) {
-        let rows = &mut self.tasks[task as usize];
-        if persist_held {
-            for r in changes.held_inserted {
-                rows.held.insert((r.channel, r.position), r);
-            }
-        }
-        for key in changes.held_removed {
-            rows.held.remove(&key);
-        }
-        for (c, p) in changes.fed_up_to {
-            rows.fed_up_to.insert(c, p);
-        }
-        for c in changes.channels_removed {
-            rows.fed_up_to.remove(&c);
-        }
-        for (c, p) in changes.frontier_upserts {
-            rows.frontier.insert(c, p);
-        }
-        for c in changes.frontier_removed {
-            rows.frontier.remove(&c);
-        }
-        for (c, p) in changes.clock_upserts {
-            rows.clock.insert(c, p);
-        }
-        for c in changes.clock_removed {
-            rows.clock.remove(&c);
-        }
-        if let Some(r) = changes.refusal {
-            rows.refusal = Some(r);
-        }
-        for d in applied {
-            rows.docs.entry(d.key).or_default().push(d.id);
-        }
+        self.tasks[task as usize].commit(changes, applied, persist_held);
     }
 
     /// Every clock row of every task, as the gateway's one snapshot query returns them.

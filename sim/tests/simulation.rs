@@ -119,7 +119,7 @@ fn check_floors(scenario: &str, reports: &[RunReport], floors: &[Floor]) {
 type Metric = (&'static str, fn(&Stats) -> u64);
 
 fn print_totals(scenario: &str, reports: &[RunReport]) {
-    let rows: [Metric; 43] = [
+    let rows: [Metric; 45] = [
         ("steps", |s| s.steps),
         ("records", |s| s.records),
         ("deliveries (committed, tasks)", |s| s.deliveries),
@@ -132,6 +132,8 @@ fn print_totals(scenario: &str, reports: &[RunReport]) {
         ("crashes mid-step", |s| s.crashes_mid_step),
         ("crashes while holding", |s| s.crashes_while_held),
         ("restores with held records", |s| s.restores_with_held),
+        ("process restarts", |s| s.process_restarts),
+        ("  that restored held records", |s| s.process_restores_with_held),
         ("step aborts", |s| s.step_aborts),
         ("transactions committed", |s| s.txn_commits),
         ("transactions aborted", |s| s.txn_aborts),
@@ -192,6 +194,7 @@ fn common_floors() -> Vec<Floor> {
 fn soak_sweep() {
     let reports = sweep("soak_sweep", &Scenario::soak(), 2000);
     let mut floors = common_floors();
+    floors.push(floor("a process restart that restored held records", |s| s.process_restores_with_held, 60));
     floors.push(floor("retention advances", |s| s.retention_advances, 60));
     floors.push(floor("prunes that removed a pair", |s| s.prunes, 40));
     floors.push(floor("topic recreations", |s| s.topic_recreations, 40));
@@ -202,6 +205,7 @@ fn soak_sweep() {
 fn crash_sweep() {
     let reports = sweep("crash_sweep", &Scenario::crashes(), 1500);
     let mut floors = common_floors();
+    floors.push(floor("a process restart that restored held records", |s| s.process_restores_with_held, 70));
     floors.push(floor("step aborts", |s| s.step_aborts, 80));
     check_floors("crashes", &reports, &floors);
 }
@@ -210,6 +214,7 @@ fn crash_sweep() {
 fn long_sweep() {
     let reports = sweep("long_sweep", &Scenario::long(), 300);
     let mut floors = common_floors();
+    floors.push(floor("a process restart that restored held records", |s| s.process_restores_with_held, 80));
     floors.push(floor("retention advances", |s| s.retention_advances, 80));
     floors.push(floor("topic recreations", |s| s.topic_recreations, 60));
     check_floors("long", &reports, &floors);
@@ -438,7 +443,7 @@ fn sabotage_stale_log_start_is_caught() {
 
 #[test]
 fn sabotage_read_position_ignored_is_caught() {
-    must_catch(Sabotage::ReadPositionIgnored, &Scenario::retention(), 22, &[ViolationKind::UnexpectedRefusal]);
+    must_catch(Sabotage::ReadPositionIgnored, &Scenario::retention(), 14, &[ViolationKind::UnexpectedRefusal]);
 }
 
 #[test]
@@ -512,7 +517,7 @@ fn monotonic_writes_check_fails_when_causes_are_ignored() {
 
 #[test]
 fn writes_follow_reads_check_fails_when_causes_are_ignored() {
-    must_catch(Sabotage::IgnoreCauses, &Scenario::soak(), 42, &[ViolationKind::WritesFollowReads]);
+    must_catch(Sabotage::IgnoreCauses, &Scenario::soak(), 36, &[ViolationKind::WritesFollowReads]);
 }
 
 #[test]

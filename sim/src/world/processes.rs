@@ -69,8 +69,8 @@ impl World {
     /// After an out-of-range fetch, the process checks the log start of every channel it
     /// receives, in channel order, as a task does: each one the engine lets pass is judged
     /// (nothing it had not delivered may be gone), and so is the refusal, which is due
-    /// exactly when retention discarded a record the process had not delivered. A process
-    /// never restarts, so a refused one stops for good; its channels are excepted from
+    /// exactly when retention discarded a record the process had not delivered. A refused
+    /// process is never restarted, so it stops for good; its channels are excepted from
     /// completeness.
     pub(super) fn proc_check_log_starts(&mut self, p: usize) {
         self.stats.upstream_log_start_checks += 1;
@@ -105,6 +105,67 @@ impl World {
             let next = self.processes[p].next_fetch.get_mut(&c).expect("received");
             *next = (*next).max(log_start);
         }
+    }
+
+    /// Commits what each process's engine changed in the action just performed to its
+    /// durable rows, as a host commits its ordering state with the step that changed it.
+    pub(super) fn persist_processes(&mut self) {
+        for proc in &mut self.processes {
+            let changes = proc.engine.take_changes();
+            if !changes.is_empty() {
+                proc.rows.commit(changes, &[], true);
+            }
+        }
+    }
+
+    /// The process crashes: its open transaction aborts, its engine is gone, and it comes
+    /// back as a host does — `Engine::restore` from its durable rows, resuming each channel
+    /// at `fed_up_to + 1` (a third of restarts a little lower, so replays must drop), then a
+    /// drain. What it stamps from then on is judged like any send: its frontier must still
+    /// hold every cause of everything it received and delivered before the crash.
+    pub(super) fn proc_crash(&mut self, p: usize) {
+        if self.processes[p].txn.is_some() {
+            self.proc_end(p, false);
+        }
+        let receiver = self.processes[p].receiver;
+        self.oracle.discard(receiver);
+        let received = self.processes[p].received.clone();
+        let state = self.processes[p].rows.persisted();
+        let held = state.held.len();
+        let mut engine = match Engine::restore(EngineConfig::default(), received.iter().copied(), state) {
+            Ok(engine) => engine,
+            Err(refusal) => {
+                self.oracle.report(ViolationKind::UnexpectedRefusal, format!("P{p} cannot restore: {refusal}"));
+                return;
+            }
+        };
+        engine.set_sabotage(self.sabotage.engine());
+        self.stats.process_restarts += 1;
+        if held > 0 {
+            self.stats.process_restores_with_held += 1;
+        }
+        let replay = self.scenario.replay_on_restart && self.rng.chance(1, 3);
+        for &c in &received {
+            let log_start = self.kafka.log_start(&c);
+            let fed = match engine.fed_up_to(&c) {
+                Some(fed) => fed,
+                None => engine.seed(c, log_start - 1).expect("a restored engine seeds"),
+            };
+            // Below the log start the next fetch is out of range, and the process checks.
+            let back = if replay { self.rng.range(0, 3) } else { 0 };
+            self.processes[p].next_fetch.insert(c, fed + 1 - back);
+        }
+        let deliveries = engine.drain();
+        let mut names = Vec::new();
+        for d in &deliveries {
+            self.oracle.delivered(receiver, d.channel, d.position, d.payload.id);
+            names.push(format!("#{}", d.payload.id));
+        }
+        self.oracle.commit(receiver);
+        let proc = &mut self.processes[p];
+        proc.pending_sends += deliveries.len() as u32;
+        proc.engine = engine;
+        self.trace.push(format!("{} P{p} crash, restored {held} held -> delivered [{}]", self.step, names.join(" ")));
     }
 
     /// Prunes the process's frontier with the channel facts Kafka gives.
