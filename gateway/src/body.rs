@@ -35,6 +35,9 @@ use serde_json::value::RawValue;
 pub const MAX_VALUE_DEPTH: usize = 64;
 /// Longest header name accepted, in bytes.
 pub const MAX_HEADER_NAME_BYTES: usize = 256;
+/// The largest magnitude of a number in a value: the database stores numbers exactly and
+/// gives them back as digits, which beyond this no longer read back as a double.
+pub const MAX_NUMBER_MAGNITUDE: f64 = 1e308;
 
 /// A checked write body.
 #[derive(Debug, PartialEq, Eq)]
@@ -336,7 +339,17 @@ impl<'de> Visitor<'de> for Node<'_> {
         Ok(())
     }
 
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<(), E> {
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
+        // The database keeps a number exactly as written and gives it back as plain digits;
+        // within a hair of a double's limit those digits no longer read back as a double,
+        // and the document could never be served again.
+        if v.abs() > MAX_NUMBER_MAGNITUDE {
+            return Err(self.walker.fail(
+                None,
+                InvalidReason::Unrepresentable,
+                format!("a number beyond ±{MAX_NUMBER_MAGNITUDE:e} cannot be read back from the database"),
+            ));
+        }
         Ok(())
     }
 
@@ -495,6 +508,23 @@ mod tests {
                 other => panic!("{text}: expected a refusal naming {field:?}, got {other:?}"),
             }
         }
+    }
+
+    /// Numbers within a hair of a double's limit are refused: stored exactly, they would
+    /// come back as digits no double can hold, and the document could never be read.
+    #[test]
+    fn numbers_that_could_not_be_read_back_are_refused() {
+        ok(r#"{"key":"k","value":1e308}"#);
+        ok(r#"{"key":"k","value":-1.5e300}"#);
+        ok(r#"{"key":"k","value":123456789012345678901234567890}"#);
+        refused(&[
+            (r#"{"key":"k","value":-1.7976931348623157e308}"#, Some("value"), InvalidReason::Unrepresentable),
+            (
+                r#"{"key":"k","value":{"a":[1.7976931348623157e308]}}"#,
+                Some("value.a[0]"),
+                InvalidReason::Unrepresentable,
+            ),
+        ]);
     }
 
     #[test]

@@ -110,7 +110,7 @@ pub async fn document(conn: &mut PgConnection, model: &str, key: &str) -> Result
         .bind(key)
         .fetch_optional(&mut *conn)
         .await?;
-    Ok(row.map(|r| Document { key: key.to_string(), doc: r.get(0), version: r.get(1) }))
+    row.map(|r| Ok(Document { key: key.to_string(), doc: r.try_get(0)?, version: r.try_get(1)? })).transpose()
 }
 
 /// At most `limit` documents in key order, those after `after` when given.
@@ -130,7 +130,8 @@ pub async fn page(
     .bind(limit)
     .fetch_all(&mut *conn)
     .await?;
-    Ok(rows.iter().map(|r| Document { key: r.get(0), doc: r.get(1), version: r.get(2) }).collect())
+    // A stored document that cannot be decoded is an error, never a panic.
+    rows.iter().map(|r| Ok(Document { key: r.try_get(0)?, doc: r.try_get(1)?, version: r.try_get(2)? })).collect()
 }
 
 /// How many documents `model` has; 0 when the table does not exist yet (the migrations have
