@@ -26,10 +26,7 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         include_str!("../migrations/20261130000000_skips_and_dead_letters.sql"),
     ),
     ("20261130100000_add_leases.sql", include_str!("../migrations/20261130100000_add_leases.sql")),
-    (
-        "20261130200000_add_idempotency_keys.sql",
-        include_str!("../migrations/20261130200000_add_idempotency_keys.sql"),
-    ),
+    ("20261130200000_add_idempotency_keys.sql", include_str!("../migrations/20261130200000_add_idempotency_keys.sql")),
 ];
 
 #[derive(Debug)]

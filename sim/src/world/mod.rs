@@ -400,12 +400,7 @@ impl World {
             committed_read: BTreeMap::new(),
             phase: Phase::Work,
             step: 0,
-            stats: Stats {
-                tasks: n,
-                self_channels,
-                process_cycles,
-                ..Stats::default()
-            },
+            stats: Stats { tasks: n, self_channels, process_cycles, ..Stats::default() },
             trace: Vec::new(),
         }
     }
