@@ -51,6 +51,8 @@ pub struct Inner {
     pub notifier: Arc<ClockNotifier>,
     /// Per model, the shared re-checks of waiting reads.
     pub feeds: crate::feed::Feeds,
+    /// The span exporter, when `otlp_endpoint` is set.
+    pub otlp: Option<parsley_infra::otlp::Exporter>,
     pub metrics: Arc<Metrics>,
     /// Names of the topics some configured model receives; ask [`Inner::receives`].
     pub received_topics: BTreeSet<String>,
@@ -116,6 +118,13 @@ impl AppState {
         let facts = KafkaFacts::new(&config.shared.kafka.bootstrap, config.settings.kafka_timeout())?;
         let notifier = Arc::new(ClockNotifier::new(config.shared.models.iter().map(|m| m.name.as_str())));
         let feeds = crate::feed::Feeds::new(config.shared.models.iter().map(|m| m.name.as_str()));
+        let otlp = match &config.settings.otlp_endpoint {
+            Some(url) => Some(parsley_infra::otlp::Exporter::start(
+                parsley_infra::otlp::Endpoint::parse(url)?,
+                "parsley-gateway",
+            )?),
+            None => None,
+        };
         let received_topics =
             config.shared.models.iter().flat_map(|m| m.topics.iter().map(|t| t.name.clone())).collect();
         let waiting_reads = config
@@ -135,6 +144,7 @@ impl AppState {
             facts,
             notifier,
             feeds,
+            otlp,
             metrics,
             received_topics,
             widths: RecordedWidths::default(),

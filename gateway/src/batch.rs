@@ -138,9 +138,12 @@ pub async fn post_batch(
             Idempotent::Replay(ack) => return write::replay(&state, &caller, &past, &ack, now),
             Idempotent::Write(claim) => claim,
         };
-    let trace = TraceContext::for_request(&headers);
+    let (trace, caller_parent) = TraceContext::continued(&headers);
+    let started_ns = parsley_infra::otlp::now_unix_ns();
     match produce_batch(&state, &facts, &past, &records, &trace).await {
         Ok(acked) => {
+            let attributes = vec![("messaging.batch.message_count".to_string(), acked.len().to_string())];
+            trace.export(&state, caller_parent, "POST /v1/records", started_ns, attributes);
             let body = json!({"records": acked.iter().map(|(topic, c, offset)| json!({
                 "topic": topic, "partition": c.partition, "offset": offset,
             })).collect::<Vec<_>>()});

@@ -122,6 +122,9 @@ pub struct Settings {
     pub idempotency_window_s: u64,
     /// Most records one batch write (`POST /v1/records`) may carry.
     pub max_batch_records: usize,
+    /// Where to send a span per traced write over OTLP/HTTP (`http://collector:4318`, the
+    /// path defaulting to `/v1/traces`); absent: no export.
+    pub otlp_endpoint: Option<String>,
 }
 
 /// The most `max_key_bytes` may be: a document key is indexed by a btree (with the model's
@@ -171,6 +174,7 @@ impl Default for Settings {
             cors_allowed_origins: Vec::new(),
             idempotency_window_s: 86_400,
             max_batch_records: 100,
+            otlp_endpoint: None,
         }
     }
 }
@@ -283,6 +287,9 @@ impl Settings {
         }
         for origin in &self.cors_allowed_origins {
             crate::cors::check_origin(origin).map_err(|e| anyhow::anyhow!("gateway.cors_allowed_origins: {e}"))?;
+        }
+        if let Some(url) = &self.otlp_endpoint {
+            parsley_infra::otlp::Endpoint::parse(url).map_err(|e| anyhow::anyhow!("gateway.otlp_endpoint: {e:#}"))?;
         }
         if !(1..=MAX_BATCH_RECORDS_LIMIT).contains(&self.max_batch_records) {
             bail!("gateway.max_batch_records must be from 1 to {MAX_BATCH_RECORDS_LIMIT}");

@@ -52,13 +52,36 @@ impl TraceContext {
         TraceContext { parent_id: span_id(), ..*self }.nonzero()
     }
 
-    /// The context a request's headers give (continued), or a new trace.
-    pub fn for_request(headers: &axum::http::HeaderMap) -> TraceContext {
-        headers
-            .get(TRACEPARENT)
-            .and_then(|v| v.to_str().ok())
-            .and_then(TraceContext::parse)
-            .map_or_else(TraceContext::root, |t| t.child())
+    /// The gateway's context for a request and the caller's parent id, when the request
+    /// carried a valid `traceparent`.
+    pub fn continued(headers: &axum::http::HeaderMap) -> (TraceContext, Option<[u8; 8]>) {
+        match headers.get(TRACEPARENT).and_then(|v| v.to_str().ok()).and_then(TraceContext::parse) {
+            Some(t) => (t.child(), Some(t.parent_id)),
+            None => (TraceContext::root(), None),
+        }
+    }
+
+    /// Exports the gateway's span for this context (when an exporter is configured).
+    pub fn export(
+        &self,
+        state: &crate::app::AppState,
+        caller_parent: Option<[u8; 8]>,
+        name: &str,
+        start_unix_ns: u64,
+        attributes: Vec<(String, String)>,
+    ) {
+        if let Some(exporter) = &state.otlp {
+            exporter.record(parsley_infra::otlp::Span {
+                trace_id: self.trace_id,
+                span_id: self.parent_id,
+                parent_span_id: caller_parent,
+                name: name.to_string(),
+                kind: 4,
+                start_unix_ns,
+                end_unix_ns: parsley_infra::otlp::now_unix_ns(),
+                attributes,
+            });
+        }
     }
 
     /// The `traceparent` value.

@@ -200,9 +200,16 @@ pub async fn post_record(
         Idempotent::Replay(ack) => return replay(&state, &caller, &past, &ack, now),
         Idempotent::Write(claim) => claim,
     };
-    let trace = TraceContext::for_request(&headers);
+    let (trace, caller_parent) = TraceContext::continued(&headers);
+    let started_ns = parsley_infra::otlp::now_unix_ns();
     match produce_one(&state, &topic, fact, &past, &request, &trace).await {
         Ok((channel, offset)) => {
+            let attributes = vec![
+                ("messaging.destination.name".to_string(), topic.clone()),
+                ("messaging.kafka.destination.partition".to_string(), channel.partition.to_string()),
+                ("messaging.kafka.message.offset".to_string(), offset.to_string()),
+            ];
+            trace.export(&state, caller_parent, &format!("POST {route}"), started_ns, attributes);
             let body = json!({"topic": topic, "partition": channel.partition, "offset": offset});
             settle(&state, claim, Ok(&acknowledgement(&body, &[(channel, offset)]))).await;
             let token = session::reseal(&state, &caller, past.merge(channel, offset), now)?;

@@ -16,6 +16,7 @@
 //! - [`metrics`]: the Prometheus registry both services export (each declares its metric
 //!   names once, as an enum, with [`metric_names!`]), rendered in the text exposition
 //!   format, and the bare `GET /metrics` listener.
+//! - [`otlp`]: the optional export of trace spans over OTLP/HTTP (JSON), off by default.
 //! - [`process`]: the binaries' start-up scaffolding (logging, runtime, shutdown signal).
 //! - [`cli`]: the binaries' one argument parser (clap's builder), the shared `--config`
 //!   option, and how help and usage errors end the process.
@@ -28,6 +29,7 @@ pub mod facts;
 pub mod headers;
 pub mod kafka;
 pub mod metrics;
+pub mod otlp;
 pub mod pg;
 pub mod process;
 pub mod topic_id;

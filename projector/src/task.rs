@@ -71,7 +71,7 @@ pub enum StepOutcome {
 /// tracing it, e.g. through the gateway), naming its trace, so a write can be followed from
 /// the HTTP request to the step that applied it. Records without one are not logged one by
 /// one.
-fn log_traced(plan: &ModelPlan, task: u32, deliveries: &[Delivery<RecordData>]) {
+fn log_traced(plan: &ModelPlan, task: u32, deliveries: &[Delivery<RecordData>], step_started_ns: u64) {
     for d in deliveries {
         let Some(value) = d.payload.headers.iter().find_map(|(name, value)| {
             (name.eq_ignore_ascii_case(b"traceparent")).then_some(value.as_deref()).flatten()
@@ -82,7 +82,56 @@ fn log_traced(plan: &ModelPlan, task: u32, deliveries: &[Delivery<RecordData>]) 
         let Some(trace_id) = traceparent.split('-').nth(1).filter(|t| t.len() == 32) else { continue };
         tracing::info!(model = %plan.name, task, record = %plan.describe(&d.channel), position = d.position,
             trace_id, traceparent, skipped = d.payload.skipped, "applied a traced record");
+        if let Some(exporter) = &plan.otlp {
+            if let Some(span) = applied_span(plan, task, d, traceparent, step_started_ns) {
+                exporter.record(span);
+            }
+        }
     }
+}
+
+/// The projector's span for an applied traced record: a child of the record's
+/// `traceparent` (the writer's span), from the step's start to its commit.
+fn applied_span(
+    plan: &ModelPlan,
+    task: u32,
+    d: &Delivery<RecordData>,
+    traceparent: &str,
+    start_unix_ns: u64,
+) -> Option<parsley_infra::otlp::Span> {
+    let mut parts = traceparent.split('-').skip(1);
+    let trace_id = hex_array::<16>(parts.next()?)?;
+    let parent = hex_array::<8>(parts.next()?)?;
+    let end = parsley_infra::otlp::now_unix_ns();
+    // Unique enough per record: the coordinate and the time, mixed (not a secret).
+    let mut span_id = (end ^ (d.position as u64).rotate_left(17) ^ u64::from(task).rotate_left(41)).to_be_bytes();
+    span_id[0] |= 0x80;
+    Some(parsley_infra::otlp::Span {
+        trace_id,
+        span_id,
+        parent_span_id: Some(parent),
+        name: format!("apply {}", plan.topic_name(&d.channel.topic).unwrap_or("?")),
+        kind: 5,
+        start_unix_ns,
+        end_unix_ns: end,
+        attributes: vec![
+            ("parsley.model".to_string(), plan.name.clone()),
+            ("parsley.task".to_string(), task.to_string()),
+            ("messaging.kafka.destination.partition".to_string(), d.channel.partition.to_string()),
+            ("messaging.kafka.message.offset".to_string(), d.position.to_string()),
+        ],
+    })
+}
+
+fn hex_array<const N: usize>(s: &str) -> Option<[u8; N]> {
+    if s.len() != 2 * N {
+        return None;
+    }
+    let mut out = [0u8; N];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
 }
 
 /// What the projection sees of a delivery.
@@ -790,6 +839,7 @@ impl<P: Projection> TaskRunner<P> {
             return StepOutcome::Idle;
         };
         let step_started = Instant::now();
+        let step_started_ns = parsley_infra::otlp::now_unix_ns();
         match self.commit(&plan, &deliveries, &commit).await {
             Err(e) => match e.downcast::<Rejection>() {
                 Ok(Rejection { record: Some((channel, position, coordinate)), reason }) => {
@@ -825,7 +875,7 @@ impl<P: Projection> TaskRunner<P> {
                 let held = self.host.engine().held_count();
                 tracing::debug!(model = %plan.name, task = self.task, fed, replayed, delivered = deliveries.len(),
                     held, "step committed");
-                log_traced(&plan, self.task, &deliveries);
+                log_traced(&plan, self.task, &deliveries, step_started_ns);
                 if let Some(r) = commit.changes.refusal {
                     self.metric_reason(&r);
                     self.become_refused(r.clone());

@@ -186,6 +186,10 @@ pub struct ProjectorSettings {
     /// milliseconds; less than a third of `lease_ms`.
     #[serde(default = "default_heartbeat_ms")]
     pub heartbeat_ms: u64,
+    /// Where to send a span per applied traced record over OTLP/HTTP
+    /// (`http://collector:4318`); absent: no export.
+    #[serde(default)]
+    pub otlp_endpoint: Option<String>,
 }
 
 impl Default for ProjectorSettings {
@@ -202,6 +206,7 @@ impl Default for ProjectorSettings {
             width_check_ms: default_width_check_ms(),
             lease_ms: default_lease_ms(),
             heartbeat_ms: default_heartbeat_ms(),
+            otlp_endpoint: None,
         }
     }
 }
@@ -539,6 +544,9 @@ impl Config {
                 "projector.refused_recheck_ms must be at least {MIN_REFUSED_RECHECK_MS}, not {}",
                 self.projector.refused_recheck_ms
             );
+        }
+        if let Some(url) = &self.projector.otlp_endpoint {
+            parsley_infra::otlp::Endpoint::parse(url).map_err(|e| anyhow::anyhow!("projector.otlp_endpoint: {e:#}"))?;
         }
         if self.projector.lease_ms < MIN_LEASE_MS || self.projector.lease_ms > i32::MAX as u64 {
             bail!(

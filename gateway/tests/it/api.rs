@@ -260,3 +260,85 @@ async fn a_batch_is_written_in_one_transaction_and_read_back_by_its_session() {
     assert_eq!(keys, vec!["o-0", "o-1", "o-2", "p-1"]);
     s.stop_projector().await;
 }
+
+/// With `otlp_endpoint` set, a traced write's span reaches the collector over OTLP/HTTP:
+/// the request's trace, the caller's span as its parent, the gateway's own span id — the
+/// parent the produced record's `traceparent` names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_traced_write_s_span_is_exported_to_the_collector() {
+    let collector = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = collector.local_addr().unwrap().port();
+    let s = Stack::new("otlp", 1, &format!("otlp_endpoint = \"http://127.0.0.1:{port}/v1/traces\"")).await;
+    let uri = format!("/v1/topics/{}/records", s.names.orders);
+    let trace_id = "0af7651916cd43dd8448eb211c80319c";
+    let traceparent = format!("00-{trace_id}-b7ad6b7169203331-01");
+    let (status, _, body) = request(
+        &s.router,
+        Method::POST,
+        &uri,
+        &[("traceparent", &traceparent)],
+        Some(&json!({"key": "k", "value": 1})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+
+    let (mut socket, _) =
+        tokio::time::timeout(std::time::Duration::from_secs(10), collector.accept()).await.unwrap().unwrap();
+    let body = read_http_body(&mut socket).await;
+    use tokio::io::AsyncWriteExt as _;
+    socket.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n").await.unwrap();
+    let spans = &body["resourceSpans"][0]["scopeSpans"][0]["spans"];
+    let span = &spans[0];
+    assert_eq!(span["traceId"], json!(trace_id), "{body}");
+    assert_eq!(span["parentSpanId"], json!("b7ad6b7169203331"));
+    assert_eq!(span["name"], json!(format!("POST /v1/topics/{}/records", s.names.orders)));
+    assert_ne!(span["spanId"], json!("b7ad6b7169203331"));
+    assert_eq!(body["resourceSpans"][0]["resource"]["attributes"][0]["value"]["stringValue"], json!("parsley-gateway"));
+    let gateway_span = span["spanId"].clone();
+
+    // The projector that applies the record exports its span as a child of the gateway's.
+    let mut s = s;
+    s.config.projector.otlp_endpoint = Some(format!("http://127.0.0.1:{port}"));
+    s.start_projector().await;
+    let applied = loop {
+        let (mut socket, _) =
+            tokio::time::timeout(std::time::Duration::from_secs(15), collector.accept()).await.unwrap().unwrap();
+        let body = read_http_body(&mut socket).await;
+        socket.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n").await.unwrap();
+        let spans = body["resourceSpans"][0]["scopeSpans"][0]["spans"].as_array().cloned().unwrap_or_default();
+        if let Some(span) = spans.into_iter().find(|s| s["name"].as_str().is_some_and(|n| n.starts_with("apply "))) {
+            assert_eq!(
+                body["resourceSpans"][0]["resource"]["attributes"][0]["value"]["stringValue"],
+                json!("parsley-projector")
+            );
+            break span;
+        }
+    };
+    assert_eq!(applied["traceId"], json!(trace_id));
+    assert_eq!(applied["parentSpanId"], gateway_span, "the projector's span is the gateway's child");
+    assert_eq!(applied["name"], json!(format!("apply {}", s.names.orders)));
+    s.stop_projector().await;
+}
+
+/// Reads one HTTP request from `socket` and answers its body as JSON.
+async fn read_http_body(socket: &mut tokio::net::TcpStream) -> Value {
+    use tokio::io::AsyncReadExt as _;
+    let mut received = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        let n = socket.read(&mut buf).await.unwrap();
+        assert!(n > 0, "the connection closed before the body");
+        received.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&received).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("Content-Length: "))
+                .and_then(|v| v.trim().parse().ok())
+                .expect("a Content-Length");
+            if body.len() >= len {
+                return serde_json::from_str(&body[..len]).unwrap();
+            }
+        }
+    }
+}
