@@ -101,6 +101,10 @@ pub enum ViolationKind {
     /// A task's log-start check passed although retention had discarded a record the task
     /// had not delivered.
     MissedRefusal,
+    /// After a restart (its step rolled back, its engine restored from what it committed),
+    /// a receiver delivered a record it had already delivered, or did not resume a channel
+    /// at the record after its last committed delivery there.
+    RestartOrder,
 }
 
 impl ViolationKind {
@@ -122,6 +126,7 @@ impl ViolationKind {
             ViolationKind::UnexpectedRefusal => "unexpected-refusal",
             ViolationKind::RefusalNotRecurring => "refusal-not-recurring",
             ViolationKind::MissedRefusal => "missed-refusal",
+            ViolationKind::RestartOrder => "restart-order",
         }
     }
 }
@@ -158,6 +163,10 @@ struct Receiver {
     /// What the step in progress taught it by receipt alone: the causes of the records it
     /// received (held or not), which its frontier must contain from then on.
     staged_receipts: RecordSet,
+    /// Channels not delivered on since its last rollback (it runs on an engine restored
+    /// from what it committed): the next delivery on each must resume where its committed
+    /// deliveries end.
+    awaiting_resume: BTreeSet<ChannelId>,
     /// Per channel, the index (into the channel's records) of the next record expected.
     next_committed: BTreeMap<ChannelId, usize>,
     next_staged: BTreeMap<ChannelId, usize>,
@@ -286,6 +295,7 @@ impl Oracle {
             committed: RecordSet::new(),
             staged: Vec::new(),
             staged_receipts: RecordSet::new(),
+            awaiting_resume: BTreeSet::new(),
             next_committed: BTreeMap::new(),
             next_staged: BTreeMap::new(),
         });
@@ -446,6 +456,20 @@ impl Oracle {
         while next < ids.len() && self.records[ids[next] as usize].status == RecordStatus::Aborted {
             next += 1;
         }
+        let resuming = self.receivers[receiver].awaiting_resume.remove(&channel);
+        if resuming && (already || next != index) {
+            let detail = match ids.get(next) {
+                _ if already => format!("after a restart {name} delivered {} again", self.describe(id)),
+                Some(&e) => format!(
+                    "after a restart {name} resumed {} at {}, not at {}, the record after its last committed delivery",
+                    self.channel_name(&channel),
+                    self.describe(id),
+                    self.describe(e)
+                ),
+                None => format!("after a restart {name} delivered {} out of position order", self.describe(id)),
+            };
+            self.violate(ViolationKind::RestartOrder, detail);
+        }
         if !already && next != index {
             let detail = match ids.get(next) {
                 Some(&e) if next < index => format!(
@@ -516,12 +540,15 @@ impl Oracle {
         }
     }
 
-    /// The receiver's step rolled back (abort or crash): its deliveries never happened.
+    /// The receiver's step rolled back (abort or crash): its deliveries never happened, and
+    /// it goes on with an engine restored from what it committed, whose first delivery on
+    /// each channel must repeat nothing and resume where its committed deliveries end.
     pub fn discard(&mut self, receiver: usize) {
         let rc = &mut self.receivers[receiver];
         rc.staged.clear();
         rc.staged_receipts = RecordSet::new();
         rc.next_staged = rc.next_committed.clone();
+        rc.awaiting_resume = rc.received.clone();
     }
 
     /// Judges a read served to client `client`: `observed` are the record ids the served
@@ -785,6 +812,33 @@ mod tests {
         o.delivered(task, ch(1, 0), 1, s1);
         assert_eq!(kinds(&o), vec![ViolationKind::Fifo]);
         let _ = r2;
+    }
+
+    /// After a rollback the receiver must resume each channel at the record after its last
+    /// committed delivery and repeat none; a rolled-back delivery may (must) come again.
+    #[test]
+    fn after_a_restart_nothing_is_delivered_again_and_each_channel_resumes_in_order() {
+        let (mut o, task) = model();
+        let a = o.sent(ch(1, 0), 0, 1, Actor::Edge(0), false, false);
+        let b = o.sent(ch(1, 0), 1, 1, Actor::Edge(0), false, false);
+        let c = o.sent(ch(1, 0), 2, 1, Actor::Edge(0), false, false);
+        o.delivered(task, ch(1, 0), 0, a);
+        o.commit(task);
+        o.delivered(task, ch(1, 0), 1, b);
+        o.discard(task);
+        o.delivered(task, ch(1, 0), 1, b);
+        o.commit(task);
+        assert!(o.violations().is_empty(), "{:?}", o.violations());
+        o.discard(task);
+        o.delivered(task, ch(1, 0), 1, b);
+        assert_eq!(kinds(&o), vec![ViolationKind::Duplicate, ViolationKind::RestartOrder]);
+        let (mut o, task) = model();
+        let _ = o.sent(ch(1, 0), 0, 1, Actor::Edge(0), false, false);
+        let c2 = o.sent(ch(1, 0), 1, 1, Actor::Edge(1), false, false);
+        o.discard(task);
+        o.delivered(task, ch(1, 0), 1, c2);
+        assert_eq!(kinds(&o), vec![ViolationKind::RestartOrder, ViolationKind::Fifo]);
+        let _ = c;
     }
 
     #[test]

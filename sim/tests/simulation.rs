@@ -538,6 +538,16 @@ fn stale_read_check_fails_when_check_and_read_use_different_snapshots() {
 }
 
 #[test]
+fn restart_order_check_fails_when_replays_are_queued_again() {
+    must_catch(Sabotage::NoReplayDrop, &Scenario::crashes(), 85, &[ViolationKind::RestartOrder]);
+}
+
+#[test]
+fn restart_order_check_fails_when_held_records_are_not_persisted() {
+    must_catch(Sabotage::HeldNotPersisted, &Scenario::crashes(), 80, &[ViolationKind::RestartOrder]);
+}
+
+#[test]
 fn every_sabotage_mode_has_a_meta_test() {
     // The list above is written by hand; this keeps it in step with the enum.
     let source = include_str!("simulation.rs");
