@@ -1,6 +1,7 @@
 //! Upstream pruning (`projector.prune_interval_ms`): clock and frontier pairs on channels of
-//! topics the model does not receive are kept while the broker says they are live, and
-//! dropped — with a NOTIFY — once their topic is deleted or retention passed them; the
+//! topics the model does not receive are kept while the broker says they are live; clock
+//! pairs are dropped — with a NOTIFY — once their topic is deleted or retention passed them,
+//! frontier pairs (what a send stamps) only once their topic is deleted; the
 //! model's own channel is never pruned, and a restart restores the pruned state. With
 //! pruning disabled nothing is pruned.
 
@@ -105,7 +106,9 @@ async fn upstream_pairs_are_pruned_once_their_topic_is_gone_or_retention_passed_
     assert_eq!(rows(&pool, "frontier", &t.model).await, live);
     assert_eq!(metrics.value(Metric::PairsPrunedTotal, &[("model", &t.model), ("task", "0")]), None);
 
-    // U1 deleted, U2's retention past the named position: both pairs go, M's stays.
+    // U1 deleted, U2's retention past the named position: the clock drops both (reads stop
+    // demanding them); the frontier — what a send stamps — drops U1's only: a pair leaves
+    // it only with its topic. M's stays in both.
     let mut listener = PgListener::connect(&database_url()).await.unwrap();
     listener.listen(CLOCK_NOTIFY_CHANNEL).await.unwrap();
     delete_topic(&t.u1).await;
@@ -115,9 +118,10 @@ async fn upstream_pairs_are_pruned_once_their_topic_is_gone_or_retention_passed_
         rows(&pool, "clock", &t.model).await == own_only
     })
     .await;
-    assert_eq!(rows(&pool, "frontier", &t.model).await, own_only);
+    let stamped = BTreeMap::from([(own, last), (u2, 1)]);
+    assert_eq!(rows(&pool, "frontier", &t.model).await, stamped);
     let pruned = metrics.value(Metric::PairsPrunedTotal, &[("model", &t.model), ("task", "0")]);
-    assert_eq!(pruned, Some(4.0), "two clock and two frontier pairs");
+    assert_eq!(pruned, Some(3.0), "two clock pairs and U1's frontier pair");
     // The pruning step notified the gateway that task 0's clock changed. Other tests' models
     // notify on the same channel concurrently: wait for this model's notification.
     let wanted = format!("{}:0", t.model);
@@ -133,7 +137,7 @@ async fn upstream_pairs_are_pruned_once_their_topic_is_gone_or_retention_passed_
     assert!(found.is_ok(), "no notification {wanted:?} on {CLOCK_NOTIFY_CHANNEL}");
     let engine = projector.tasks()[0].engine();
     assert_eq!(engine.delivered_past().iter().collect::<Vec<_>>(), vec![(own, last)]);
-    assert_eq!(engine.frontier().iter().collect::<Vec<_>>(), vec![(own, last)]);
+    assert_eq!(engine.frontier().iter().collect::<BTreeMap<_, _>>(), stamped);
     drop(projector);
 
     // A restart restores the pruned state and keeps it.
@@ -142,10 +146,14 @@ async fn upstream_pairs_are_pruned_once_their_topic_is_gone_or_retention_passed_
     drive_for(&mut again, Duration::from_millis(600)).await;
     let engine = again.tasks()[0].engine();
     assert_eq!(engine.delivered_past().iter().collect::<Vec<_>>(), vec![(own, last)]);
-    assert_eq!(engine.frontier().iter().collect::<Vec<_>>(), vec![(own, last)]);
+    assert_eq!(engine.frontier().iter().collect::<BTreeMap<_, _>>(), stamped);
     assert_eq!(rows(&pool, "clock", &t.model).await, own_only);
-    assert_eq!(rows(&pool, "frontier", &t.model).await, own_only);
-    assert_eq!(prunes(&metrics, &t.model), 0.0, "no upstream channel left: no prune is due");
+    assert_eq!(rows(&pool, "frontier", &t.model).await, stamped);
+    assert_eq!(
+        metrics.value(Metric::PairsPrunedTotal, &[("model", &t.model), ("task", "0")]),
+        None,
+        "the prunes after the restart drop nothing more"
+    );
     assert_eq!(applied(&pool, &t.model).await.len(), 2, "nothing is delivered twice");
 }
 
