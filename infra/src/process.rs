@@ -41,34 +41,59 @@ pub fn block_on_main(main: impl Future<Output = anyhow::Result<()>>) -> ExitCode
 /// from within the runtime.
 pub fn shutdown_on_signal(on_signal: impl FnOnce() + Send + 'static) -> watch::Receiver<bool> {
     let (stop, shutdown) = watch::channel(false);
+    // The handlers are installed here, before this returns: a signal that arrives while the
+    // process is still starting is a shutdown too, never the default action (death).
+    let signals = Signals::install();
     tokio::spawn(async move {
-        shutdown_signal().await;
+        signals.first().await;
         on_signal();
         let _ = stop.send(true);
     });
     shutdown
 }
 
-/// Resolves at the first SIGINT (Ctrl-C) or, on Unix, SIGTERM (what container runtimes
-/// send); if SIGTERM cannot be watched, SIGINT alone.
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// SIGINT (Ctrl-C) and, on Unix, SIGTERM (what container runtimes send), watched from the
+/// moment they are installed.
+struct Signals {
     #[cfg(unix)]
-    {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(t) => t,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+    interrupt: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    terminate: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn install() -> Signals {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Signals { interrupt: signal(SignalKind::interrupt()).ok(), terminate: signal(SignalKind::terminate()).ok() }
+        }
+        #[cfg(not(unix))]
+        {
+            Signals {}
         }
     }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
+
+    /// Resolves at the first of them (a signal that could not be watched never comes).
+    async fn first(self) {
+        #[cfg(unix)]
+        {
+            async fn recv(s: Option<tokio::signal::unix::Signal>) {
+                match s {
+                    Some(mut s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            }
+            tokio::select! {
+                _ = recv(self.interrupt) => {}
+                _ = recv(self.terminate) => {}
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }

@@ -193,6 +193,23 @@ async fn kill_9_of_the_binary_under_load_loses_and_repeats_nothing() {
     let at_kill = documents_with(&pool, &n.model, "paid").await;
 
     let binary = Binary::spawn(&path);
+    // Up (its membership registered, so its shutdown handling too) before it may be stopped.
+    let pid = binary.0.id();
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let joined: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM parsley.members WHERE model = $1 AND instance LIKE $2")
+                .bind(&n.model)
+                .bind(format!("%-{pid}"))
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        if joined > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the restarted binary did not join the model");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let deadline = Instant::now() + TIMEOUT * 2;
     while documents_with(&pool, &n.model, "paid").await < RECORDS as i64 {
         assert!(Instant::now() < deadline, "the restarted binary did not finish the backlog");
