@@ -7,13 +7,13 @@
 //! Layout:
 //! - [`history`]: the recorded events, saved and loaded as JSON lines;
 //! - [`judge`]: the pure judge over a history, and its hand-written violation suite;
-//! - [`http`]: a minimal HTTP/1.1 client for the gateways;
+//! - [`http`]: the minimal HTTP/1.1 client for the gateways (infra's, shared with the demo);
 //! - [`workload`]: the sessions (token chains) and what they do;
 //! - [`nemesis`]: the faults, and the projector and gateway processes the checker may own;
 //! - [`run`]: one run from its options to its verdict.
 
 pub mod history;
-pub mod http;
+pub use parsley_infra::http;
 pub mod judge;
 pub mod nemesis;
 pub mod run;

@@ -9,11 +9,11 @@
 //! - [`held`]: part 1, a payment held until the transaction holding its order commits.
 //! - [`session`]: parts 2 and 3, read-your-writes through the gateway, a tampered token,
 //!   and a read refused with its gaps while the projector is stopped.
-//! - [`http`]: the minimal HTTP/1.1 client the steps use.
+//! - `http`: the minimal HTTP/1.1 client the steps use (infra's, shared with the checker).
 
 mod context;
 mod held;
-mod http;
+use parsley_infra::http;
 mod session;
 mod setup;
 

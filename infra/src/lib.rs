@@ -1,6 +1,8 @@
 //! Kafka and Postgres plumbing shared by the projector and the gateway.
 //!
 //! - [`env`]: where the services are (`PARSLEY_KAFKA_BOOTSTRAP`, `DATABASE_URL`).
+//! - [`http`]: a minimal HTTP/1.1 client for the binaries that call the gateway (the demo,
+//!   the checker).
 //! - [`kafka`]: client configurations with the project's fixed settings (Java-compatible
 //!   murmur2 partitioning, idempotent producers, read-committed consumers without auto
 //!   commit) and partition offsets (log start, last stable offset, high watermark).
@@ -27,6 +29,7 @@ pub mod cli;
 pub mod env;
 pub mod facts;
 pub mod headers;
+pub mod http;
 pub mod kafka;
 pub mod metrics;
 pub mod otlp;

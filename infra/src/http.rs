@@ -1,10 +1,11 @@
-//! A minimal HTTP/1.1 client for the checker's calls to the gateways: one request per
-//! connection (`Connection: close`), JSON bodies, no TLS, no redirects, no keep-alive.
+//! A minimal HTTP/1.1 client for the binaries that call the gateway — the demo's session and
+//! the session-guarantee checker: one request per connection, a JSON body or none, the
+//! answer's status, headers and JSON body.
 //!
-//! The demo's client (demo/src/http.rs), for the same reason: hyper's `client` feature would
-//! change the features of the hyper and axum the gateway is built with, so every build that
-//! includes the checker would recompile them (see docs/DECISIONS.md, "Demo"). A connection
-//! per request also means a gateway restart costs each session one failed request, no more.
+//! Written by hand rather than enabling hyper's client: hyper's `client` feature would change
+//! the features of the hyper and axum the gateway is built with, so every build that includes
+//! these binaries would recompile them (see docs/DECISIONS.md, "Demo"). A connection per
+//! request also means a gateway restart costs a caller one failed request, no more.
 
 use std::time::Duration;
 
