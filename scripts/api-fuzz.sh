@@ -57,6 +57,7 @@ seed=()
 fuzz_say "schemathesis against $PARSLEY_API_URL/openapi.json, $EXAMPLES examples per operation"
 # From .local/, where schemathesis keeps its cache (.schemathesis/).
 cd "$REPORT_DIR"
+rc=0
 "$VENV/bin/schemathesis" --config-file "$PARSLEY_ROOT/config/schemathesis.toml" run "$PARSLEY_API_URL/openapi.json" \
     --url "$PARSLEY_API_URL" \
     --checks all \
@@ -66,4 +67,15 @@ cd "$REPORT_DIR"
     --report junit --report-dir "$REPORT_DIR" \
     --generation-database "$REPORT_DIR/examples.db" \
     --no-color \
-    "${seed[@]}" "$@"
+    "${seed[@]}" "$@" 2>&1 | tee "$REPORT_DIR/last-run.txt" || rc=$?
+# A failed check (an answer the document does not allow, a 5xx) always fails the run. In the
+# short run of `make test`, schemathesis crashing on its own ("Runtime Error" with no failed
+# check, e.g. CPython's "AST constructor recursion depth mismatch" in its generator) is
+# reported and not counted: it says nothing about the gateway.
+if [ "$rc" -ne 0 ] && [ "${API_FUZZ_OPTIONAL:-0}" = 1 ] &&
+    ! grep -qE '[0-9]+ failed|^=+ FAILURES' "$REPORT_DIR/last-run.txt" &&
+    grep -q 'Runtime Error' "$REPORT_DIR/last-run.txt"; then
+    fuzz_say "schemathesis itself failed with a runtime error and no check failed; this short run is not counted (see $REPORT_DIR/last-run.txt)"
+    exit 0
+fi
+exit "$rc"
