@@ -21,10 +21,8 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use parsley::codec::{self, CAUSES_HEADER};
 use parsley::{CausalPast, ChannelId};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
 use rdkafka::util::Timeout;
 use serde_json::json;
@@ -36,7 +34,7 @@ use crate::facts::TopicFact;
 use crate::metrics::Metric;
 use crate::problem::ApiError;
 use crate::session::{self, kafka_unavailable, SESSION_HEADER};
-use crate::trace::{TraceContext, TRACEPARENT};
+use crate::trace::TraceContext;
 use crate::write::{self, body_bytes, Idempotent};
 
 /// How many transactional producers a gateway keeps (batches at once).
@@ -170,16 +168,7 @@ async fn produce_batch(
     trace: &TraceContext,
 ) -> Result<Vec<(String, ChannelId, i64)>, ApiError> {
     let traceparent = trace.header();
-    let settings = &state.config.settings;
-    let causes = if past.is_empty() {
-        None
-    } else {
-        let budget = settings.metadata_budget;
-        Some(
-            codec::encode_within(past, budget)
-                .map_err(|_| ApiError::MetadataBudgetExceeded { size: codec::encoded_len(past), budget })?,
-        )
-    };
+    let causes = write::encode_causes(state, past)?;
     let transactions = &state.transactions;
     let (n, mut slot) = transactions.slot().await;
     if slot.is_none() {
@@ -195,16 +184,7 @@ async fn produce_batch(
     let mut deliveries = Vec::with_capacity(records.len());
     let mut failed = None;
     for r in records {
-        let mut headers = OwnedHeaders::new_with_capacity(r.record.headers.len() + 1);
-        for (name, value) in &r.record.headers {
-            headers = headers.insert(Header { key: name.as_str(), value: Some(value.as_bytes()) });
-        }
-        if let Some(c) = &causes {
-            headers = headers.insert(Header { key: CAUSES_HEADER, value: Some(c.as_slice()) });
-        }
-        if !r.record.headers.iter().any(|(name, _)| name.eq_ignore_ascii_case(TRACEPARENT)) {
-            headers = headers.insert(Header { key: TRACEPARENT, value: Some(traceparent.as_bytes()) });
-        }
+        let headers = write::stamped_headers(&r.record.headers, causes.as_deref(), &traceparent);
         let mut record: FutureRecord<'_, [u8], [u8]> =
             FutureRecord::to(&r.topic).key(r.record.key.as_bytes()).headers(headers);
         if let Some(v) = r.record.value {

@@ -222,6 +222,35 @@ pub async fn post_record(
     }
 }
 
+/// The session's past as the `parsley.causes` value a write stamps (`None`: empty), within
+/// the metadata budget.
+pub fn encode_causes(state: &AppState, past: &CausalPast) -> Result<Option<Vec<u8>>, ApiError> {
+    if past.is_empty() {
+        return Ok(None);
+    }
+    let budget = state.config.settings.metadata_budget;
+    codec::encode_within(past, budget)
+        .map(Some)
+        .map_err(|_| ApiError::MetadataBudgetExceeded { size: codec::encoded_len(past), budget })
+}
+
+/// A produced record's headers: the application's in the order sent, then `parsley.causes`
+/// (when the session has a past) and the gateway's `traceparent` (unless the application
+/// gave one).
+pub fn stamped_headers(app_headers: &[(String, String)], causes: Option<&[u8]>, traceparent: &str) -> OwnedHeaders {
+    let mut headers = OwnedHeaders::new_with_capacity(app_headers.len() + 2);
+    for (name, value) in app_headers {
+        headers = headers.insert(Header { key: name.as_str(), value: Some(value.as_bytes()) });
+    }
+    if let Some(c) = causes {
+        headers = headers.insert(Header { key: CAUSES_HEADER, value: Some(c) });
+    }
+    if !app_headers.iter().any(|(name, _)| name.eq_ignore_ascii_case(TRACEPARENT)) {
+        headers = headers.insert(Header { key: TRACEPARENT, value: Some(traceparent.as_bytes()) });
+    }
+    headers
+}
+
 /// Produces one checked record stamped with `past`, and awaits the acknowledgement.
 async fn produce_one(
     state: &AppState,
@@ -232,27 +261,10 @@ async fn produce_one(
     trace: &TraceContext,
 ) -> Result<(ChannelId, i64), ApiError> {
     let settings = &state.config.settings;
-    let causes = if past.is_empty() {
-        None
-    } else {
-        let budget = settings.metadata_budget;
-        Some(
-            codec::encode_within(past, budget)
-                .map_err(|_| ApiError::MetadataBudgetExceeded { size: codec::encoded_len(past), budget })?,
-        )
-    };
-    let WriteBody { key, value, headers: app_headers } = request;
-    let mut record_headers = OwnedHeaders::new_with_capacity(app_headers.len() + 1);
-    for (name, value) in app_headers {
-        record_headers = record_headers.insert(Header { key: name.as_str(), value: Some(value.as_bytes()) });
-    }
-    if let Some(c) = &causes {
-        record_headers = record_headers.insert(Header { key: CAUSES_HEADER, value: Some(c.as_slice()) });
-    }
+    let causes = encode_causes(state, past)?;
     let traceparent = trace.header();
-    if !app_headers.iter().any(|(name, _)| name.eq_ignore_ascii_case(TRACEPARENT)) {
-        record_headers = record_headers.insert(Header { key: TRACEPARENT, value: Some(traceparent.as_bytes()) });
-    }
+    let WriteBody { key, value, headers: app_headers } = request;
+    let record_headers = stamped_headers(app_headers, causes.as_deref(), &traceparent);
     let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).key(key.as_bytes()).headers(record_headers);
     if let Some(v) = value {
         // The client's bytes, as sent.
