@@ -542,6 +542,7 @@ fn feed_random_slice_reaches_every_state() {
         total.restores += tally.restores;
         total.restores_holding += tally.restores_holding;
         total.pruned += tally.pruned;
+        total.largest_position_refused += tally.largest_position_refused;
         for (reason, n) in tally.refusals {
             *total.refusals.entry(reason).or_default() += n;
         }
@@ -553,6 +554,7 @@ fn feed_random_slice_reaches_every_state() {
         total.deliveries >= 2000 && total.duplicates >= 250 && total.restores_holding >= 300 && total.pruned >= 1300,
         "{total:?}"
     );
+    assert!(total.largest_position_refused > 0, "no seed or feed at i64::MAX: {total:?}");
     use RefusalReason::*;
     for reason in [
         UndecodableMetadata,

@@ -31,7 +31,7 @@
 //! does: it reads nothing below a log start nor from a deleted topic, seeds at or above the
 //! log start, and reports log starts no later than they are. Then every property above
 //! holds. A *chaos* host breaks those rules and feeds extreme positions (`i64::MIN`, `-1`,
-//! up to `i64::MAX - 1`); the engine must still not panic, must answer per contract, and
+//! up to `i64::MAX`, which the engine refuses); the engine must still not panic, must answer per contract, and
 //! must keep every property that does not rest on the host's honesty — all but "never at
 //! or below a covered position", which a host reporting false log starts can defeat.
 
@@ -186,6 +186,8 @@ pub struct Tally {
     pub pruned: usize,
     /// Refusals by reason, a restore's refusal of a scope change included.
     pub refusals: BTreeMap<RefusalReason, usize>,
+    /// Seeds and feeds at `i64::MAX` the engine refused, as it must.
+    pub largest_position_refused: usize,
 }
 
 /// How much a held payload (a record number) weighs when [`Setup::weigh`] is set.
@@ -579,19 +581,16 @@ impl Harness {
         let position = match position {
             Pos::Next(gap) => next(gap),
             Pos::At(v) => i64::from(v),
-            Pos::Extreme(k) if self.chaos => [i64::MAX - 1, i64::MAX - 2, i64::MIN, -1][usize::from(k % 4)],
+            Pos::Extreme(k) if self.chaos => [i64::MAX, i64::MAX - 1, i64::MAX - 2, i64::MIN, -1][usize::from(k % 5)],
             Pos::Extreme(_) => next(0),
         };
-        // No host feeds i64::MAX, which names no record a log can hold: the engine accepts
-        // it today, then overflows on a log-start check and stamps a header its own codec
-        // refuses (docs/verification.md, "Fuzzing the decoder and the engine's feed
-        // sequences"). Seeds stop below it too.
-        let position = position.min(i64::MAX - 1);
         if self.chaos {
+            // Including i64::MAX, which names no record a log can hold: the engine refuses it.
             position
         } else {
-            // An honest consumer reads nothing below the log start.
-            position.max(self.log_start(&channel))
+            // An honest consumer reads nothing below the log start, and no log reaches the
+            // largest position.
+            position.max(self.log_start(&channel)).min(i64::MAX - 1)
         }
     }
 
@@ -656,6 +655,10 @@ impl Harness {
         let Some(&fed_up_to) = self.live.fed_up_to.get(&channel) else {
             return Err((RefusalReason::SubstrateMisconfigured, at.0, at.1));
         };
+        if position == i64::MAX {
+            self.tally.largest_position_refused += 1;
+            return Err((RefusalReason::SubstrateMisconfigured, at.0, at.1));
+        }
         if position < 0 || self.fed_this_execution.get(&channel).is_some_and(|&f| position <= f) {
             return Err((RefusalReason::OutOfOrderFeed, at.0, at.1));
         }
@@ -908,7 +911,7 @@ impl Harness {
         let value = match baseline {
             Pos::Next(gap) => earliest.saturating_add(i64::from(gap)),
             Pos::At(v) => i64::from(v) - 1,
-            Pos::Extreme(k) if self.chaos => [i64::MIN, i64::MAX - 1, i64::MAX - 2, -2][usize::from(k % 4)],
+            Pos::Extreme(k) if self.chaos => [i64::MIN, i64::MAX, i64::MAX - 1, i64::MAX - 2, -2][usize::from(k % 5)],
             Pos::Extreme(_) => earliest,
         };
         if self.chaos {
@@ -937,6 +940,10 @@ impl Harness {
         }
         if let Some(&existing) = self.live.fed_up_to.get(&channel) {
             return self.expect(got, Ok(existing));
+        }
+        if value == i64::MAX {
+            self.tally.largest_position_refused += 1;
+            return self.expect(got, Err((RefusalReason::SubstrateMisconfigured, Some(channel), Some(value))));
         }
         // Never below what the delivered past accounts for on the channel. An honest host
         // seeds at or above the log start, and the pruning rule drops only pairs below a
