@@ -1,9 +1,19 @@
 # Entry points; the work is done by the scripts in scripts/ (see docs/development.md).
 .PHONY: demo test failover fuzz soak api-fuzz client-test services-up services-down services-status services-reset
 
-# Start the local stack, then run the main job.
+# Start the local stack, then run the main job (KEEP=1 leaves its projector and gateway running).
 demo:
-	@bash scripts/demo.sh
+	@KEEP=$(KEEP) bash scripts/demo.sh
+
+# Leave a projector and a gateway running in the background on the local stack (model shop on
+# local.orders and local.payments, config/local.toml) and print curl examples; `make down`
+# stops them (and those `make demo KEEP=1` left). See docs/operations.md ("Trying it by hand").
+.PHONY: up down
+up:
+	@bash scripts/up.sh up
+
+down:
+	@bash scripts/up.sh down
 
 # Start the local stack, then build and run the whole workspace test suite.
 test:

@@ -6,7 +6,8 @@
 #   2. read-your-writes through the gateway, a stamped write, a tampered token;
 #   3. with the projector stopped, a session's read refused with its gap; served after restart.
 # Exits 0 only if every step's expectation held. Kafka and PostgreSQL keep running afterwards;
-# the projector and the gateway are stopped on exit, whatever the outcome.
+# the projector and the gateway are stopped on exit, whatever the outcome — unless KEEP=1 and
+# every step held: then they keep running (`make down` stops them).
 set -Eeuo pipefail
 
 # shellcheck source=scripts/lib.sh
@@ -203,9 +204,16 @@ demo recover --state "$SESSION_FILE" || demo_fail "part 3 (the read after the pr
 t4="$(now_s)"
 
 echo
-demo_say "stopping the gateway and the projector (Kafka and PostgreSQL keep running)"
-stop_service gateway "$GATEWAY_PID"
-stop_service projector "$PROJECTOR_PID"
+if [ "${KEEP:-}" = 1 ]; then
+    # Left running for the user (make demo KEEP=1); `make down` stops them.
+    demo_say "KEEP=1: parsley-projector (pid $PROJECTOR_PID) and parsley-gateway (pid $GATEWAY_PID) keep running,"
+    demo_say "  the gateway at http://127.0.0.1:8780 (admin: http://127.0.0.1:8781/v1/status), model shop on"
+    demo_say "  demo.orders and demo.payments; \`make down\` stops them (\`make up\` starts its own, with curl examples)"
+else
+    demo_say "stopping the gateway and the projector (Kafka and PostgreSQL keep running)"
+    stop_service gateway "$GATEWAY_PID"
+    stop_service projector "$PROJECTOR_PID"
+fi
 GATEWAY_PID="" PROJECTOR_PID=""
 printf 'make demo: every expectation held. services up %ss, build %ss, start %ss, session %ss; total %ss\n' \
     "$((t1 - t0))" "$((t2 - t1))" "$((t3 - t2))" "$((t4 - t3))" "$((t4 - t0))"
