@@ -45,11 +45,12 @@
 //! | Refused, Fenced | `Refused(refusal)`, `Fenced` | nothing: final until the task is started again |
 //!
 //! Due checks come in this order: the log starts of every channel after an out-of-range
-//! poll, the log starts of the channels holding records when the periodic check is due, the
-//! partition counts of the received topics when the width check is due, the facts of the
-//! upstream channels when the prune is due. They run between batches, never inside one, and
-//! before the drain, so they see the engine as the database has it after a commit: a
-//! refusal found by one is derived again, identically, by the next start.
+//! poll, the log starts of every channel when the periodic check is due and the task holds
+//! records, the partition counts of the received topics when the width check is due, the
+//! facts of the upstream channels when the prune is due. They run between batches, never
+//! inside one, and before the drain, so they see the engine as the database has it after a
+//! commit; and every log-start check visits the channels in channel order, as the start
+//! does: a refusal found by one is derived again, identically, by the next start.
 //!
 //! The rules, each in one place below:
 //! - A failure (`failed`) restores before anything is fed again, and the engine is rebuilt
@@ -119,8 +120,9 @@ pub enum LogStartCheck {
     /// The consumer reported a position out of range: every received channel. Not
     /// answering it fails the step.
     OutOfRange,
-    /// The periodic check of the channels holding records. Not answering it
-    /// ([`TaskHost::skip_check`]) is not a failure: the next interval tries again.
+    /// The periodic check, once the task holds records: every received channel, in
+    /// channel order, as at start. Not answering it ([`TaskHost::skip_check`]) is not a
+    /// failure: the next interval tries again.
     Periodic,
 }
 
@@ -408,9 +410,10 @@ impl<P: Clone> TaskHost<P> {
             return Next::ObserveLogStarts { channels: self.received.clone(), check: LogStartCheck::OutOfRange };
         }
         if self.log_start_due {
-            let holding: Vec<ChannelId> = self.engine.channels_holding().collect();
-            if !holding.is_empty() {
-                return Next::ObserveLogStarts { channels: holding, check: LogStartCheck::Periodic };
+            // Every received channel in channel order, as a start checks them: the first
+            // channel that refuses is then the one the next start refuses on too.
+            if self.engine.held_count() > 0 {
+                return Next::ObserveLogStarts { channels: self.received.clone(), check: LogStartCheck::Periodic };
             }
             self.log_start_due = false;
         }

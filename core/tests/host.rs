@@ -363,16 +363,17 @@ fn an_out_of_range_poll_past_unread_positions_refuses() {
 }
 
 #[test]
-fn the_periodic_check_looks_at_the_channels_holding_records() {
+fn the_periodic_check_looks_at_every_channel_once_records_are_held() {
     let mut h = started(TaskStatus::Running);
     batch(&mut h, vec![(b(), 0, Some(causes(&[(a(), 0)])), 20)], &[]);
     h.end_step();
     h.committed();
     assert_eq!(h.engine().channels_holding().collect::<Vec<_>>(), vec![b()]);
     h.log_start_check_due();
-    assert_eq!(h.next_action(), Next::ObserveLogStarts { channels: vec![b()], check: LogStartCheck::Periodic });
-    let observed = h.log_starts(&[(b(), 0)]);
-    assert_eq!(observed.accepted, vec![b()]);
+    let every = Next::ObserveLogStarts { channels: vec![a(), b()], check: LogStartCheck::Periodic };
+    assert_eq!(h.next_action(), every, "every channel in channel order, as at start");
+    let observed = h.log_starts(&[(a(), 0), (b(), 0)]);
+    assert_eq!(observed.accepted, vec![a(), b()]);
     assert_eq!(h.next_action(), Next::Poll { max_records: None });
     // A check that could not be read is skipped, not a failure.
     h.log_start_check_due();
@@ -380,10 +381,40 @@ fn the_periodic_check_looks_at_the_channels_holding_records() {
     assert_eq!(h.next_action(), Next::Poll { max_records: None });
     // Retention past the held record refuses.
     h.log_start_check_due();
-    let observed = h.log_starts(&[(b(), 1)]);
+    let observed = h.log_starts(&[(a(), 0), (b(), 1)]);
     let refusal = observed.refusal.expect("the held b@0 was passed");
     assert_eq!((refusal.channel, refusal.position), (Some(b()), Some(0)));
     assert_eq!(h.next_action(), Next::Commit);
+}
+
+/// Retention passed both a record the task holds (on b) and positions it never read on a
+/// channel that sorts earlier (a). The periodic check must refuse where the next start
+/// refuses, on a: a check of the holding channels alone refused on b, the refusal was
+/// stored, and the restart refused on a — a stored refusal the start did not derive again.
+#[test]
+fn the_periodic_check_refuses_on_the_channel_a_restart_refuses_on() {
+    let mut h = started(TaskStatus::Running);
+    batch(&mut h, vec![(b(), 0, Some(causes(&[(a(), 0)])), 20)], &[]);
+    h.end_step();
+    h.committed();
+    let state = h.engine().snapshot();
+    h.log_start_check_due();
+    let Next::ObserveLogStarts { channels, check: LogStartCheck::Periodic } = h.next_action() else {
+        panic!("the periodic check is due: {:?}", h.next_action())
+    };
+    let log_starts: Vec<(ChannelId, Position)> = channels.iter().map(|&c| (c, if c == a() { 3 } else { 1 })).collect();
+    let periodic = h.log_starts(&log_starts).refusal.expect("retention passed a@0..2 and the held b@0");
+
+    let mut restarted = host(TaskStatus::Refused);
+    assert_eq!(restarted.next_action(), Next::Restore);
+    restarted.restored(state, BTreeSet::new());
+    let starts = [
+        ChannelStart { channel: a(), log_start: 3, initial_fed_up_to: 2 },
+        ChannelStart { channel: b(), log_start: 1, initial_fed_up_to: 0 },
+    ];
+    let at_start = restarted.started(&starts).refusal.expect("the start refuses too");
+    assert_eq!((at_start.reason, at_start.channel, at_start.position), (periodic.reason, Some(a()), Some(0)));
+    assert_eq!((periodic.channel, periodic.position), (Some(a()), Some(0)), "the same channel and position");
 }
 
 #[test]

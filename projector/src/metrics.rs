@@ -55,7 +55,7 @@ parsley_infra::metric_names! {
         LogStartChecksTotal = (
             "parsley_projector_log_start_checks_total",
             Counter,
-            "Periodic log-start checks of the channels holding records.",
+            "Periodic log-start checks (every received channel) of tasks holding records.",
         ),
         PruneChecksTotal = (
             "parsley_projector_prune_checks_total",

@@ -46,8 +46,8 @@ pub struct ModelPlan {
     pub metadata_budget: usize,
     pub initial_backoff: Duration,
     pub max_backoff: Duration,
-    /// How often a task holding records checks those channels' log starts; `None`: only at
-    /// start and on an out-of-range fetch.
+    /// How often a task holding records checks the log start of every channel it receives
+    /// (in channel order, as at start); `None`: only at start and on an out-of-range fetch.
     pub log_start_check: Option<Duration>,
     /// How often a task with upstream channels in its clock or frontier prunes them;
     /// `None`: never.

@@ -8,7 +8,7 @@
 //! hosts drive the real core: the projector's step protocol ([`parsley::host::TaskHost`],
 //! which each projector task drives exactly as the projector's runner does),
 //! [`parsley::Engine`] (receive, drain, `take_changes`,
-//! `restore`, `seed`, `observe_log_start`, `channels_holding`, `prune`, `stamp`),
+//! `restore`, `seed`, `observe_log_start`, `prune`, `stamp`),
 //! [`parsley::CausalPast`] tokens, [`parsley::gate::gate`] and [`parsley::gate::refresh`] on
 //! clock rows read in one snapshot, [`parsley::murmur2::partition_for_key`]. The [`oracle`]
 //! never reads an engine's state: it tracks real happened-before and judges every
@@ -145,10 +145,10 @@ impl Scenario {
     }
 
     /// Retention that outruns readers: it passes positions neither tasks nor upstream
-    /// processes have read, so both refuse `POSITIONS_DISCARDED_UNREAD` when they find out
-    /// (never records a task holds: the `retention` scenario does that, and the two
-    /// together would let a running task's periodic check, which visits only the channels
-    /// holding records, refuse on another channel than its restart does). Two processes
+    /// processes have read, so both refuse `POSITIONS_DISCARDED_UNREAD` when they find out,
+    /// and records tasks hold, as in `retention` (a running task's periodic check then may
+    /// find both at once, and must refuse on the channel its restart refuses on: the first
+    /// in channel order). Two processes
     /// lag on a channel the first one reads too. A cause a sender delivered and a receiver
     /// never read is still stamped on the sender's effects, so the receiver holds the
     /// effect and refuses at the cause's channel instead of delivering it first (what a
@@ -157,7 +157,7 @@ impl Scenario {
         Scenario {
             name: "unread",
             retention_weight: 3,
-            retention_passes_held: false,
+            retention_passes_held: true,
             retention_passes_unread: true,
             ..Scenario::soak()
         }

@@ -581,8 +581,8 @@ impl World {
                         if work {
                             push(Action::TaskPrune(i), 1);
                         }
-                        // The projector's periodic check runs between steps, on the channels
-                        // holding records; it is worth drawing once a log start moved.
+                        // The projector's periodic check runs between steps while the task
+                        // holds records; it is worth drawing once a log start moved.
                         if !run.step_pending() && self.log_start_check_due(run) {
                             push(Action::TaskCheckLogStart(i), LOG_START_CHECK_WEIGHT);
                         }
@@ -610,12 +610,15 @@ impl World {
         out
     }
 
-    /// Whether retention moved the log start of a channel the task holds records on since
-    /// the host last checked it.
+    /// Whether the task holds records and retention moved the log start of a channel it
+    /// receives since the host last checked it (the check then visits every channel).
     fn log_start_check_due(&self, run: &Running) -> bool {
-        run.engine()
-            .channels_holding()
-            .any(|c| run.log_start_checked.get(&c).is_none_or(|&seen| self.kafka.log_start(&c) > seen))
+        run.engine().held_count() > 0
+            && run
+                .host
+                .received()
+                .iter()
+                .any(|c| run.log_start_checked.get(c).is_none_or(|&seen| self.kafka.log_start(c) > seen))
     }
 
     /// How far retention may move each channel's log start: never past what its

@@ -176,8 +176,8 @@ impl World {
         }
     }
 
-    /// Answers a log-start check of `channels` (on an out-of-range fetch, or the periodic
-    /// check of the channels holding records). Returns whether the task refused.
+    /// Answers a log-start check of `channels` (every received channel: on an out-of-range
+    /// fetch, or the periodic check while holding records). Returns whether the task refused.
     pub(super) fn task_observe_log_starts(&mut self, t: usize, channels: &[ChannelId]) -> bool {
         let mut told = Vec::new();
         for &c in channels {
@@ -345,8 +345,8 @@ impl World {
         self.trace.push(format!("{} task{t} prune clock {before}->{after}", self.step));
     }
 
-    /// The periodic log-start check is due: the machine asks for the channels holding
-    /// records.
+    /// The periodic log-start check is due: the machine asks for every received channel
+    /// if the task holds records.
     pub(super) fn task_check_log_start(&mut self, t: usize) {
         self.running(t).host.log_start_check_due();
         self.task_drive(t);
