@@ -10,10 +10,6 @@
 //! The sequence itself — what to do next, and every decision about the engine — is the
 //! core's host state machine ([`parsley::host::TaskHost`]), which the simulator drives
 //! too; this module is its I/O: the consumer, the SQL, the projection, the timers.
-//!
-//! A step's stages are debug events of the target `parsley::stage` (`first-record`,
-//! `polled`, `committed`), so a write's way to visibility can be timed (the gateway's
-//! latency benchmark records them); nothing is logged unless that target is enabled.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -617,13 +613,7 @@ impl<P: Projection> TaskRunner<P> {
             };
             match tokio::time::timeout_at(until, consumer.recv()).await {
                 Err(_) => break,
-                Ok(Ok(message)) => {
-                    if batch.is_empty() {
-                        tracing::debug!(target: "parsley::stage", stage = "first-record", model = %self.plan.name,
-                            task = self.task, "a step's first record arrived");
-                    }
-                    batch.push(Consumed::from_message(&message));
-                }
+                Ok(Ok(message)) => batch.push(Consumed::from_message(&message)),
                 Ok(Err(e)) => {
                     self.metric_add(Metric::KafkaErrorsTotal, 1.0);
                     if let KafkaError::MessageConsumption(
@@ -641,10 +631,6 @@ impl<P: Projection> TaskRunner<P> {
                     }
                 }
             }
-        }
-        if !batch.is_empty() {
-            tracing::debug!(target: "parsley::stage", stage = "polled", model = %self.plan.name, task = self.task,
-                records = batch.len(), "a step's poll ended");
         }
         (batch, out_of_range)
     }
@@ -921,8 +907,6 @@ impl<P: Projection> TaskRunner<P> {
             store::notify(&mut tx, &plan.name, Some(self.task)).await?;
         }
         tx.commit().await.context("committing a step")?;
-        tracing::debug!(target: "parsley::stage", stage = "committed", model = %plan.name, task = self.task,
-            "a step committed");
         if skipped > 0 {
             self.metric_add(Metric::SkipsTotal, skipped as f64);
         }
