@@ -8,6 +8,13 @@
 #   data    .local/kafka/data        (formatted once with a random cluster id)
 #   pid     .local/run/kafka.pid
 #   logs    .local/logs/kafka.log (broker), kafka.out (JVM stdout/stderr), maven.log, kafka-format.log
+#
+# A second, secured node from the same jars, a cluster of its own (the plain one is never
+# touched by it): a SASL_SSL listener for clients, TLS with the certificates of scripts/tls.sh
+# and SASL PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512 for one user, beside a plaintext listener for
+# its own inter-broker traffic and a controller, all on loopback:
+#   config  .local/kafka-secure/config, data .local/kafka-secure/data (SCRAM users made at format)
+#   pid     .local/run/kafka-secure.pid, logs .local/logs/kafka-secure.log, kafka-secure.out
 
 KAFKA_HOME="$LOCAL_DIR/kafka"
 KAFKA_LIBS="$KAFKA_HOME/libs"
@@ -18,6 +25,19 @@ KAFKA_PIDFILE="$RUN_DIR/kafka.pid"
 KAFKA_LOG="$LOG_DIR/kafka.log"
 KAFKA_OUT="$LOG_DIR/kafka.out"
 KAFKA_READY_SRC="$PARSLEY_ROOT/scripts/KafkaReady.java"
+
+KAFKA_SECURE_PORT=9094            # SASL_SSL, for clients
+KAFKA_SECURE_INTERNAL_PORT=9095   # PLAINTEXT, the node's inter-broker listener (and the probe)
+KAFKA_SECURE_CONTROLLER_PORT=9096
+KAFKA_SECURE_BOOTSTRAP="$KAFKA_HOST:$KAFKA_SECURE_PORT"
+KAFKA_SASL_USER="parsley"
+KAFKA_SASL_PASSWORD="parsley-secret"
+KAFKA_SECURE_HOME="$LOCAL_DIR/kafka-secure"
+KAFKA_SECURE_CONFIG_DIR="$KAFKA_SECURE_HOME/config"
+KAFKA_SECURE_DATA="$KAFKA_SECURE_HOME/data"
+KAFKA_SECURE_PIDFILE="$RUN_DIR/kafka-secure.pid"
+KAFKA_SECURE_LOG="$LOG_DIR/kafka-secure.log"
+KAFKA_SECURE_OUT="$LOG_DIR/kafka-secure.out"
 
 java_major() {
     java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n 1
@@ -258,5 +278,162 @@ kafka_status() {
     else
         say "kafka: stopped"
     fi
+    return 1
+}
+
+# ---- the secured node ----
+
+kafka_secure_write_config() {
+    mkdir -p "$KAFKA_SECURE_CONFIG_DIR"
+    local plain="org.apache.kafka.common.security.plain.PlainLoginModule"
+    local scram="org.apache.kafka.common.security.scram.ScramLoginModule"
+    cat >"$KAFKA_SECURE_CONFIG_DIR/server.properties" <<EOF
+# Written by scripts/kafka.sh on every start; edits here are lost.
+# The secured node: one KRaft broker+controller, its own cluster, on loopback only.
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@$KAFKA_HOST:$KAFKA_SECURE_CONTROLLER_PORT
+listeners=SASL_SSL://$KAFKA_HOST:$KAFKA_SECURE_PORT,INTERNAL://$KAFKA_HOST:$KAFKA_SECURE_INTERNAL_PORT,CONTROLLER://$KAFKA_HOST:$KAFKA_SECURE_CONTROLLER_PORT
+advertised.listeners=SASL_SSL://$KAFKA_HOST:$KAFKA_SECURE_PORT,INTERNAL://$KAFKA_HOST:$KAFKA_SECURE_INTERNAL_PORT
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=INTERNAL
+listener.security.protocol.map=SASL_SSL:SASL_SSL,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT
+sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256,SCRAM-SHA-512
+listener.name.sasl_ssl.plain.sasl.jaas.config=$plain required user_$KAFKA_SASL_USER="$KAFKA_SASL_PASSWORD";
+listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config=$scram required;
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=$scram required;
+ssl.keystore.type=PKCS12
+ssl.keystore.location=$TLS_DIR/server.p12
+ssl.keystore.password=$TLS_STORE_PASSWORD
+ssl.truststore.type=PKCS12
+ssl.truststore.location=$TLS_DIR/ca.p12
+ssl.truststore.password=$TLS_STORE_PASSWORD
+# A client certificate is verified when one is presented, not required (SASL authenticates).
+ssl.client.auth=requested
+log.dirs=$KAFKA_SECURE_DATA
+num.partitions=1
+default.replication.factor=1
+min.insync.replicas=1
+auto.create.topics.enable=false
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=2
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=2
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+EOF
+    chmod 0600 "$KAFKA_SECURE_CONFIG_DIR/server.properties"
+    sed -e "s|$KAFKA_LOG|$KAFKA_SECURE_LOG|g" "$KAFKA_CONFIG_DIR/log4j2.xml" >"$KAFKA_SECURE_CONFIG_DIR/log4j2.xml"
+}
+
+kafka_secure_format() {
+    [ -f "$KAFKA_SECURE_DATA/meta.properties" ] && return 0
+    local log="$LOG_DIR/kafka-secure-format.log" cluster_id
+    cluster_id="$(java -cp "$KAFKA_LIBS/*" kafka.tools.StorageTool random-uuid 2>>"$log")" ||
+        fail "kafka.tools.StorageTool random-uuid failed" "$log"
+    say "kafka-secure: formatting $KAFKA_SECURE_DATA with SCRAM user $KAFKA_SASL_USER (log: $log)"
+    rm -rf "$KAFKA_SECURE_DATA"
+    timeout 120 java -Dlog4j2.configurationFile="$KAFKA_SECURE_CONFIG_DIR/log4j2.xml" -cp "$KAFKA_LIBS/*" \
+        kafka.tools.StorageTool format -t "$cluster_id" -c "$KAFKA_SECURE_CONFIG_DIR/server.properties" \
+        --add-scram "SCRAM-SHA-256=[name=$KAFKA_SASL_USER,password=$KAFKA_SASL_PASSWORD]" \
+        --add-scram "SCRAM-SHA-512=[name=$KAFKA_SASL_USER,password=$KAFKA_SASL_PASSWORD]" \
+        </dev/null >>"$log" 2>&1 || fail "formatting the secured Kafka storage failed" "$log"
+}
+
+kafka_secure_pid() { cat "$KAFKA_SECURE_PIDFILE" 2>/dev/null || true; }
+
+kafka_secure_running() {
+    pid_alive "$KAFKA_SECURE_PIDFILE" || return 1
+    tr '\0' ' ' <"/proc/$(kafka_secure_pid)/cmdline" 2>/dev/null |
+        grep -q -- "kafka.Kafka $KAFKA_SECURE_CONFIG_DIR/server.properties"
+}
+
+# The probe asks the node's plaintext inter-broker listener: it answers once the node runs.
+kafka_secure_probe() {
+    timeout 30 java -cp "$KAFKA_CLASSES:$KAFKA_LIBS/*" KafkaReady "$KAFKA_HOST:$KAFKA_SECURE_INTERNAL_PORT" 2>&1
+}
+
+# kafka_secure_start: start the secured node unless it runs (no wait: kafka_secure_wait).
+kafka_secure_start() {
+    if kafka_secure_running; then
+        say "kafka-secure: already running (pid $(kafka_secure_pid))"
+        return 0
+    fi
+    rm -f "$KAFKA_SECURE_PIDFILE"
+    local port
+    for port in "$KAFKA_SECURE_PORT" "$KAFKA_SECURE_INTERNAL_PORT" "$KAFKA_SECURE_CONTROLLER_PORT"; do
+        if port_open "$port"; then
+            fail "127.0.0.1:$port is taken by a process that is not this project's secured broker:
+$(who_listens "$port")
+    stop it or free the port"
+        fi
+    done
+    kafka_write_config_if_missing
+    kafka_secure_write_config
+    kafka_secure_format
+    mkdir -p "$RUN_DIR"
+    printf '\n==== %s starting the secured Kafka %s ====\n' "$(date -u +%FT%TZ)" "$KAFKA_VERSION" >>"$KAFKA_SECURE_OUT"
+    say "kafka-secure: starting on $KAFKA_SECURE_BOOTSTRAP (SASL_SSL; log: $KAFKA_SECURE_LOG)"
+    setsid java -Xms128m -Xmx512m -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -Djava.awt.headless=true \
+        -Dlog4j2.configurationFile="$KAFKA_SECURE_CONFIG_DIR/log4j2.xml" \
+        -Dkafka.logs.dir="$LOG_DIR" \
+        -cp "$KAFKA_LIBS/*" kafka.Kafka "$KAFKA_SECURE_CONFIG_DIR/server.properties" \
+        </dev/null >>"$KAFKA_SECURE_OUT" 2>&1 &
+    echo $! >"$KAFKA_SECURE_PIDFILE"
+}
+
+# The plain node's log4j2.xml is the template of the secured node's; it exists once the
+# plain node has started, which `up` does first.
+kafka_write_config_if_missing() {
+    [ -f "$KAFKA_CONFIG_DIR/log4j2.xml" ] || kafka_write_config
+}
+
+kafka_secure_wait() {
+    local deadline=$(($(now_s) + READY_TIMEOUT)) out=""
+    while :; do
+        pid_alive "$KAFKA_SECURE_PIDFILE" ||
+            fail "the secured Kafka broker exited during start" "$KAFKA_SECURE_OUT" "$KAFKA_SECURE_LOG"
+        if port_open "$KAFKA_SECURE_PORT" && out="$(kafka_secure_probe)"; then
+            break
+        fi
+        [ "$(now_s)" -lt "$deadline" ] ||
+            fail "the secured Kafka not ready after ${READY_TIMEOUT}s (last probe: ${out:-no answer})" \
+                "$KAFKA_SECURE_OUT" "$KAFKA_SECURE_LOG"
+        sleep 1
+    done
+    say "kafka-secure: ready at $KAFKA_SECURE_BOOTSTRAP ($out)"
+}
+
+kafka_secure_down() {
+    if kafka_secure_running; then
+        local pid
+        pid="$(kafka_secure_pid)"
+        say "kafka-secure: stopping (pid $pid)"
+        kill -TERM "$pid" 2>/dev/null || true
+        for _ in $(seq 1 120); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.5
+        done
+        if kill -0 "$pid" 2>/dev/null; then
+            warn "kafka-secure: still running after 60s, sending SIGKILL"
+            kill -KILL "$pid" 2>/dev/null || true
+            sleep 1
+        fi
+        rm -f "$KAFKA_SECURE_PIDFILE"
+        say "kafka-secure: stopped"
+    else
+        [ -e "$KAFKA_SECURE_PIDFILE" ] && rm -f "$KAFKA_SECURE_PIDFILE"
+        say "kafka-secure: not running"
+    fi
+}
+
+kafka_secure_status() {
+    if kafka_secure_running && port_open "$KAFKA_SECURE_PORT"; then
+        say "kafka-secure: running, pid $(kafka_secure_pid), $KAFKA_SECURE_BOOTSTRAP (SASL_SSL), data $KAFKA_SECURE_DATA"
+        return 0
+    fi
+    say "kafka-secure: stopped"
     return 1
 }

@@ -6,6 +6,16 @@
 #   socket  $PG_BASE/run       (peer authentication for the postgres superuser)
 #   log     .local/logs/postgres.log
 # Clients use TCP on 127.0.0.1:5432 with a password (scram-sha-256).
+#
+# TLS beside it (no restart: a reload turns it on in a running cluster): `ssl = on` with the
+# certificates of scripts/tls.sh (copied to $PG_BASE/tls, the server's own), and one more user,
+# $PG_TLS_USER, that may log in over TLS only, with its password AND a client certificate whose
+# CN is its name (hostssl ... clientcert=verify-full; hostnossl ... reject). It is a member of
+# $PG_USER and acts as it (ALTER ROLE ... SET role), so both see and own the same objects. The
+# plain user is unchanged.
+
+PG_TLS_USER="parsley_tls"
+PG_TLS_PASSWORD="parsley-tls-secret"
 
 PG_LOG="$LOG_DIR/postgres.log"
 PG_LOCATION_FILE="$LOCAL_DIR/postgres.location"
@@ -152,8 +162,43 @@ password_encryption = 'scram-sha-256'
 log_line_prefix = '%m [%p] %q%u@%d '
 log_timezone = 'UTC'
 timezone = 'UTC'
+ssl = on
+ssl_cert_file = '$PG_BASE/tls/server.pem'
+ssl_key_file = '$PG_BASE/tls/server.key'
+ssl_ca_file = '$PG_BASE/tls/ca.pem'
 EOF
     chown postgres:postgres "$PGDATA_DIR/parsley.conf"
+}
+
+# pg_tls_files: the server's copies of the certificates (the key must be the server's own, 0600).
+pg_tls_files() {
+    mkdir -p "$PG_BASE/tls"
+    cp "$TLS_DIR/server.pem" "$TLS_DIR/server.key" "$TLS_DIR/ca.pem" "$PG_BASE/tls/"
+    chown -R postgres:postgres "$PG_BASE/tls"
+    chmod 0700 "$PG_BASE/tls"
+    chmod 0600 "$PG_BASE/tls/server.key"
+}
+
+# pg_hba_tls: the TLS-only user's lines, first in pg_hba.conf (the first matching line wins).
+pg_hba_tls() {
+    local hba="$PGDATA_DIR/pg_hba.conf" marker="# parsley: the TLS-only user (scripts/postgres.sh)"
+    grep -qxF "$marker" "$hba" && return 0
+    local tmp="$hba.parsley"
+    {
+        echo "$marker"
+        echo "hostnossl all $PG_TLS_USER all reject"
+        echo "hostssl all $PG_TLS_USER 127.0.0.1/32 scram-sha-256 clientcert=verify-full"
+        cat "$hba"
+    } >"$tmp"
+    chown postgres:postgres "$tmp"
+    chmod 0600 "$tmp"
+    mv "$tmp" "$hba"
+}
+
+# pg_reload: re-read parsley.conf and pg_hba.conf in a running cluster (never a restart).
+pg_reload() {
+    as_postgres "$PG_BIN/pg_ctl" -D "$PGDATA_DIR" reload >>"$PG_LOG" 2>&1 </dev/null ||
+        fail "postgres: reloading the configuration failed" "$PG_LOG"
 }
 
 # shellcheck disable=SC2120  # extra psql arguments are optional
@@ -174,8 +219,14 @@ BEGIN
   ELSE
     ALTER ROLE $PG_USER LOGIN CREATEDB PASSWORD '$PG_PASSWORD';
   END IF;
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$PG_TLS_USER') THEN
+    CREATE ROLE $PG_TLS_USER LOGIN PASSWORD '$PG_TLS_PASSWORD' IN ROLE $PG_USER;
+  ELSE
+    ALTER ROLE $PG_TLS_USER LOGIN PASSWORD '$PG_TLS_PASSWORD';
+  END IF;
 END
 \$\$;
+ALTER ROLE $PG_TLS_USER SET role = '$PG_USER';
 SELECT 'CREATE DATABASE $PG_DB OWNER $PG_USER'
 WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = '$PG_DB')\gexec
 EOF
@@ -188,10 +239,22 @@ pg_check() {
         -h "$PG_HOST" -p "$PG_PORT" -U "$PG_USER" -d "$PG_DB" -c 'select 1' 2>/dev/null | grep -qx 1
 }
 
+# pg_tls_check: a login as the TLS-only user with the server verified and a client certificate.
+pg_tls_check() {
+    PGPASSWORD="$PG_TLS_PASSWORD" PGCONNECT_TIMEOUT=5 "$PG_BIN/psql" -X -q -At \
+        "host=$PG_HOST port=$PG_PORT user=$PG_TLS_USER dbname=$PG_DB sslmode=verify-full sslrootcert=$TLS_DIR/ca.pem sslcert=$TLS_DIR/client.pem sslkey=$TLS_DIR/client.key" \
+        -c 'select current_user' 2>&1
+}
+
 pg_up() {
     pg_prepare_base
+    pg_tls_files
     if pg_running; then
         say "postgres: already running (pid $(pg_pid), data $PGDATA_DIR)"
+        # TLS and the TLS-only user are switched on by a reload (a cluster from before them).
+        pg_write_conf
+        pg_hba_tls
+        pg_reload
     else
         if port_open "$PG_PORT"; then
             fail "127.0.0.1:$PG_PORT is taken by a process that is not this project's cluster ($PGDATA_DIR):
@@ -201,6 +264,7 @@ $(who_listens "$PG_PORT")
         pg_initdb
         pg_clear_stale_locks
         pg_write_conf
+        pg_hba_tls
         : >>"$PG_LOG"
         say "postgres: starting (log: $PG_LOG)"
         # The server inherits this redirection: its log goes to $PG_LOG, never to our stdout.
@@ -216,7 +280,10 @@ $(who_listens "$PG_PORT")
     done
     pg_ensure_role_and_db
     pg_check || fail "cannot log in as $PG_USER at $PG_HOST:$PG_PORT/$PG_DB" "$PG_LOG"
-    say "postgres: ready at $DATABASE_URL_LOCAL"
+    local out
+    out="$(pg_tls_check)" && [ "$out" = "$PG_USER" ] ||
+        fail "cannot log in over TLS as $PG_TLS_USER (acting as $PG_USER): ${out:-no answer}" "$PG_LOG"
+    say "postgres: ready at $DATABASE_URL_LOCAL, and over TLS only as $PG_TLS_USER"
 }
 
 pg_down() {

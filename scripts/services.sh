@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The local stack: PostgreSQL and a single-node Apache Kafka (KRaft) on 127.0.0.1.
+# The local stack: PostgreSQL and a single-node Apache Kafka (KRaft) on 127.0.0.1, plus their
+# secured forms for the tests of secured clusters: PostgreSQL with TLS on and a TLS-only user,
+# and a second single-node Kafka with a SASL_SSL listener (scripts/tls.sh makes the certificates).
 #
 #   scripts/services.sh up       install what is missing, start both, wait until they answer
 #   scripts/services.sh down     stop what these scripts started
@@ -15,10 +17,14 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$PARSLEY_ROOT/scripts/postgres.sh"
 # shellcheck source=scripts/kafka.sh
 source "$PARSLEY_ROOT/scripts/kafka.sh"
+# shellcheck source=scripts/tls.sh
+source "$PARSLEY_ROOT/scripts/tls.sh"
 
 print_env() {
     say "use:  export DATABASE_URL=$DATABASE_URL_LOCAL"
     say "      export PARSLEY_KAFKA_BOOTSTRAP=$KAFKA_BOOTSTRAP"
+    say "secured: Kafka SASL_SSL at $KAFKA_SECURE_BOOTSTRAP (user $KAFKA_SASL_USER), PostgreSQL user $PG_TLS_USER over TLS"
+    say "         only, CA and client certificate in $TLS_DIR (docs/operations.md, \"Secured clusters\")"
 }
 
 cmd_up() {
@@ -30,10 +36,14 @@ cmd_up() {
     t0="$(now_s)"
     pg_install
     kafka_install
+    tls_make
     t1="$(now_s)"
     say "install/check of prerequisites took $((t1 - t0))s"
+    # The secured broker starts first and is waited for last: its start overlaps the others'.
+    kafka_secure_start
     pg_up
     kafka_up
+    kafka_secure_wait
     t2="$(now_s)"
     say "start/readiness took $((t2 - t1))s"
     printf 'install=%s\nstart=%s\n' "$((t1 - t0))" "$((t2 - t1))" >"$RUN_DIR/last-up-timings"
@@ -41,6 +51,7 @@ cmd_up() {
 }
 
 cmd_down() {
+    kafka_secure_down
     kafka_down
     pg_down
 }
@@ -49,6 +60,7 @@ cmd_status() {
     local rc=0
     pg_status || rc=3
     kafka_status || rc=3
+    kafka_secure_status || rc=3
     [ "$rc" = 0 ] && print_env
     return "$rc"
 }

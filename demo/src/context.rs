@@ -40,7 +40,8 @@ pub struct Coordinate {
 }
 
 pub struct Demo {
-    pub bootstrap: String,
+    /// The cluster and its `[kafka.properties]`, for every client the demo makes.
+    pub cluster: parsley_infra::kafka::Cluster,
     pub model: String,
     /// The topic applied with `replace`.
     pub orders: Topic,
@@ -92,9 +93,9 @@ impl Demo {
     /// creates them).
     pub async fn load(path: &Path, run: &str) -> anyhow::Result<Demo> {
         let declared = Declared::load(path)?;
-        let bootstrap = declared.config.kafka.bootstrap.clone();
+        let cluster = declared.config.kafka.cluster();
         let names = vec![declared.orders.clone(), declared.payments.clone()];
-        let described = parsley_infra::describe_topics(&bootstrap, &names, KAFKA_TIMEOUT)
+        let described = parsley_infra::describe_topics(&cluster, &names, KAFKA_TIMEOUT)
             .await
             .context("resolving the demo topics (does `parsley-demo prepare` run first?)")?;
         let topic = |i: usize| Topic { name: described[i].name.clone(), id: TopicId::from_bytes(described[i].id) };
@@ -104,7 +105,7 @@ impl Demo {
                 &gateway_setting(&declared.config, "admin_listen", "127.0.0.1:9091")?,
                 Duration::from_secs(15),
             ),
-            bootstrap,
+            cluster,
             model: declared.model,
             orders: topic(0),
             payments: topic(1),
@@ -139,7 +140,7 @@ impl Demo {
     }
 
     pub fn producer(&self) -> anyhow::Result<FutureProducer> {
-        parsley_infra::kafka::producer_config(&self.bootstrap).create().context("creating a Kafka producer")
+        parsley_infra::kafka::producer_config(&self.cluster).create().context("creating a Kafka producer")
     }
 
     /// A transactional producer under the demo's fixed `transactional.id`: initialising it
@@ -147,7 +148,7 @@ impl Demo {
     pub fn transactional_producer(&self) -> anyhow::Result<FutureProducer> {
         use rdkafka::producer::Producer as _;
         let producer: FutureProducer =
-            parsley_infra::kafka::transactional_producer_config(&self.bootstrap, "parsley-demo")
+            parsley_infra::kafka::transactional_producer_config(&self.cluster, "parsley-demo")
                 .create()
                 .context("creating a transactional Kafka producer")?;
         // The first transaction on a fresh broker waits for its transaction-state topic.

@@ -146,7 +146,7 @@ fn tamper(token: &str) -> String {
 
 /// Reads back the `parsley.causes` header of the record at `at` on `topic`.
 async fn stamped_causes(demo: &Demo, topic: &Topic, at: Coordinate) -> anyhow::Result<CausalPast> {
-    let consumer: StreamConsumer = parsley_infra::kafka::consumer_config(&demo.bootstrap, "parsley-demo-check")
+    let consumer: StreamConsumer = parsley_infra::kafka::consumer_config(&demo.cluster, "parsley-demo-check")
         .create()
         .context("creating a Kafka consumer")?;
     let mut assignment = TopicPartitionList::new();

@@ -23,11 +23,11 @@ use crate::context::{heading, held, say, wait_for, Declared, Demo, KAFKA_TIMEOUT
 pub async fn prepare(path: &Path) -> anyhow::Result<()> {
     heading("Setting up");
     let declared = Declared::load(path)?;
-    let bootstrap = &declared.config.kafka.bootstrap;
+    let cluster = &declared.config.kafka.cluster();
     let names = [declared.orders.clone(), declared.payments.clone()];
 
     let admin: AdminClient<DefaultClientContext> =
-        parsley_infra::kafka::admin_config(bootstrap).create().context("creating a Kafka admin client")?;
+        parsley_infra::kafka::admin_config(cluster).create().context("creating a Kafka admin client")?;
     let options = AdminOptions::new().operation_timeout(Some(KAFKA_TIMEOUT)).request_timeout(Some(KAFKA_TIMEOUT));
     let new: Vec<NewTopic<'_>> =
         names.iter().map(|n| NewTopic::new(n, PARTITIONS as i32, TopicReplication::Fixed(1))).collect();
@@ -41,7 +41,7 @@ pub async fn prepare(path: &Path) -> anyhow::Result<()> {
     }
     let described = wait_for("the demo topics to be described", KAFKA_TIMEOUT, || async {
         // Right after creation the broker may not describe a topic yet.
-        Ok(parsley_infra::describe_topics(bootstrap, &names, KAFKA_TIMEOUT).await.ok())
+        Ok(parsley_infra::describe_topics(cluster, &names, KAFKA_TIMEOUT).await.ok())
     })
     .await?;
     for d in &described {

@@ -109,13 +109,14 @@ impl AppState {
             config.shared.database.acquire_timeout(),
             &config.shared.database.session_bounds(),
         )?;
-        let producer: FutureProducer = parsley_infra::kafka::producer_config(&config.shared.kafka.bootstrap)
+        // Every Kafka client over the configured cluster and its [kafka.properties].
+        let cluster = config.shared.kafka.cluster();
+        let producer: FutureProducer = parsley_infra::kafka::producer_config(&cluster)
             .set("message.timeout.ms", config.settings.produce_timeout_ms.to_string())
             .create()
             .context("creating the Kafka producer")?;
-        let transactions =
-            crate::batch::Transactions::new(&config.shared.kafka.bootstrap, config.settings.produce_timeout_ms);
-        let facts = KafkaFacts::new(&config.shared.kafka.bootstrap, config.settings.kafka_timeout())?;
+        let transactions = crate::batch::Transactions::new(&cluster, config.settings.produce_timeout_ms);
+        let facts = KafkaFacts::new(&cluster, config.settings.kafka_timeout())?;
         let notifier = Arc::new(ClockNotifier::new(config.shared.models.iter().map(|m| m.name.as_str())));
         let feeds = crate::feed::Feeds::new(config.shared.models.iter().map(|m| m.name.as_str()));
         let otlp = match &config.settings.otlp_endpoint {

@@ -22,6 +22,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use parsley::{CausalPast, ChannelId};
+use parsley_infra::kafka::Cluster;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
 use rdkafka::util::Timeout;
@@ -42,21 +43,21 @@ pub const TRANSACTIONAL_PRODUCERS: usize = 4;
 
 /// The gateway's transactional producers, made on first use.
 pub struct Transactions {
-    bootstrap: String,
+    cluster: Cluster,
     prefix: String,
     produce_timeout_ms: u64,
     slots: Vec<Mutex<Option<FutureProducer>>>,
 }
 
 impl Transactions {
-    pub fn new(bootstrap: &str, produce_timeout_ms: u64) -> Transactions {
+    pub fn new(cluster: impl Into<Cluster>, produce_timeout_ms: u64) -> Transactions {
         let host = std::fs::read_to_string("/etc/hostname")
             .ok()
             .map(|h| h.trim().to_string())
             .filter(|h| !h.is_empty())
             .unwrap_or_else(|| "gateway".to_string());
         Transactions {
-            bootstrap: bootstrap.to_string(),
+            cluster: cluster.into(),
             prefix: format!("parsley-gateway-{host}-{}", std::process::id()),
             produce_timeout_ms,
             slots: (0..TRANSACTIONAL_PRODUCERS).map(|_| Mutex::new(None)).collect(),
@@ -78,7 +79,7 @@ impl Transactions {
     /// producer of the same id).
     async fn make(&self, n: usize) -> Result<FutureProducer, KafkaError> {
         let id = format!("{}-{n}", self.prefix);
-        let producer: FutureProducer = parsley_infra::kafka::transactional_producer_config(&self.bootstrap, &id)
+        let producer: FutureProducer = parsley_infra::kafka::transactional_producer_config(&self.cluster, &id)
             .set("message.timeout.ms", self.produce_timeout_ms.to_string())
             .set("transaction.timeout.ms", (self.produce_timeout_ms * 2).max(1_000).to_string())
             .create()?;

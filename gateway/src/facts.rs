@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use parsley::{ChannelId, Position, TopicId};
 use parsley_infra::facts::{self, Fact};
+use parsley_infra::kafka::Cluster;
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 
 /// One topic as the broker describes it.
@@ -83,9 +84,9 @@ impl std::fmt::Debug for KafkaFacts {
 }
 
 impl KafkaFacts {
-    /// A client for `bootstrap`; connects lazily (creating it performs no I/O).
-    pub fn new(bootstrap: &str, timeout: Duration) -> anyhow::Result<KafkaFacts> {
-        let client: BaseConsumer = parsley_infra::kafka::consumer_config(bootstrap, "parsley-gateway.metadata")
+    /// A client for `cluster`; connects lazily (creating it performs no I/O).
+    pub fn new(cluster: impl Into<Cluster>, timeout: Duration) -> anyhow::Result<KafkaFacts> {
+        let client: BaseConsumer = parsley_infra::kafka::consumer_config(cluster, "parsley-gateway.metadata")
             .set("isolation.level", "read_uncommitted")
             .set("allow.auto.create.topics", "false")
             .create()

@@ -1,39 +1,130 @@
 //! Kafka client configurations and partition offsets.
 //!
+//! Every client of the project starts from a [`Cluster`]: the bootstrap servers and the
+//! operator's librdkafka properties (`[kafka.properties]`: TLS, SASL, compression, tuning),
+//! applied to every client, producer, consumer and admin alike. The project's fixed settings
+//! ([`FIXED_PROPERTIES`]) are set after them, so they hold whatever the properties say, and a
+//! configuration that tries to set one is refused by name when it is loaded.
+//!
 //! Every producer of the project partitions keys like the Java client's default partitioner
 //! (`murmur2_random` in librdkafka: murmur2 of the key bytes, positive, modulo the partition
 //! count — the same function as `parsley::murmur2::partition_for_key`) and is idempotent with
 //! `acks=all`. Every consumer reads committed data only and never commits offsets by itself:
 //! the database is the source of truth for positions.
 
+use std::collections::BTreeMap;
+use std::fmt;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 
+/// The settings the project fixes on its clients, each with the reason; librdkafka's other
+/// names for them are listed too. `[kafka.properties]` and `kafka.consumer` may not set them.
+pub const FIXED_PROPERTIES: &[(&str, &str)] = &[
+    ("bootstrap.servers", "kafka.bootstrap sets it"),
+    ("metadata.broker.list", "kafka.bootstrap sets it"),
+    ("partitioner", "producers partition keys like the Java client (murmur2_random), as reads are routed"),
+    ("enable.idempotence", "producers are idempotent"),
+    ("acks", "producers wait for every in-sync replica (all)"),
+    ("request.required.acks", "producers wait for every in-sync replica (all)"),
+    ("transactional.id", "each transactional producer gets its own"),
+    ("group.id", "each consumer gets its own (nothing is committed to it)"),
+    ("isolation.level", "consumers read committed records only"),
+    ("enable.auto.commit", "positions are kept in the database, never committed to Kafka"),
+    ("auto.commit.enable", "positions are kept in the database, never committed to Kafka"),
+    ("enable.auto.offset.store", "positions are kept in the database, never committed to Kafka"),
+    ("auto.offset.reset", "a position that retention removed is reported, never skipped"),
+    ("enable.partition.eof", "the end of a partition is not an event the project reads"),
+];
+
+/// Why `name` is fixed by the project, when it is.
+pub fn fixed_property(name: &str) -> Option<&'static str> {
+    FIXED_PROPERTIES.iter().find(|(n, _)| *n == name).map(|(_, why)| *why)
+}
+
+/// Whether the value of property `name` is a secret (a password, a key, a client secret):
+/// never printed.
+pub fn secret_property(name: &str) -> bool {
+    ["password", "secret", ".pem", "oauthbearer.config"].iter().any(|s| name.contains(s))
+}
+
+/// Where the project's Kafka clients connect and how: the bootstrap servers and the
+/// operator's librdkafka properties, set on every client before the fixed settings. A
+/// bootstrap string alone converts into a cluster without properties (plaintext, no
+/// authentication). `Debug` prints secret values ([`secret_property`]) as `***`.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Cluster {
+    /// `host:port[,host:port...]`.
+    pub bootstrap: String,
+    /// librdkafka properties by name (`security.protocol`, `sasl.mechanism`, ...).
+    pub properties: BTreeMap<String, String>,
+}
+
+impl Cluster {
+    /// A cluster reached at `bootstrap` with `properties`.
+    pub fn new(bootstrap: impl Into<String>, properties: BTreeMap<String, String>) -> Cluster {
+        Cluster { bootstrap: bootstrap.into(), properties }
+    }
+
+    /// The properties, then `bootstrap.servers`: where every client configuration starts.
+    fn base(&self) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        for (name, value) in &self.properties {
+            c.set(name, value);
+        }
+        c.set("bootstrap.servers", &self.bootstrap);
+        c
+    }
+}
+
+impl From<&str> for Cluster {
+    fn from(bootstrap: &str) -> Cluster {
+        Cluster::new(bootstrap, BTreeMap::new())
+    }
+}
+
+impl From<&String> for Cluster {
+    fn from(bootstrap: &String) -> Cluster {
+        Cluster::from(bootstrap.as_str())
+    }
+}
+
+impl From<&Cluster> for Cluster {
+    fn from(cluster: &Cluster) -> Cluster {
+        cluster.clone()
+    }
+}
+
+impl fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let properties: BTreeMap<&str, &str> = self
+            .properties
+            .iter()
+            .map(|(k, v)| (k.as_str(), if secret_property(k) { "***" } else { v.as_str() }))
+            .collect();
+        f.debug_struct("Cluster").field("bootstrap", &self.bootstrap).field("properties", &properties).finish()
+    }
+}
+
 /// Configuration for an admin client.
-pub fn admin_config(bootstrap: &str) -> ClientConfig {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", bootstrap);
-    c
+pub fn admin_config(cluster: impl Into<Cluster>) -> ClientConfig {
+    cluster.into().base()
 }
 
 /// Configuration for a producer: `partitioner=murmur2_random`, `enable.idempotence=true`,
 /// `acks=all`. Callers may add settings but must not change these three.
-pub fn producer_config(bootstrap: &str) -> ClientConfig {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", bootstrap)
-        .set("partitioner", "murmur2_random")
-        .set("enable.idempotence", "true")
-        .set("acks", "all");
+pub fn producer_config(cluster: impl Into<Cluster>) -> ClientConfig {
+    let mut c = cluster.into().base();
+    c.set("partitioner", "murmur2_random").set("enable.idempotence", "true").set("acks", "all");
     c
 }
 
 /// [`producer_config`] plus a `transactional.id`, for a producer that writes in Kafka
 /// transactions (`init_transactions` before the first `begin_transaction`).
-pub fn transactional_producer_config(bootstrap: &str, transactional_id: &str) -> ClientConfig {
-    let mut c = producer_config(bootstrap);
+pub fn transactional_producer_config(cluster: impl Into<Cluster>, transactional_id: &str) -> ClientConfig {
+    let mut c = producer_config(cluster);
     c.set("transactional.id", transactional_id);
     c
 }
@@ -45,10 +136,9 @@ pub fn transactional_producer_config(bootstrap: &str, transactional_id: &str) ->
 /// Kafka. librdkafka still needs a `group.id` to accept a manual assignment; with `assign`
 /// (not `subscribe`) the consumer joins no group, and without commits the group stores
 /// nothing.
-pub fn consumer_config(bootstrap: &str, group_id: &str) -> ClientConfig {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", bootstrap)
-        .set("group.id", group_id)
+pub fn consumer_config(cluster: impl Into<Cluster>, group_id: &str) -> ClientConfig {
+    let mut c = cluster.into().base();
+    c.set("group.id", group_id)
         .set("isolation.level", "read_committed")
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
@@ -74,19 +164,20 @@ pub struct PartitionOffsets {
 /// Queries [`PartitionOffsets`] of `topic`/`partition`, blocking up to about twice `timeout`
 /// (one query per isolation level).
 pub fn partition_offsets_blocking(
-    bootstrap: &str,
+    cluster: impl Into<Cluster>,
     topic: &str,
     partition: i32,
     timeout: Duration,
 ) -> anyhow::Result<PartitionOffsets> {
     // ListOffsets(LATEST) answers the last stable offset under read_committed and the high
     // watermark under read_uncommitted; librdkafka sends the consumer's isolation level.
+    let cluster = cluster.into();
     let committed: BaseConsumer =
-        consumer_config(bootstrap, OFFSETS_QUERY_GROUP).create().context("creating a read-committed consumer")?;
+        consumer_config(&cluster, OFFSETS_QUERY_GROUP).create().context("creating a read-committed consumer")?;
     let (log_start, last_stable) = committed
         .fetch_watermarks(topic, partition, timeout)
         .with_context(|| format!("querying the last stable offset of {topic}/{partition}"))?;
-    let uncommitted: BaseConsumer = consumer_config(bootstrap, OFFSETS_QUERY_GROUP)
+    let uncommitted: BaseConsumer = consumer_config(&cluster, OFFSETS_QUERY_GROUP)
         .set("isolation.level", "read_uncommitted")
         .create()
         .context("creating a read-uncommitted consumer")?;
@@ -98,13 +189,13 @@ pub fn partition_offsets_blocking(
 
 /// Async form of [`partition_offsets_blocking`], run on tokio's blocking pool.
 pub async fn partition_offsets(
-    bootstrap: &str,
+    cluster: impl Into<Cluster>,
     topic: &str,
     partition: i32,
     timeout: Duration,
 ) -> anyhow::Result<PartitionOffsets> {
-    let (bootstrap, topic) = (bootstrap.to_string(), topic.to_string());
-    tokio::task::spawn_blocking(move || partition_offsets_blocking(&bootstrap, &topic, partition, timeout))
+    let (cluster, topic) = (cluster.into(), topic.to_string());
+    tokio::task::spawn_blocking(move || partition_offsets_blocking(cluster, &topic, partition, timeout))
         .await
         .context("the partition offsets task panicked")?
 }
@@ -124,5 +215,36 @@ mod tests {
         assert_eq!(c.get("isolation.level"), Some("read_committed"));
         assert_eq!(c.get("enable.auto.commit"), Some("false"));
         assert_eq!(c.get("group.id"), Some("g"));
+    }
+
+    #[test]
+    fn properties_reach_every_client_and_the_fixed_settings_win() {
+        let properties: BTreeMap<String, String> = [
+            ("security.protocol", "sasl_ssl"),
+            ("sasl.password", "hunter2"),
+            ("acks", "0"),
+            ("isolation.level", "read_uncommitted"),
+            ("bootstrap.servers", "elsewhere:1"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let cluster = Cluster::new("b:1", properties);
+        for c in [
+            admin_config(&cluster),
+            producer_config(&cluster),
+            transactional_producer_config(&cluster, "tx"),
+            consumer_config(&cluster, "g"),
+        ] {
+            assert_eq!(c.get("security.protocol"), Some("sasl_ssl"));
+            assert_eq!(c.get("bootstrap.servers"), Some("b:1"));
+        }
+        assert_eq!(producer_config(&cluster).get("acks"), Some("all"));
+        assert_eq!(consumer_config(&cluster, "g").get("isolation.level"), Some("read_committed"));
+        let printed = format!("{cluster:?}");
+        assert!(printed.contains("sasl_ssl") && !printed.contains("hunter2"), "{printed}");
+        assert!(fixed_property("acks").is_some() && fixed_property("request.required.acks").is_some());
+        assert!(fixed_property("sasl.password").is_none());
+        assert_eq!(admin_config("plain:1").get("bootstrap.servers"), Some("plain:1"));
     }
 }

@@ -57,15 +57,15 @@ pub fn uuid_string(id: &[u8; 16]) -> String {
 
 /// Resolves topic ID and partition count of each named topic, in the order given.
 ///
-/// Creates a short-lived admin client for `bootstrap` and runs the blocking call on tokio's
+/// Creates a short-lived admin client for `cluster` and runs the blocking call on tokio's
 /// blocking pool. An unknown topic, an authorization failure, or no answer within `timeout`
 /// is an error naming the topic.
 pub async fn describe_topics(
-    bootstrap: &str,
+    cluster: impl Into<crate::kafka::Cluster>,
     names: &[String],
     timeout: Duration,
 ) -> anyhow::Result<Vec<TopicDescription>> {
-    let config = crate::kafka::admin_config(bootstrap);
+    let config = crate::kafka::admin_config(cluster);
     let names = names.to_vec();
     tokio::task::spawn_blocking(move || {
         let admin: AdminClient<DefaultClientContext> = config.create().context("creating a Kafka admin client")?;

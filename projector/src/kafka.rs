@@ -22,14 +22,15 @@ use rdkafka::types::RDKafkaRespErr;
 use crate::config::KafkaConfig;
 
 /// The task consumer's configuration: the project's read-committed, no-auto-commit consumer
+/// over the configured cluster and its `[kafka.properties]`
 /// (`parsley_infra::kafka::consumer_config`), plus `auto.offset.reset=error` so that a
 /// position retention removed is reported instead of silently skipped, plus the operator's
-/// extra properties (which may not override the fixed ones; see `config.rs`).
+/// `kafka.consumer` properties (which may not override the fixed ones; see `config.rs`).
 ///
 /// The group id (librdkafka wants one even for a manual assignment; nothing is committed
 /// to it) is `parsley-projector.<model>`.
 pub fn consumer_config(kafka: &KafkaConfig, model: &str) -> ClientConfig {
-    let mut c = parsley_infra::kafka::consumer_config(&kafka.bootstrap, &format!("parsley-projector.{model}"));
+    let mut c = parsley_infra::kafka::consumer_config(kafka.cluster(), &format!("parsley-projector.{model}"));
     c.set("auto.offset.reset", "error");
     // Steps are bounded in time; fetches should not sit on the broker longer than a step.
     c.set("fetch.wait.max.ms", "50");

@@ -13,6 +13,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
+use parsley_infra::kafka::{self, Cluster};
 use parsley_infra::pg::SessionBounds;
 use serde::Deserialize;
 
@@ -20,21 +21,12 @@ use crate::env::{self, Env};
 use crate::secret::Secret;
 
 pub use crate::env::{
-    ENV_DATABASE_URL, ENV_DATABASE_URL_FALLBACK, ENV_KAFKA_BOOTSTRAP, ENV_METRICS_ADDRESS, ENV_OWNER,
+    ENV_DATABASE_URL, ENV_DATABASE_URL_FALLBACK, ENV_DATABASE_URL_FILE, ENV_KAFKA_BOOTSTRAP, ENV_METRICS_ADDRESS,
+    ENV_OWNER,
 };
 
 /// The table of the file that belongs to the gateway (parsed by the gateway, carried here).
 pub const GATEWAY_SECTION: &str = "gateway";
-
-/// librdkafka consumer properties the projector fixes; `kafka.consumer` may not set them.
-pub const FIXED_CONSUMER_PROPERTIES: [&str; 6] = [
-    "bootstrap.servers",
-    "isolation.level",
-    "enable.auto.commit",
-    "enable.auto.offset.store",
-    "auto.offset.reset",
-    "group.id",
-];
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -52,14 +44,25 @@ pub struct Config {
     pub gateway: Option<toml::Table>,
 }
 
-#[derive(Clone, Debug, Deserialize, PartialEq)]
+/// The `[kafka]` table. `Debug` prints secret property values as `***`.
+#[derive(Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaConfig {
     /// Bootstrap servers, `host:port[,host:port...]`.
     #[serde(default = "default_bootstrap")]
     pub bootstrap: String,
-    /// Extra librdkafka consumer properties (e.g. `fetch.wait.max.ms`). The properties in
-    /// [`FIXED_CONSUMER_PROPERTIES`] are refused.
+    /// librdkafka properties set on every client the project creates (security, codecs,
+    /// tuning). The project's fixed settings ([`parsley_infra::kafka::FIXED_PROPERTIES`]) are
+    /// refused. Once loaded, it holds the values read from `property_files` too.
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+    /// librdkafka properties read from files (`"sasl.password" = "/run/secrets/kafka"`):
+    /// the value is the file's text without its trailing line end. A property may be in
+    /// `properties` or here, not both.
+    #[serde(default)]
+    pub property_files: BTreeMap<String, String>,
+    /// Extra librdkafka properties of the projector's task consumers only (e.g.
+    /// `fetch.wait.max.ms`), set after `properties`. The fixed settings are refused.
     #[serde(default)]
     pub consumer: BTreeMap<String, String>,
     /// Timeout of metadata, watermark and admin requests, in milliseconds.
@@ -71,19 +74,65 @@ impl Default for KafkaConfig {
     fn default() -> Self {
         KafkaConfig {
             bootstrap: default_bootstrap(),
+            properties: BTreeMap::new(),
+            property_files: BTreeMap::new(),
             consumer: BTreeMap::new(),
             request_timeout_ms: default_kafka_timeout_ms(),
         }
     }
 }
 
+impl KafkaConfig {
+    /// Where and how every client connects: the bootstrap servers and `properties`.
+    pub fn cluster(&self) -> Cluster {
+        Cluster::new(self.bootstrap.clone(), self.properties.clone())
+    }
+
+    /// Reads `property_files` into `properties`; every error names the key.
+    fn read_property_files(&mut self) -> anyhow::Result<()> {
+        for (name, path) in &self.property_files {
+            if let Some(why) = kafka::fixed_property(name) {
+                bail!("kafka.property_files.\"{name}\" is fixed by the project and may not be set: {why}");
+            }
+            if self.properties.contains_key(name) {
+                bail!("kafka.properties.\"{name}\" and kafka.property_files.\"{name}\" are both set: set one");
+            }
+            let value = read_secret_file(path).with_context(|| format!("kafka.property_files.\"{name}\""))?;
+            self.properties.insert(name.clone(), value);
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaConfig")
+            .field("cluster", &self.cluster())
+            .field("property_files", &self.property_files)
+            .field("consumer", &self.consumer)
+            .field("request_timeout_ms", &self.request_timeout_ms)
+            .finish()
+    }
+}
+
+/// The text of the file at `path` without its trailing line end (a secret's file, as Docker
+/// and Kubernetes mount them). The error names the path, never the content.
+pub fn read_secret_file(path: &str) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+    Ok(text.trim_end_matches(['\n', '\r']).to_string())
+}
+
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct DatabaseConfig {
     /// Postgres URL. Usually from the environment (it may hold a password): a [`Secret`],
-    /// never printed.
+    /// never printed. TLS is set by its parameters (`sslmode=verify-full`, `sslrootcert`,
+    /// `sslcert`, `sslkey`). Once loaded, it holds the text of `url_file` when that is set.
     #[serde(default)]
     pub url: Option<Secret<String>>,
+    /// A file holding the Postgres URL (a mounted secret); excludes `url`.
+    #[serde(default)]
+    pub url_file: Option<String>,
     #[serde(default = "default_max_connections")]
     pub max_connections: u32,
     /// How long to wait for a connection from the pool, in milliseconds.
@@ -110,6 +159,7 @@ impl Default for DatabaseConfig {
     fn default() -> Self {
         DatabaseConfig {
             url: None,
+            url_file: None,
             max_connections: default_max_connections(),
             acquire_timeout_ms: default_acquire_timeout_ms(),
             lock_timeout_ms: default_lock_timeout_ms(),
@@ -121,6 +171,16 @@ impl Default for DatabaseConfig {
 }
 
 impl DatabaseConfig {
+    /// Reads `url_file` into `url`.
+    fn read_url_file(&mut self) -> anyhow::Result<()> {
+        let Some(path) = &self.url_file else { return Ok(()) };
+        if self.url.is_some() {
+            bail!("database.url and database.url_file are both set: set one");
+        }
+        self.url = Some(read_secret_file(path).context("database.url_file")?.into());
+        Ok(())
+    }
+
     /// The bounds of every session the projector and the gateway open.
     pub fn session_bounds(&self) -> SessionBounds {
         let millis = |ms: u64| (ms > 0).then(|| Duration::from_millis(ms));
@@ -464,7 +524,8 @@ impl Config {
     /// Parses `text`, applies the overrides `env` holds (every section but `[gateway]`, which
     /// the gateway reads itself), validates.
     pub fn parse_with_env(text: &str, env: &Env) -> anyhow::Result<Config> {
-        let config = Config::from_text(text, env).map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+        let mut config = Config::from_text(text, env).map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+        config.read_files().map_err(|e| anyhow::anyhow!("invalid configuration: {e:#}"))?;
         config.validate()?;
         Ok(config)
     }
@@ -472,8 +533,9 @@ impl Config {
     /// Reads `path`, applies the environment overrides, validates.
     pub fn load(path: &Path) -> anyhow::Result<Config> {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let config = Config::from_text(&text, &Env::process())
+        let mut config = Config::from_text(&text, &Env::process())
             .map_err(|e| anyhow::anyhow!("invalid configuration in {}: {e}", path.display()))?;
+        config.read_files().map_err(|e| anyhow::anyhow!("invalid configuration in {}: {e:#}", path.display()))?;
         config.validate().with_context(|| format!("invalid configuration in {}", path.display()))?;
         Ok(config)
     }
@@ -481,13 +543,20 @@ impl Config {
     /// Deserializes `text` with the overrides of `env` applied to its tree; without any, the
     /// text is read directly (errors then point at its lines).
     fn from_text(text: &str, env: &Env) -> anyhow::Result<Config> {
-        let overrides = env::overrides(env, |section| section != GATEWAY_SECTION)?;
+        let mut overrides = env::overrides(env, |section| section != GATEWAY_SECTION)?;
         if overrides.is_empty() {
             return toml::from_str(text).map_err(anyhow::Error::new);
         }
         let mut tree: toml::Table = toml::from_str(text)?;
+        one_database_url(&mut tree, &mut overrides)?;
         env::apply(&mut tree, &overrides)?;
         env::deserialize(toml::Value::Table(tree), &[], &overrides)
+    }
+
+    /// Reads the values given as files: `kafka.property_files`, `database.url_file`.
+    fn read_files(&mut self) -> anyhow::Result<()> {
+        self.kafka.read_property_files()?;
+        self.database.read_url_file()
     }
 
     /// Checks what serde cannot; every message names the key.
@@ -495,9 +564,15 @@ impl Config {
         if self.kafka.bootstrap.trim().is_empty() {
             bail!("kafka.bootstrap must not be empty");
         }
-        for key in self.kafka.consumer.keys() {
-            if FIXED_CONSUMER_PROPERTIES.contains(&key.as_str()) {
-                bail!("kafka.consumer.\"{key}\" is fixed by the projector and may not be set");
+        for (table, names) in [
+            ("properties", self.kafka.properties.keys()),
+            ("property_files", self.kafka.property_files.keys()),
+            ("consumer", self.kafka.consumer.keys()),
+        ] {
+            for name in names {
+                if let Some(why) = kafka::fixed_property(name) {
+                    bail!("kafka.{table}.\"{name}\" is fixed by the project and may not be set: {why}");
+                }
             }
         }
         if self.database.max_connections == 0 {
@@ -641,6 +716,28 @@ impl Config {
     pub fn owner(&self) -> String {
         self.projector.owner.clone().unwrap_or_else(default_owner)
     }
+}
+
+/// `database.url` and `database.url_file` are one setting given two ways. A variable that sets
+/// one replaces the other from the file; two variables setting both are refused, except that
+/// the conventional `DATABASE_URL` (often set for other tools) yields to a URL file.
+fn one_database_url(tree: &mut toml::Table, overrides: &mut Vec<env::Override>) -> anyhow::Result<()> {
+    let sets = |overrides: &[env::Override], key: &str| overrides.iter().position(|o| o.path == ["database", key]);
+    if let (Some(url), Some(file)) = (sets(overrides, "url"), sets(overrides, "url_file")) {
+        if overrides[url].var != ENV_DATABASE_URL_FALLBACK {
+            bail!("{} and {} both set the database URL: set one", overrides[url].var, overrides[file].var);
+        }
+        overrides.remove(url);
+    }
+    if let Some(toml::Value::Table(database)) = tree.get_mut("database") {
+        if sets(overrides, "url").is_some() {
+            database.remove("url_file");
+        }
+        if sets(overrides, "url_file").is_some() {
+            database.remove("url");
+        }
+    }
+    Ok(())
 }
 
 /// `<hostname>-<pid>`: distinct per process, readable in status.
@@ -793,6 +890,13 @@ listen = "127.0.0.1:8080"
             ("[[models]]\nname = \"m\"\nmax_step_records = 0\ntopics = [{ name = \"t\" }]\n", "models[0].max_step_records"),
             ("[[models]]\nname = \"m\"\ninitial_position = \"middle\"\ntopics = [{ name = \"t\" }]\n", "middle"),
             ("[kafka]\nconsumer = { \"isolation.level\" = \"read_uncommitted\" }\n", "kafka.consumer.\"isolation.level\""),
+            ("[kafka.properties]\nacks = \"1\"\n", "kafka.properties.\"acks\""),
+            ("[kafka.properties]\n\"request.required.acks\" = \"1\"\n", "kafka.properties.\"request.required.acks\""),
+            ("[kafka.properties]\n\"bootstrap.servers\" = \"x:1\"\n", "kafka.bootstrap sets it"),
+            ("[kafka.property_files]\n\"group.id\" = \"/dev/null\"\n", "kafka.property_files.\"group.id\""),
+            ("[kafka.property_files]\n\"sasl.password\" = \"/nonexistent/p\"\n", "kafka.property_files.\"sasl.password\""),
+            ("[database]\nurl_file = \"/nonexistent/u\"\n", "database.url_file"),
+            ("[database]\nurl = \"postgres://h/d\"\nurl_file = \"/dev/null\"\n", "database.url and database.url_file"),
             ("[projector]\nmetrics_address = \"nowhere\"\n", "projector.metrics_address"),
             ("[projector]\nmax_backoff_ms = 1\ninitial_backoff_ms = 5\n", "projector.max_backoff_ms"),
             ("[projector]\nlog_start_check_ms = 5\n", "projector.log_start_check_ms"),
@@ -915,6 +1019,69 @@ listen = "127.0.0.1:8080"
             Config::parse_with_env(FULL, &env(&[("PARSLEY_MODELS__0__MAX_STEP_MS", "0")])).unwrap_err()
         );
         assert!(err.contains("models[0].max_step_ms"), "{err}");
+    }
+
+    #[test]
+    fn kafka_properties_come_from_the_file_the_environment_and_files() {
+        let dir = std::env::temp_dir().join(format!("parsley-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (password, url) = (dir.join("sasl-password"), dir.join("database-url"));
+        std::fs::write(&password, "hunter2\n").unwrap();
+        std::fs::write(&url, "postgres://u:from-file@h/db?sslmode=verify-full\r\n").unwrap();
+        let (password, url) = (password.to_str().unwrap(), url.to_str().unwrap());
+        let file = "[kafka.properties]\n\"security.protocol\" = \"sasl_ssl\"\n";
+        let c = Config::parse_with_env(
+            file,
+            &env(&[
+                ("PARSLEY_KAFKA__PROPERTIES__SASL_MECHANISM", "SCRAM-SHA-256"),
+                ("PARSLEY_KAFKA__PROPERTIES__SSL_CA_LOCATION", "/ca.pem"),
+                ("PARSLEY_KAFKA__PROPERTIES__LOG_LEVEL", "6"),
+                ("PARSLEY_KAFKA__PROPERTY_FILES__SASL_PASSWORD", password),
+                ("PARSLEY_KAFKA__CONSUMER__FETCH_WAIT_MAX_MS", "20"),
+                (ENV_DATABASE_URL_FILE, url),
+                // The conventional variable yields to a URL file.
+                (ENV_DATABASE_URL_FALLBACK, "postgres://ignored"),
+            ]),
+        )
+        .unwrap();
+        let cluster = c.kafka.cluster();
+        let property = |name: &str| cluster.properties.get(name).map(String::as_str);
+        assert_eq!(property("security.protocol"), Some("sasl_ssl"));
+        assert_eq!(property("sasl.mechanism"), Some("SCRAM-SHA-256"));
+        assert_eq!(property("ssl.ca.location"), Some("/ca.pem"));
+        assert_eq!(property("log_level"), Some("6"), "an underscored property keeps its name");
+        assert_eq!(property("sasl.password"), Some("hunter2"), "read from the file, line end dropped");
+        assert_eq!(c.kafka.consumer.get("fetch.wait.max.ms").map(String::as_str), Some("20"));
+        assert_eq!(c.database_url().unwrap(), "postgres://u:from-file@h/db?sslmode=verify-full");
+        let printed = format!("{c:?}");
+        assert!(
+            !printed.contains("hunter2") && !printed.contains("from-file") && printed.contains("sasl_ssl"),
+            "{printed}"
+        );
+
+        // A file's value and the same property in the table; a fixed property; two URLs.
+        let refused = |text: &str, pairs: &[(&str, &str)]| match Config::parse_with_env(text, &env(pairs)) {
+            Ok(_) => panic!("{text:?} with {pairs:?} was accepted"),
+            Err(e) => format!("{e:#}"),
+        };
+        let err = refused(file, &[("PARSLEY_KAFKA__PROPERTY_FILES__SECURITY_PROTOCOL", password)]);
+        assert!(err.contains("kafka.properties.\"security.protocol\" and kafka.property_files"), "{err}");
+        let err = refused("", &[("PARSLEY_KAFKA__PROPERTIES__ENABLE_IDEMPOTENCE", "false")]);
+        assert!(err.contains("kafka.properties.\"enable.idempotence\" is fixed"), "{err}");
+        let err = refused("", &[(ENV_DATABASE_URL, "postgres://a"), (ENV_DATABASE_URL_FILE, url)]);
+        assert!(err.contains(ENV_DATABASE_URL) && err.contains(ENV_DATABASE_URL_FILE), "{err}");
+        // A variable setting one of the two replaces the other from the file.
+        let c =
+            Config::parse_with_env("[database]\nurl = \"postgres://file\"\n", &env(&[(ENV_DATABASE_URL_FILE, url)]))
+                .unwrap();
+        assert!(c.database_url().unwrap().contains("from-file"));
+        let c = Config::parse_with_env(
+            &format!("[database]\nurl_file = {url:?}\n"),
+            &env(&[("PARSLEY_DATABASE__URL", "postgres://env")]),
+        )
+        .unwrap();
+        assert_eq!(c.database_url().unwrap(), "postgres://env");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

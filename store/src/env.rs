@@ -10,6 +10,12 @@
 //! in the file, and the error names the variable too. Variables without a double underscore
 //! (`PARSLEY_CONFIG`, `PARSLEY_TOKEN_KEYS`, ...) are not keys and are left alone.
 //!
+//! The tables whose keys are librdkafka property names ([`PROPERTY_TABLES`]: `[kafka.properties]`
+//! and its kin) cannot have their dots spelt in a variable's name: in the part after such a
+//! table, each `_` stands for a `.` (`PARSLEY_KAFKA__PROPERTIES__SASL_MECHANISM` sets
+//! `kafka.properties."sasl.mechanism"`). librdkafka's property names are dotted; the only
+//! settable ones with an underscore ([`UNDERSCORED_PROPERTIES`]) are kept as they are.
+//!
 //! The names used before this rule are kept as [`ALIASES`] of one key each, with their
 //! historical handling of blank values; the `PARSLEY_<SECTION>__<KEY>` form wins over an
 //! alias of the same key. `docs/configuration.md` lists both.
@@ -28,6 +34,8 @@ pub const SEPARATOR: &str = "__";
 
 /// Alias of `kafka.bootstrap`.
 pub const ENV_KAFKA_BOOTSTRAP: &str = "PARSLEY_KAFKA_BOOTSTRAP";
+/// Alias of `database.url_file`: a file holding the database URL.
+pub const ENV_DATABASE_URL_FILE: &str = "PARSLEY_DATABASE_URL_FILE";
 /// Alias of `database.url` (preferred over [`ENV_DATABASE_URL_FALLBACK`]).
 pub const ENV_DATABASE_URL: &str = "PARSLEY_DATABASE_URL";
 /// The conventional `DATABASE_URL`, an alias of `database.url` used when [`ENV_DATABASE_URL`]
@@ -81,6 +89,7 @@ pub const ALIASES: &[Alias] = &[
     alias(ENV_KAFKA_BOOTSTRAP, "kafka.bootstrap", false, Blank::Ignored),
     alias(ENV_DATABASE_URL, "database.url", false, Blank::Ignored),
     alias(ENV_DATABASE_URL_FALLBACK, "database.url", false, Blank::Ignored),
+    alias(ENV_DATABASE_URL_FILE, "database.url_file", true, Blank::Ignored),
     alias(ENV_METRICS_ADDRESS, "projector.metrics_address", false, Blank::Applied),
     alias(ENV_OWNER, "projector.owner", false, Blank::Ignored),
     alias(ENV_GATEWAY_LISTEN, "gateway.listen", true, Blank::Ignored),
@@ -91,6 +100,26 @@ pub const ALIASES: &[Alias] = &[
     alias(ENV_TOKEN_KEYS_FILE, "gateway.token_keys_file", true, Blank::Ignored),
     alias(ENV_GATEWAY_ADMIN_LISTEN, "gateway.admin_listen", true, Blank::Applied),
 ];
+
+/// The tables whose keys are librdkafka property names: in a variable's part after one of
+/// them, `_` stands for `.`.
+pub const PROPERTY_TABLES: &[[&str; 2]] =
+    &[["kafka", "properties"], ["kafka", "property_files"], ["kafka", "consumer"]];
+
+/// librdkafka's properties settable as text whose names hold an underscore (the others with
+/// one are callbacks, set through the API): a variable names them as they are.
+pub const UNDERSCORED_PROPERTIES: &[&str] = &["log_level", "enabled_events"];
+
+/// `path` with the part after a [`PROPERTY_TABLES`] table read as a property name.
+fn property_names(mut path: Vec<String>) -> Vec<String> {
+    if path.len() == 3
+        && PROPERTY_TABLES.iter().any(|t| path[..2] == t[..])
+        && !UNDERSCORED_PROPERTIES.contains(&path[2].as_str())
+    {
+        path[2] = path[2].replace('_', ".");
+    }
+    path
+}
 
 /// A snapshot of environment variables (names and values as text). `Debug` prints the names
 /// only: values may be secrets.
@@ -221,7 +250,7 @@ pub fn overrides(env: &Env, select: impl Fn(&str) -> bool) -> anyhow::Result<Vec
         if !rest.contains(SEPARATOR) {
             continue;
         }
-        let path: Vec<String> = rest.split(SEPARATOR).map(str::to_ascii_lowercase).collect();
+        let path = property_names(rest.split(SEPARATOR).map(str::to_ascii_lowercase).collect());
         if path.iter().any(String::is_empty) {
             bail!("{var} is not a configuration key: the form is {PREFIX}<SECTION>{SEPARATOR}<KEY>, parts not empty");
         }
