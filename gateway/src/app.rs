@@ -51,6 +51,8 @@ pub struct Inner {
     pub notifier: Arc<ClockNotifier>,
     /// Per model, the shared re-checks of waiting reads.
     pub feeds: crate::feed::Feeds,
+    /// Per model, the shape gated reads choose their clock rows by.
+    pub shapes: read::Shapes,
     /// The span exporter, when `otlp_endpoint` is set.
     pub otlp: Option<parsley_infra::otlp::Exporter>,
     pub metrics: Arc<Metrics>,
@@ -145,6 +147,7 @@ impl AppState {
             facts,
             notifier,
             feeds,
+            shapes: read::Shapes::default(),
             otlp,
             metrics,
             received_topics,

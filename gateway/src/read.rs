@@ -2,13 +2,21 @@
 //! owns the key) and `GET /v1/models/{model}/documents?limit=&after=` (served by every
 //! task).
 //!
-//! Each attempt is one `REPEATABLE READ, READ ONLY` transaction: it fetches the model's
-//! clock rows, asks the core's [`gate`] whether they cover the session, and only then reads
-//! the documents — in the same snapshot, so the rows served are the rows the clock
-//! describes — and computes the refreshed token with the core's [`refresh`]. When the clock
-//! does not cover the session the read waits, woken by the projector's `NOTIFY` (and a
-//! re-check timer), until `gateway.read_wait_ms` has passed; then it answers 503 with every
-//! gap. It never serves data the clock has not proven.
+//! Each attempt is one statement, one round trip ([`documents::gated_document`],
+//! [`documents::gated_page`]): the model's recorded row, the clock rows the core's [`gate`]
+//! and [`refresh`] read, and the document(s) — one snapshot even at `READ COMMITTED`, so the
+//! rows served are the rows the clock describes. The gate then runs here over those rows;
+//! only if it covers the session are the documents served from the same result, with the
+//! token refreshed. When the clock does not cover the session the read waits, woken by the
+//! projector's `NOTIFY` (and a re-check timer), until `gateway.read_wait_ms` has passed;
+//! then it answers 503 with every gap. It never serves data the clock has not proven.
+//!
+//! Which clock rows a single-key read fetches depends on the model's shape (its width names
+//! the key's owner, its received topics tell upstream channels apart), so the shape is
+//! cached per model ([`Shapes`]). It is never trusted past a change: every statement also
+//! returns the model's recorded row, and when the shape that row gives is not the one the
+//! rows were chosen by, the cache takes the new shape and the attempt is made again with
+//! every clock row of the model.
 //!
 //! A key or cursor no document can have (NUL, not UTF-8 after percent-decoding, longer than
 //! `max_key_bytes`) is refused before the database is asked; a database error is an outage
@@ -17,6 +25,7 @@
 //! refused `503 overloaded` at once.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use axum::extract::path::ErrorKind;
@@ -25,14 +34,13 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use parsley::gate::{gate, refresh, ClockRow, GateGap, ModelShape, Verdict};
+use parsley::gate::{gate, refresh, GateGap, ModelShape, Verdict};
 use parsley::murmur2::partition_for_key;
 use parsley::{CausalPast, ChannelId, TopicId};
 use parsley_store::config::ModelConfig;
-use parsley_store::documents;
+use parsley_store::documents::{self, ClockScope, Document, GatedSnapshot};
 use parsley_store::ordering::{self as store, ModelRow, TaskRow, TaskStatus};
 use serde_json::{json, Value};
-use sqlx::{Postgres, Transaction};
 
 use crate::app::AppState;
 use crate::database;
@@ -59,12 +67,28 @@ struct Served {
     refreshed: CausalPast,
 }
 
-/// An uncovered attempt: the gaps, the model as gated, and the involved tasks' rows.
+/// An uncovered attempt: the gaps, the model as gated, and whether it has state.
 struct Uncovered {
     gaps: Vec<GateGap>,
-    shape: ModelShape,
+    shape: Arc<ModelShape>,
     recorded: bool,
-    tasks: Vec<TaskRow>,
+}
+
+/// Per model, the shape the last gated read's statement found recorded: the read's next
+/// statement picks its clock rows by it, and checks it against the row it returns.
+#[derive(Debug, Default)]
+pub struct Shapes {
+    models: RwLock<BTreeMap<String, Arc<ModelShape>>>,
+}
+
+impl Shapes {
+    fn get(&self, model: &str) -> Option<Arc<ModelShape>> {
+        self.models.read().unwrap_or_else(|e| e.into_inner()).get(model).cloned()
+    }
+
+    fn put(&self, model: &str, shape: Arc<ModelShape>) {
+        self.models.write().unwrap_or_else(|e| e.into_inner()).insert(model.to_string(), shape);
+    }
 }
 
 pub async fn get_document(
@@ -271,7 +295,9 @@ async fn gated_read(
                         started.elapsed().as_secs_f64(),
                     );
                     tracing::info!(model = %model.name, gaps = uncovered.gaps.len(), "read not covered in time");
-                    return Err(not_yet_covered(state, &model.name, uncovered, started.elapsed()));
+                    // The tasks' rows only say why: read once, for the answer.
+                    let tasks = load_tasks(state, &model.name).await?;
+                    return Err(not_yet_covered(state, &model.name, uncovered, tasks, started.elapsed()));
                 }
                 // Wait for shared clock rows that cover the read (then attempt: the check and
                 // the data in one snapshot), or for the deadline (then attempt once more,
@@ -328,7 +354,7 @@ fn respond(target: &Target, body: Option<Value>, token: HeaderValue) -> Response
     }
 }
 
-/// One gate transaction: is `demand` covered, and if so the documents and `token` refreshed.
+/// One gated statement: is `demand` covered, and if so the documents and `token` refreshed.
 async fn attempt(
     state: &AppState,
     model: &ModelConfig,
@@ -336,40 +362,115 @@ async fn attempt(
     demand: &CausalPast,
     token: &CausalPast,
 ) -> Result<Result<Served, Uncovered>, ApiError> {
-    let retry_after = state.config.settings.retry_after_s;
-    let db = |e: anyhow::Error| database::failed(e, "the read", retry_after, None);
-    // One snapshot for the check and the data read, opened in one round trip.
-    let mut tx = store::begin_snapshot(&state.pool).await.map_err(|e| db(e.into()))?;
-    let recorded = store::load_model(&mut tx, &model.name).await.map_err(db)?;
-    let shape = model_shape(state, model, recorded.as_ref());
-    let rows: Vec<ClockRow> = store::clock_rows(&mut tx, &model.name).await.map_err(db)?;
+    let cached = state.shapes.get(&model.name);
+    // No read yet: the broker's description is the likely shape (checked like any other).
+    let mut shape = cached.clone().unwrap_or_else(|| Arc::new(model_shape(state, model, None)));
+    let mut scope = clock_scope(target, &shape, demand);
+    let snapshot = loop {
+        let snapshot = read_snapshot(state, model, target, &scope).await?;
+        let recorded = Arc::new(model_shape(state, model, snapshot.model.as_ref()));
+        let stale = recorded != shape;
+        if stale || cached.is_none() {
+            state.shapes.put(&model.name, Arc::clone(&recorded));
+        }
+        shape = recorded;
+        // Rows chosen by the shape this snapshot records (or all of them) are what the gate
+        // needs; rows chosen by a stale shape may not be: read again, every row.
+        if !stale || scope == ClockScope::All {
+            break snapshot;
+        }
+        scope = ClockScope::All;
+    };
     let served = served_tasks(target, &shape);
-    let verdict = gate(demand, &shape, &rows, &served);
+    let verdict = gate(demand, &shape, &snapshot.clock, &served);
     #[cfg(feature = "unsafe-ungated-reads")]
     let verdict = if ungated::on() { Verdict::Covered } else { verdict };
     match verdict {
         Verdict::Covered => {
-            let body = read_documents(&mut tx, &model.name, target).await.map_err(|e| {
-                // The only values from the client: the key or the cursor.
-                let rejected = match target {
-                    Target::One { .. } => ApiError::InvalidKey("the database cannot hold this key".into()),
-                    Target::Page { .. } => ApiError::InvalidQuery {
-                        parameter: Some("after".into()),
-                        detail: "the database cannot hold this cursor".into(),
-                    },
-                };
-                database::failed(e, "the read", retry_after, Some(rejected))
-            })?;
-            let refreshed = refresh(token, &shape, &rows, &served);
-            tx.commit().await.map_err(|e| db(e.into()))?;
-            Ok(Ok(Served { body, refreshed }))
+            let refreshed = refresh(token, &shape, &snapshot.clock, &served);
+            Ok(Ok(Served { body: body(snapshot.data), refreshed }))
         }
-        Verdict::NotCovered { gaps } => {
-            let tasks = store::load_tasks(&mut tx, &model.name).await.map_err(db)?;
-            tx.commit().await.map_err(|e| db(e.into()))?;
-            Ok(Err(Uncovered { gaps, shape, recorded: recorded.is_some(), tasks }))
+        Verdict::NotCovered { gaps } => Ok(Err(Uncovered { gaps, shape, recorded: snapshot.model.is_some() })),
+    }
+}
+
+/// The clock rows a read needs: for one key, those its owner's gate and refresh read (see
+/// [`ClockScope::Owner`]); a page is served by every task and reads every row.
+fn clock_scope(target: &Target, shape: &ModelShape, demand: &CausalPast) -> ClockScope {
+    match target {
+        Target::One { key } => ClockScope::Owner {
+            owner: partition_for_key(key.as_bytes(), shape.task_count),
+            received: shape.received_topics.iter().copied().collect(),
+            partitions: demand.iter().map(|(c, _)| c.partition).collect::<BTreeSet<u32>>().into_iter().collect(),
+        },
+        Target::Page { .. } => ClockScope::All,
+    }
+}
+
+/// What a read asks for, as data still to be served.
+enum Data {
+    One(Option<Document>),
+    /// The page with one document more than its limit, if there are more.
+    Page {
+        documents: Vec<Document>,
+        limit: u32,
+    },
+}
+
+/// The model's row, the clock rows of `scope` and the data, in one statement.
+async fn read_snapshot(
+    state: &AppState,
+    model: &ModelConfig,
+    target: &Target,
+    scope: &ClockScope,
+) -> Result<GatedSnapshot<Data>, ApiError> {
+    let retry_after = state.config.settings.retry_after_s;
+    let failed = |e: anyhow::Error| {
+        // The only values from the client: the key or the cursor.
+        let rejected = match target {
+            Target::One { .. } => ApiError::InvalidKey("the database cannot hold this key".into()),
+            Target::Page { .. } => ApiError::InvalidQuery {
+                parameter: Some("after".into()),
+                detail: "the database cannot hold this cursor".into(),
+            },
+        };
+        database::failed(e, "the read", retry_after, Some(rejected))
+    };
+    let mut conn = state.pool.acquire().await.map_err(|e| failed(e.into()))?;
+    match target {
+        Target::One { key } => {
+            let s = documents::gated_document(&mut conn, &model.name, key, scope).await.map_err(failed)?;
+            Ok(GatedSnapshot { model: s.model, clock: s.clock, data: Data::One(s.data) })
+        }
+        Target::Page { after, limit } => {
+            let s = documents::gated_page(&mut conn, &model.name, after.as_deref(), i64::from(*limit) + 1)
+                .await
+                .map_err(failed)?;
+            Ok(GatedSnapshot { model: s.model, clock: s.clock, data: Data::Page { documents: s.data, limit: *limit } })
         }
     }
+}
+
+/// The answer's body (`None`: no such document).
+fn body(data: Data) -> Option<Value> {
+    let json_of = |d: Document| json!({"key": d.key, "document": d.doc, "version": d.version});
+    match data {
+        Data::One(found) => found.map(json_of),
+        Data::Page { documents, limit } => {
+            let more = documents.len() > limit as usize;
+            let documents: Vec<Value> = documents.into_iter().take(limit as usize).map(json_of).collect();
+            let next = if more { documents.last().map(|d| d["key"].clone()) } else { None };
+            Some(json!({"documents": documents, "next": next}))
+        }
+    }
+}
+
+/// The model's task rows, for a 503's diagnosis.
+async fn load_tasks(state: &AppState, model: &str) -> Result<Vec<TaskRow>, ApiError> {
+    let retry_after = state.config.settings.retry_after_s;
+    let db = |e: anyhow::Error| database::failed(e, "the read", retry_after, None);
+    let mut conn = state.pool.acquire().await.map_err(|e| db(e.into()))?;
+    store::load_tasks(&mut conn, model).await.map_err(db)
 }
 
 /// The model as the projector recorded it (topic identities and task count); for a model
@@ -386,30 +487,6 @@ fn model_shape(state: &AppState, model: &ModelConfig, recorded: Option<&ModelRow
         model.topics.iter().find_map(|t| state.facts.cached_topic(&t.name)).map_or(1, |f| f.partitions.max(1))
     });
     ModelShape { received_topics, task_count }
-}
-
-async fn read_documents(
-    tx: &mut Transaction<'static, Postgres>,
-    model: &str,
-    target: &Target,
-) -> anyhow::Result<Option<Value>> {
-    match target {
-        Target::One { key } => {
-            let found = documents::document(tx, model, key).await?;
-            Ok(found.map(|d| json!({"key": d.key, "document": d.doc, "version": d.version})))
-        }
-        Target::Page { after, limit } => {
-            let rows = documents::page(tx, model, after.as_deref(), i64::from(*limit) + 1).await?;
-            let more = rows.len() > *limit as usize;
-            let documents: Vec<Value> = rows
-                .into_iter()
-                .take(*limit as usize)
-                .map(|d| json!({"key": d.key, "document": d.doc, "version": d.version}))
-                .collect();
-            let next = if more { documents.last().map(|d| d["key"].clone()) } else { None };
-            Ok(Some(json!({"documents": documents, "next": next})))
-        }
-    }
 }
 
 /// The token less the upstream pairs the cached log starts already show passed (what
@@ -483,7 +560,13 @@ async fn discarded(state: &AppState, uncovered: &Uncovered) -> Vec<Discarded> {
 /// The 503: every gap (topic name, partition, required, recorded) and the status of the
 /// involved tasks that are refused, failing or missing — their diagnosis and last error
 /// only with `gateway.public_diagnostics`.
-fn not_yet_covered(state: &AppState, model: &str, uncovered: Uncovered, waited: Duration) -> ApiError {
+fn not_yet_covered(
+    state: &AppState,
+    model: &str,
+    uncovered: Uncovered,
+    task_rows: Vec<TaskRow>,
+    waited: Duration,
+) -> ApiError {
     let name_of = |id: &TopicId| state.facts.cached_name(id);
     let mut involved = BTreeSet::new();
     let gaps: Vec<Value> = uncovered
@@ -505,7 +588,7 @@ fn not_yet_covered(state: &AppState, model: &str, uncovered: Uncovered, waited: 
     // Tasks nobody runs: their lease passed (or was handed back) and no instance took them.
     let mut unowned = Vec::new();
     for t in involved {
-        match uncovered.tasks.iter().find(|r| r.task == t) {
+        match task_rows.iter().find(|r| r.task == t) {
             None => tasks.push(json!({"task": t, "status": "missing"})),
             Some(row) => match row.status {
                 _ if !row.leased() => {

@@ -2,16 +2,22 @@
 //! projector's document projection reads and writes inside a step, what the gateway's gated
 //! reads serve, and what the demo counts.
 //!
+//! A gated read is one statement ([`gated_document`], [`gated_page`]): the model's row, the
+//! clock rows the gate needs and the documents, in one snapshot (a single statement is one
+//! snapshot even at `READ COMMITTED`) and one round trip, prepared once per connection.
+//!
 //! The step's statements return the sqlx error itself, so the projection can tell a value the
 //! table refused from an outage (`ProjectionError::database` in the projector).
 
-use anyhow::Context as _;
-use parsley::channel::{ChannelId, Position};
+use anyhow::{ensure, Context as _};
+use parsley::channel::{ChannelId, Position, TopicId};
+use parsley::gate::ClockRow;
 use serde_json::Value;
+use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row as _};
 use uuid::Uuid;
 
-use crate::ordering::uuid_of;
+use crate::ordering::{channel_of, topic_of, uuid_of, ModelRow};
 
 /// One document as stored.
 #[derive(Clone, Debug, PartialEq)]
@@ -103,35 +109,153 @@ pub async fn write(
     Ok(())
 }
 
-/// The document of `key`, if there is one.
-pub async fn document(conn: &mut PgConnection, model: &str, key: &str) -> Result<Option<Document>, sqlx::Error> {
-    let row = sqlx::query("SELECT doc, version FROM projection.documents WHERE model = $1 AND key = $2")
-        .bind(model)
-        .bind(key)
-        .fetch_optional(&mut *conn)
-        .await?;
-    row.map(|r| Ok(Document { key: key.to_string(), doc: r.try_get(0)?, version: r.try_get(1)? })).transpose()
+/// What a gated read's one statement returns: the model as recorded, the clock rows the
+/// gate asked for, and the data — all from the statement's one snapshot, so the rows served
+/// are the rows the clock describes. The data comes back whether or not the clock covers
+/// the session; the caller serves it only once the gate says so.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GatedSnapshot<T> {
+    /// The model's recorded width and topic identities (`None`: no state yet).
+    pub model: Option<ModelRow>,
+    pub clock: Vec<ClockRow>,
+    pub data: T,
 }
 
-/// At most `limit` documents in key order, those after `after` when given.
-pub async fn page(
+/// Which clock rows a gated single-key read fetches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClockScope {
+    /// Every row of the model.
+    All,
+    /// What the core's `gate` and `refresh` read for a read served by task `owner` alone,
+    /// given the model's `received` topics: every row of the owner (its received channels
+    /// for the refresh, the upstream channels for the gate), every row on a channel the
+    /// model does not receive (the refresh's upstream meet is over all tasks), and each task's
+    /// row on its own channel for the `partitions` the session names (a received pair is
+    /// checked on its owner). A superset of those rows is fetched — the received topics'
+    /// rows of those tasks — never fewer.
+    Owner { owner: u32, received: Vec<TopicId>, partitions: Vec<u32> },
+}
+
+/// The columns every gated read's statement starts with, and its shared joins: the model
+/// row, its topic identities and the clock rows as parallel arrays (one result row).
+macro_rules! gated_model_and_clock {
+    ($clock_filter:literal) => {
+        concat!(
+            "SELECT m.task_count, m.format_version, t.names, t.ids,
+                    c.tasks, c.topic_ids, c.partitions, c.positions, d.*
+             FROM (SELECT $1::text AS model) AS q
+             LEFT JOIN parsley.models m ON m.model = q.model
+             CROSS JOIN LATERAL (SELECT array_agg(topic_name) AS names, array_agg(topic_id) AS ids
+                                 FROM parsley.topics WHERE model = q.model) AS t
+             CROSS JOIN LATERAL (SELECT array_agg(task) AS tasks, array_agg(topic_id) AS topic_ids,
+                                        array_agg(partition) AS partitions, array_agg(position) AS positions
+                                 FROM parsley.clock c WHERE c.model = q.model AND ",
+            $clock_filter,
+            ") AS c "
+        )
+    };
+}
+
+/// One document and the clock rows `scope` names, in one statement (one snapshot even at
+/// `READ COMMITTED`; no transaction around it).
+pub async fn gated_document(
+    conn: &mut PgConnection,
+    model: &str,
+    key: &str,
+    scope: &ClockScope,
+) -> anyhow::Result<GatedSnapshot<Option<Document>>> {
+    let (all, owner, received, partitions) = match scope {
+        ClockScope::All => (true, 0, Vec::new(), Vec::new()),
+        ClockScope::Owner { owner, received, partitions } => (
+            false,
+            *owner as i32,
+            received.iter().map(uuid_of).collect::<Vec<Uuid>>(),
+            partitions.iter().map(|p| *p as i32).collect::<Vec<i32>>(),
+        ),
+    };
+    let row = sqlx::query(concat!(
+        gated_model_and_clock!(
+            "($2 OR c.task = $3 OR NOT (c.topic_id = ANY($4)) OR (c.task = c.partition AND c.task = ANY($5)))"
+        ),
+        "LEFT JOIN LATERAL (SELECT doc, version FROM projection.documents
+                            WHERE model = q.model AND key = $6) AS d ON true"
+    ))
+    .bind(model)
+    .bind(all)
+    .bind(owner)
+    .bind(&received)
+    .bind(&partitions)
+    .bind(key)
+    .fetch_one(&mut *conn)
+    .await
+    .with_context(|| format!("reading a document of model {model:?} with its clock"))?;
+    let doc: Option<Value> = row.try_get("doc")?;
+    let data = match doc {
+        None => None,
+        Some(doc) => Some(Document { key: key.to_string(), doc, version: row.try_get("version")? }),
+    };
+    Ok(GatedSnapshot { model: gated_model(&row)?, clock: gated_clock(&row)?, data })
+}
+
+/// At most `limit` documents in key order (those after `after` when given) and every clock
+/// row of the model, in one statement (one snapshot even at `READ COMMITTED`).
+pub async fn gated_page(
     conn: &mut PgConnection,
     model: &str,
     after: Option<&str>,
     limit: i64,
-) -> Result<Vec<Document>, sqlx::Error> {
-    let rows = sqlx::query(
-        "SELECT key, doc, version FROM projection.documents
-         WHERE model = $1 AND ($2::text IS NULL OR key > $2)
-         ORDER BY key LIMIT $3",
-    )
+) -> anyhow::Result<GatedSnapshot<Vec<Document>>> {
+    let row = sqlx::query(concat!(
+        gated_model_and_clock!("true"),
+        "CROSS JOIN LATERAL (SELECT array_agg(p.key ORDER BY p.key) AS keys, array_agg(p.doc ORDER BY p.key) AS docs,
+                                    array_agg(p.version ORDER BY p.key) AS versions
+                             FROM (SELECT key, doc, version FROM projection.documents
+                                   WHERE model = q.model AND ($2::text IS NULL OR key > $2)
+                                   ORDER BY key LIMIT $3) AS p) AS d"
+    ))
     .bind(model)
     .bind(after)
     .bind(limit)
-    .fetch_all(&mut *conn)
-    .await?;
+    .fetch_one(&mut *conn)
+    .await
+    .with_context(|| format!("reading a page of model {model:?} with its clock"))?;
     // A stored document that cannot be decoded is an error, never a panic.
-    rows.iter().map(|r| Ok(Document { key: r.try_get(0)?, doc: r.try_get(1)?, version: r.try_get(2)? })).collect()
+    let keys: Vec<String> = row.try_get::<Option<_>, _>("keys")?.unwrap_or_default();
+    let docs: Vec<Value> = row.try_get::<Option<_>, _>("docs")?.unwrap_or_default();
+    let versions: Vec<i64> = row.try_get::<Option<_>, _>("versions")?.unwrap_or_default();
+    ensure!(keys.len() == docs.len() && keys.len() == versions.len(), "a page's columns differ in length");
+    let data = keys.into_iter().zip(docs).zip(versions).map(|((key, doc), version)| Document { key, doc, version });
+    Ok(GatedSnapshot { model: gated_model(&row)?, clock: gated_clock(&row)?, data: data.collect() })
+}
+
+/// The model row of a gated read's result (`None`: the model has no state).
+fn gated_model(row: &PgRow) -> anyhow::Result<Option<ModelRow>> {
+    let Some(task_count) = row.try_get::<Option<i32>, _>("task_count")? else { return Ok(None) };
+    let task_count = u32::try_from(task_count).with_context(|| format!("a model records {task_count} tasks"))?;
+    let names: Vec<String> = row.try_get::<Option<_>, _>("names")?.unwrap_or_default();
+    let ids: Vec<Uuid> = row.try_get::<Option<_>, _>("ids")?.unwrap_or_default();
+    ensure!(names.len() == ids.len(), "a model's topic names and identities differ in number");
+    Ok(Some(ModelRow {
+        task_count,
+        format_version: row.try_get("format_version")?,
+        topics: names.into_iter().zip(ids.iter().map(topic_of)).collect(),
+    }))
+}
+
+/// The clock rows of a gated read's result.
+fn gated_clock(row: &PgRow) -> anyhow::Result<Vec<ClockRow>> {
+    let tasks: Vec<i32> = row.try_get::<Option<_>, _>("tasks")?.unwrap_or_default();
+    let topics: Vec<Uuid> = row.try_get::<Option<_>, _>("topic_ids")?.unwrap_or_default();
+    let partitions: Vec<i32> = row.try_get::<Option<_>, _>("partitions")?.unwrap_or_default();
+    let positions: Vec<i64> = row.try_get::<Option<_>, _>("positions")?.unwrap_or_default();
+    let n = tasks.len();
+    ensure!(topics.len() == n && partitions.len() == n && positions.len() == n, "clock columns differ in length");
+    (0..n)
+        .map(|i| {
+            let task = u32::try_from(tasks[i]).with_context(|| format!("a stored task {} is negative", tasks[i]))?;
+            Ok(ClockRow { task, channel: channel_of(topics[i], partitions[i])?, position: positions[i] })
+        })
+        .collect()
 }
 
 /// How many documents `model` has; 0 when the table does not exist yet (the migrations have

@@ -33,7 +33,7 @@ pub fn topic_of(uuid: &Uuid) -> TopicId {
     TopicId::from_bytes(*uuid.as_bytes())
 }
 
-fn channel_of(topic_id: Uuid, partition: i32) -> anyhow::Result<ChannelId> {
+pub(crate) fn channel_of(topic_id: Uuid, partition: i32) -> anyhow::Result<ChannelId> {
     let partition = u32::try_from(partition).with_context(|| format!("stored partition {partition} is negative"))?;
     Ok(ChannelId::new(topic_of(&topic_id), partition))
 }
@@ -971,8 +971,9 @@ pub async fn schema_exists(conn: &mut PgConnection) -> anyhow::Result<bool> {
         .context("looking for the projector's schema")
 }
 
-/// Opens the transaction of a gated read: one snapshot for the clock check and the data read
-/// (`REPEATABLE READ`), in which nothing writes (`READ ONLY`), in one round trip.
+/// Opens the transaction of the gateway's status read: one snapshot for its several
+/// aggregates (`REPEATABLE READ`), in which nothing writes (`READ ONLY`), in one round trip.
+/// (A gated read needs none: its check and data are one statement, [`crate::documents`].)
 pub async fn begin_snapshot(pool: &PgPool) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
     pool.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY").await
 }

@@ -173,10 +173,99 @@ async fn with_an_admin_token_the_main_listener_serves_admin_routes_to_its_bearer
     tokio::time::timeout(TIMEOUT, server).await.expect("the server stops").unwrap().unwrap();
 }
 
-/// The gate's check and data read must share one read-only snapshot: the statement that
-/// opens its transaction really gives repeatable read, read only.
+/// The gate's check and data read must share one snapshot. They are one statement, run
+/// outside any transaction at `READ COMMITTED`: while a writer commits a model's clock row
+/// and its document together, over and over, every read of the two by that statement agrees
+/// — for a single key (its owner's rows) and for a page (every row) alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gate_reads_the_clock_and_the_data_in_one_statement() {
+    use parsley::{ChannelId, TopicId};
+    use parsley_store::documents::{gated_document, gated_page, ClockScope};
+
+    let pool = pool().await;
+    let model = unique("one-statement");
+    // The model is the test's own, so any topic ID will do.
+    let topic = TopicId::from_bytes([7; 16]);
+    let channel = ChannelId::new(topic, 0);
+    parsley_store::ordering::register_model(&pool, &model, 1, &[("orders".to_string(), topic)]).await.unwrap();
+    parsley_store::ordering::take_task(&pool, &model, 0, "test").await.unwrap();
+    let id = uuid::Uuid::from_bytes(*topic.as_bytes());
+    sqlx::query("INSERT INTO parsley.clock (model, task, topic_id, partition, position) VALUES ($1, 0, $2, 0, 0)")
+        .bind(&model)
+        .bind(id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO projection.documents (model, key, task, doc, topic_id, partition, position)
+         VALUES ($1, 'k', 0, '{\"n\": 0}', $2, 0, 0)",
+    )
+    .bind(&model)
+    .bind(id)
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    // The writer: the clock row and the document move together, one transaction each step.
+    let (stop, mut stopped) = watch::channel(false);
+    let writer = tokio::spawn({
+        let (pool, model) = (pool.clone(), model.clone());
+        async move {
+            let mut n: i64 = 0;
+            while !*stopped.borrow_and_update() {
+                n += 1;
+                let mut tx = pool.begin().await.unwrap();
+                sqlx::query("UPDATE parsley.clock SET position = $2 WHERE model = $1")
+                    .bind(&model)
+                    .bind(n)
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap();
+                sqlx::query(
+                    "UPDATE projection.documents SET doc = jsonb_build_object('n', $2::bigint) WHERE model = $1",
+                )
+                .bind(&model)
+                .bind(n)
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+                tx.commit().await.unwrap();
+            }
+            n
+        }
+    });
+
+    let mut conn = pool.acquire().await.unwrap();
+    let isolation: String = sqlx::query_scalar("SHOW transaction_isolation").fetch_one(&mut *conn).await.unwrap();
+    assert_eq!(isolation, "read committed", "no transaction gives the snapshot: the statement does");
+    let scope = ClockScope::Owner { owner: 0, received: vec![topic], partitions: vec![0] };
+    let mut seen = std::collections::BTreeSet::new();
+    for round in 0..600 {
+        let (position, n) = if round % 2 == 0 {
+            let read = gated_document(&mut conn, &model, "k", &scope).await.unwrap();
+            let doc = read.data.expect("the document exists");
+            (read.clock.iter().find(|r| r.channel == channel).map(|r| r.position), doc.doc["n"].as_i64())
+        } else {
+            let read = gated_page(&mut conn, &model, None, 10).await.unwrap();
+            assert_eq!(read.model.as_ref().map(|m| m.task_count), Some(1));
+            (read.clock.iter().find(|r| r.channel == channel).map(|r| r.position), read.data[0].doc["n"].as_i64())
+        };
+        assert_eq!(position, n, "round {round}: the clock and the document come from one snapshot");
+        seen.insert(n);
+    }
+    stop.send(true).unwrap();
+    let written = writer.await.unwrap();
+    assert!(
+        seen.len() > 10,
+        "the writer committed while the reads ran ({} values seen, {written} written)",
+        seen.len()
+    );
+}
+
+/// The status read's transaction (`/v1/status`) is one snapshot: the statement that opens
+/// it really gives repeatable read, read only.
 #[tokio::test]
-async fn the_gate_transaction_is_one_read_only_snapshot() {
+async fn the_status_transaction_is_one_read_only_snapshot() {
     let pool = pool().await;
     let mut tx = parsley_store::ordering::begin_snapshot(&pool).await.unwrap();
     let isolation: String = sqlx::query_scalar("SHOW transaction_isolation").fetch_one(&mut *tx).await.unwrap();
