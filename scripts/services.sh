@@ -27,6 +27,15 @@ print_env() {
     say "         only, CA and client certificate in $TLS_DIR (docs/operations.md, \"Secured clusters\")"
 }
 
+# The system libraries the workspace links: OpenSSL (librdkafka's TLS and SASL SCRAM, and
+# sqlx's TLS to Postgres), found through pkg-config.
+build_deps_install() {
+    if ! command -v pkg-config >/dev/null 2>&1 || ! pkg-config --exists openssl; then
+        say "build: installing libssl-dev and pkg-config (OpenSSL for Kafka and Postgres TLS)"
+        apt_install libssl-dev pkg-config
+    fi
+}
+
 cmd_up() {
     [ "$(id -u)" = 0 ] || id -un | grep -qx postgres ||
         fail "run as root: the scripts install packages and start PostgreSQL as the postgres user"
@@ -36,6 +45,7 @@ cmd_up() {
     t0="$(now_s)"
     pg_install
     kafka_install
+    build_deps_install
     tls_make
     t1="$(now_s)"
     say "install/check of prerequisites took $((t1 - t0))s"

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use parsley::{ChannelId, Position, TopicId};
 use parsley_infra::facts::{self, Fact};
-use parsley_infra::kafka::Cluster;
+use parsley_infra::kafka::{Cluster, Diagnosing};
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 
 /// One topic as the broker describes it.
@@ -68,7 +68,7 @@ impl Topics {
 
 /// The cached facts and the client that refreshes them. Cheap to share (`Arc`).
 pub struct KafkaFacts {
-    client: Arc<BaseConsumer>,
+    client: Arc<BaseConsumer<Diagnosing>>,
     timeout: Duration,
     topics: RwLock<Topics>,
     offsets: Mutex<BTreeMap<ChannelId, OffsetFacts>>,
@@ -86,11 +86,11 @@ impl std::fmt::Debug for KafkaFacts {
 impl KafkaFacts {
     /// A client for `cluster`; connects lazily (creating it performs no I/O).
     pub fn new(cluster: impl Into<Cluster>, timeout: Duration) -> anyhow::Result<KafkaFacts> {
-        let client: BaseConsumer = parsley_infra::kafka::consumer_config(cluster, "parsley-gateway.metadata")
-            .set("isolation.level", "read_uncommitted")
-            .set("allow.auto.create.topics", "false")
-            .create()
-            .context("creating the gateway's Kafka metadata client")?;
+        let mut config = parsley_infra::kafka::consumer_config(cluster, "parsley-gateway.metadata");
+        config.set("isolation.level", "read_uncommitted").set("allow.auto.create.topics", "false");
+        // Its failures name the setting to check (logged by `/readyz`).
+        let client: BaseConsumer<Diagnosing> =
+            Diagnosing::create(&config).context("creating the gateway's Kafka metadata client")?;
         Ok(KafkaFacts {
             client: Arc::new(client),
             timeout,
@@ -253,7 +253,12 @@ impl KafkaFacts {
         let client = Arc::clone(&self.client);
         let timeout = self.timeout;
         tokio::task::spawn_blocking(move || {
-            client.fetch_metadata(None, timeout).map(|_| ()).context("fetching cluster metadata")
+            client.fetch_metadata(None, timeout).map(|_| ()).context("fetching cluster metadata").map_err(|e| {
+                match Diagnosing::diagnose(&client) {
+                    Some(d) => e.context(d),
+                    None => e,
+                }
+            })
         })
         .await
         .context("the metadata task panicked")?
@@ -283,7 +288,11 @@ impl Described {
 /// Describes `names` (all topics when `None`) by the shared policy: a named topic the
 /// broker reports unknown is missing; a topic whose metadata carries another error, or whose
 /// describe fails, is reported in `errors` — never as missing.
-fn describe(client: &BaseConsumer, names: Option<&[String]>, timeout: Duration) -> anyhow::Result<Described> {
+fn describe(
+    client: &BaseConsumer<Diagnosing>,
+    names: Option<&[String]>,
+    timeout: Duration,
+) -> anyhow::Result<Described> {
     let client = client.client();
     let mut out = Described::default();
     let described = match names {

@@ -14,11 +14,14 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer as _};
+use rdkafka::client::ClientContext;
+use rdkafka::config::{ClientConfig, FromClientConfigAndContext, RDKafkaLogLevel};
+use rdkafka::consumer::{BaseConsumer, Consumer as _, ConsumerContext};
+use rdkafka::error::{KafkaError, KafkaResult};
 
 /// The settings the project fixes on its clients, each with the reason; librdkafka's other
 /// names for them are listed too. `[kafka.properties]` and `kafka.consumer` may not set them.
@@ -144,6 +147,121 @@ pub fn consumer_config(cluster: impl Into<Cluster>, group_id: &str) -> ClientCon
         .set("enable.auto.offset.store", "false")
         .set("enable.partition.eof", "false");
     c
+}
+
+/// How long [`Diagnosing::diagnose`] waits for the reason of a failure just reported.
+pub const DIAGNOSIS_WAIT: Duration = Duration::from_millis(500);
+
+/// A client context that logs what librdkafka reports through `tracing` and keeps its last
+/// error. A refused password, an untrusted certificate or a plaintext client on a TLS
+/// listener is reported only here: the request that meets it fails as a transport failure or
+/// a timeout, so a caller adds [`Diagnosing::diagnose`] to that error.
+#[derive(Debug, Default)]
+pub struct Diagnosing {
+    /// The latest reasons, oldest first (at most [`KEPT_REASONS`]).
+    reasons: Mutex<Vec<String>>,
+}
+
+/// How many of the latest reasons a [`Diagnosing`] context keeps.
+const KEPT_REASONS: usize = 16;
+
+impl Diagnosing {
+    /// The last error librdkafka reported to `consumer`, led by the setting to check when it
+    /// is a known failure ([`explain`]), for a request that just failed. librdkafka queues
+    /// its logs and errors for the client's poll (a client used only for requests never
+    /// polls) and may fail the request a moment before it says why: this polls for up to
+    /// [`DIAGNOSIS_WAIT`] until a reason is there.
+    pub fn diagnose(consumer: &BaseConsumer<Diagnosing>) -> Option<String> {
+        let deadline = std::time::Instant::now() + DIAGNOSIS_WAIT;
+        loop {
+            // Serves the queued events (logs, errors) through the context; the consumer has
+            // nothing assigned, so no record comes out.
+            while let Some(polled) = consumer.poll(Duration::ZERO) {
+                if let Err(e) = polled {
+                    consumer.context().keep(&e.to_string());
+                }
+            }
+            let reasons = consumer.context().reasons.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            // A known failure says more than what follows from it ("all brokers are down").
+            let known = reasons.iter().rev().find_map(|r| known_failure(r).map(|_| explain(r)));
+            if known.is_some() || std::time::Instant::now() >= deadline {
+                return known.or_else(|| reasons.last().cloned());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// A client of `config` with this context, librdkafka's logs at info and above passed
+    /// on (rdkafka derives the level from the `log` crate's, which the project does not use;
+    /// a plaintext client's disconnection by a TLS listener is logged at info).
+    pub fn create<T: FromClientConfigAndContext<Diagnosing>>(config: &ClientConfig) -> KafkaResult<T> {
+        let mut config = config.clone();
+        config.set_log_level(RDKafkaLogLevel::Info);
+        config.create_with_context(Diagnosing::default())
+    }
+
+    fn keep(&self, reason: &str) {
+        let mut reasons = self.reasons.lock().unwrap_or_else(|e| e.into_inner());
+        if reasons.len() == KEPT_REASONS {
+            reasons.remove(0);
+        }
+        reasons.push(reason.to_string());
+    }
+}
+
+impl ClientContext for Diagnosing {
+    fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
+        // A connection's failure (facility FAIL) is a reason whatever its level.
+        let severe = matches!(
+            level,
+            RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical | RDKafkaLogLevel::Error
+        );
+        if facility == "FAIL" || severe {
+            self.keep(message);
+        }
+        match level {
+            RDKafkaLogLevel::Warning => tracing::warn!(facility, "librdkafka: {message}"),
+            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info | RDKafkaLogLevel::Debug => {
+                tracing::debug!(facility, "librdkafka: {message}")
+            }
+            _ => tracing::error!(facility, "librdkafka: {message}"),
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        tracing::warn!(%error, "librdkafka: {reason}");
+        self.keep(reason);
+    }
+}
+
+impl ConsumerContext for Diagnosing {}
+
+/// librdkafka's error text, led by the `[kafka.properties]` setting to check when it is a
+/// known failure: refused credentials, an untrusted certificate, a security protocol that
+/// does not match the listener.
+pub fn explain(reason: &str) -> String {
+    match known_failure(reason) {
+        Some(s) => format!("{s} ({reason})"),
+        None => reason.to_string(),
+    }
+}
+
+/// What a known failure means and the setting to check.
+fn known_failure(reason: &str) -> Option<&'static str> {
+    let r = reason.to_ascii_lowercase();
+    if r.contains("sasl authentication error") || r.contains("authentication failed") {
+        Some("the broker refused the credentials: check kafka.properties sasl.username, sasl.password and sasl.mechanism")
+    } else if r.contains("certificate verify failed") {
+        Some("the broker's certificate is not trusted: check kafka.properties ssl.ca.location")
+    } else if r.contains("security.protocol")
+        || r.contains("wrong version number")
+        || (r.contains("disconnected") && r.contains("in state apiversion_query"))
+    {
+        // A TLS listener closes a plaintext client's connection at its first request.
+        Some("the listener speaks another protocol: check kafka.properties security.protocol")
+    } else {
+        None
+    }
 }
 
 /// Group id of the short-lived consumers that only query offsets.

@@ -8,6 +8,11 @@
 //! from it. sqlx opens its sockets without `SO_KEEPALIVE` and has no setting for it, so the
 //! keepalive is the server's: it detects a client that vanished and ends its session,
 //! releasing the row locks it held.
+//!
+//! TLS is the URL's: `sslmode` (`verify-full` checks the certificate and the host name),
+//! `sslrootcert` (the CA file), `sslcert` and `sslkey` (a client certificate), read by sqlx
+//! and used through the system's OpenSSL. A failed connection names the URL's setting to
+//! check when the failure is a known one ([`explain`]).
 
 use std::str::FromStr as _;
 use std::time::Duration;
@@ -95,7 +100,35 @@ pub async fn connect_bounded(
         .acquire_timeout(acquire_timeout)
         .connect_with(connect_options(url, bounds)?)
         .await
-        .with_context(|| format!("connecting to Postgres at {} (is it up? `make services-up`)", redact(url)))
+        .map_err(|e| {
+            let hint = explain(&e).unwrap_or("is it up? `make services-up`");
+            anyhow::Error::new(e).context(format!("connecting to Postgres at {}: {hint}", redact(url)))
+        })
+}
+
+/// The setting of the database URL to check for a known connection failure: a refused
+/// password, a server that wants TLS or a client certificate, an untrusted certificate.
+pub fn explain(error: &sqlx::Error) -> Option<&'static str> {
+    match error {
+        sqlx::Error::Database(db) => {
+            let message = db.message();
+            match db.code().as_deref() {
+                Some("28P01") => Some("the server refused the password: check the password in database.url"),
+                Some("28000") if message.contains("no encryption") => Some(
+                    "the server accepts this user over TLS only: set sslmode=verify-full and sslrootcert in database.url",
+                ),
+                Some("28000") if message.contains("certificate") => {
+                    Some("the server wants a client certificate: set sslcert and sslkey in database.url")
+                }
+                _ => None,
+            }
+        }
+        sqlx::Error::Tls(e) if e.to_string().contains("certificate verify failed") => {
+            Some("the server's certificate is not trusted: check sslrootcert in database.url")
+        }
+        sqlx::Error::Tls(_) => Some("TLS failed: check sslmode, sslrootcert, sslcert and sslkey in database.url"),
+        _ => None,
+    }
 }
 
 /// [`connect_bounded`] with the default [`SessionBounds`].

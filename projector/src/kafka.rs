@@ -15,6 +15,7 @@ use parsley::engine::ChannelFact;
 use parsley::startup::ResolvedTopic;
 use parsley::{ChannelId, TopicId};
 use parsley_infra::facts::{self, Fact};
+use parsley_infra::kafka::Diagnosing;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer as _, StreamConsumer};
 use rdkafka::types::RDKafkaRespErr;
@@ -61,13 +62,20 @@ fn resolve_topics_blocking(
     names: &[String],
     timeout: Duration,
 ) -> anyhow::Result<Vec<ResolvedTopic>> {
-    let consumer: BaseConsumer = config.create().context("creating a Kafka client for metadata")?;
+    let bootstrap = config.get("bootstrap.servers").unwrap_or_default().to_string();
+    // The first request of a start: a refused password or an untrusted certificate is named.
+    let consumer: BaseConsumer<Diagnosing> =
+        Diagnosing::create(&config).context("creating a Kafka client for metadata")?;
     let mut resolved = Vec::with_capacity(names.len());
     let mut existing = Vec::new();
     for name in names {
         let metadata = consumer
             .fetch_metadata(Some(name), timeout)
-            .with_context(|| format!("fetching metadata of topic {name:?} (is Kafka reachable?)"))?;
+            .with_context(|| format!("fetching metadata of topic {name:?} (is Kafka reachable?)"))
+            .map_err(|e| match Diagnosing::diagnose(&consumer) {
+                Some(d) => e.context(format!("Kafka at {bootstrap}: {d}")),
+                None => e,
+            })?;
         let topic = metadata
             .topics()
             .iter()

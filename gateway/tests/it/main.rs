@@ -10,6 +10,7 @@ mod fleet;
 mod hostile;
 mod ops;
 mod retention;
+mod secured;
 mod sessions;
 mod support;
 mod tokens;
