@@ -50,6 +50,15 @@ api-fuzz:
 client-test:
 	@bash scripts/client-tests.sh
 
+# docker-compose.yml really run (podman, podman-compose, images built here; no registry):
+# the schema validated, the images built, read-your-writes through the composed gateway, the
+# whole stack restarted with its volumes and checked again, then removed. Not part of `make
+# test` (a few minutes). KEEP=1 leaves it up; FRESH=1 rebuilds every image from nothing. See
+# docs/operations.md ("Compose").
+.PHONY: compose-test
+compose-test:
+	@KEEP=$(KEEP) FRESH=$(FRESH) bash scripts/compose-test.sh
+
 services-up:
 	@bash scripts/services.sh up
 
