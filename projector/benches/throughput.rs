@@ -1,43 +1,84 @@
-//! Projector throughput against a naive projector, in one harness on the same data.
+//! Projector throughput on realistic workloads, against a naive projector on the same data,
+//! with the Postgres CPU each one costs.
 //!
-//! N small JSON records (each carrying a `parsley.causes` header naming an upstream
-//! channel) are produced to one topic with 4 partitions. Then, each on its own model:
-//! - `parsley`: the projector (4 tasks, causal gating, ordering state, clock rows, one
-//!   transaction per step);
-//! - `naive`: 4 consumers doing the same SQL — the document projection's batched upserts
-//!   plus the consumed offset stored in the same transaction — with no causal gating and
-//!   no ordering state;
-//! - `per-row`: the naive loop, but one upsert statement per record.
+//! Run it with `cargo bench -p parsley-projector --bench throughput`. Every run gets a
+//! database of its own (`CREATE DATABASE`, dropped right after the run), so each starts on
+//! an empty table and nothing is left in the shared one; the topics are deleted at the end.
 //!
-//! Each variant reads all N records from the start; the time is from start to the last
-//! commit. Not a timed test: run it with
-//! `cargo bench -p parsley-projector --bench throughput` (env: `BENCH_RECORDS`, default
-//! 100000; `BENCH_STEP_RECORDS`, default 2000; `BENCH_SKIP_PER_ROW=1` to skip the slow one).
+//! Workloads (`BENCH_WORKLOADS`, comma-separated; default `upsert-100b`):
+//! - `upsert-100b`: one replace topic, values of about 100 bytes, keys drawn from a quarter
+//!   of the record count (three records in four update an existing document);
+//! - `upsert-1kb`: the same with values of about 1 KiB;
+//! - `mix-100b`: two co-partitioned topics, one `replace` and one `merge` (half the records
+//!   each, same keys), every merge patch caused by the last replace of its partition;
+//! - `distinct-100b`: every key distinct (pure inserts), for comparison.
+//!
+//! Every record carries a `parsley.causes` header of realistic width: six pairs on upstream
+//! channels (a gateway session's causal past), plus the causing replace on the sibling
+//! topic for `mix-100b`'s patches.
+//!
+//! Variants (`BENCH_VARIANTS`; default `projector,naive`, plus `baseline` when
+//! `BENCH_BASELINE_BIN` is set):
+//! - `projector`: this build's `parsley-projector run`, launched as a process with a config
+//!   file (one process per `BENCH_INSTANCES`, sharing the model's tasks);
+//! - `baseline`: another build's binary (`BENCH_BASELINE_BIN`, e.g. an older commit built
+//!   in a worktree), launched the same way on the same topics — it runs its own migrations
+//!   in its own database;
+//! - `naive`: one consumer per partition in this process, applying each batch with this
+//!   build's document projection (the same SQL) and storing the consumed offsets in the
+//!   same transaction: no causal gating, no ordering state.
+//!
+//! Each variant reads every record from the start. Printed per run: seconds and records/s
+//! from launch to the last commit, records/s in steady state (from 10 % to 90 % of the
+//! records), and the Postgres CPU per 10⁵ records — utime + stime from `/proc` of the
+//! server's processes working for the run's database (its backends and autovacuum workers;
+//! the harness's own progress connection is left out), and of the whole server (which
+//! includes the WAL writer, the checkpointer and anything else running on the machine) —
+//! plus the client process's CPU and the server's WAL bytes per record.
+//!
+//! Other knobs: `BENCH_RECORDS` (default 200000; 1000000 for the long run),
+//! `BENCH_STEP_RECORDS` (default 2000), `BENCH_TASKS` (partition counts, comma-separated,
+//! default `4`), `BENCH_INSTANCES` (default 1), `BENCH_ROUNDS` (default 1; rounds alternate
+//! the variants' order), `BENCH_KEEP_LOGS=1` (keep the processes' logs in the temp dir).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
+use anyhow::{bail, Context as _};
 use parsley::channel::{ChannelId, TopicId};
 use parsley::CausalPast;
-use parsley_projector::config::{Apply, Config, InitialPosition, ModelConfig, TopicConfig};
-use parsley_projector::metrics::{Metrics, METRICS};
+use parsley_projector::config::{Apply, Config};
 use parsley_projector::projection::{Delivered, Projection, StepContext};
 use parsley_projector::record::Consumed;
-use parsley_projector::{kafka, migrations, DocumentProjection, ModelProjector};
+use parsley_projector::{kafka, migrations, DocumentProjection};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
-use sqlx::{PgPool, Row as _};
+use sqlx::{Connection as _, PgConnection};
 use tokio::sync::watch;
 
-const PARTITIONS: u32 = 4;
+/// The projector binary of this build.
+const PROJECTOR_BIN: &str = env!("CARGO_BIN_EXE_parsley-projector");
+/// Linux reports `/proc/<pid>/stat` times in USER_HZ, 100 on every architecture it runs on.
+const TICKS_PER_SECOND: f64 = 100.0;
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn env_list(name: &str, default: &str) -> Vec<String> {
+    std::env::var(name)
+        .unwrap_or_else(|_| default.to_string())
+        .split(',')
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
 }
 
 fn main() -> anyhow::Result<()> {
@@ -47,245 +88,837 @@ fn main() -> anyhow::Result<()> {
         println!("throughput: a benchmark; run it with `cargo bench -p parsley-projector --bench throughput`");
         return Ok(());
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(bench())
 }
 
+/// A named workload.
+#[derive(Clone, Copy, Debug)]
+struct Workload {
+    name: &'static str,
+    /// Distinct keys as a fraction of the records (`1`: every key distinct).
+    keys_divisor: usize,
+    value_bytes: usize,
+    /// Two topics, `replace` and `merge`, half the records each.
+    mix: bool,
+}
+
+const WORKLOADS: &[Workload] = &[
+    Workload { name: "upsert-100b", keys_divisor: 4, value_bytes: 100, mix: false },
+    Workload { name: "upsert-1kb", keys_divisor: 4, value_bytes: 1024, mix: false },
+    Workload { name: "mix-100b", keys_divisor: 4, value_bytes: 100, mix: true },
+    Workload { name: "distinct-100b", keys_divisor: 1, value_bytes: 100, mix: false },
+];
+
+/// The topics a workload was produced to, with their apply rule.
+struct Produced {
+    workload: Workload,
+    partitions: u32,
+    topics: Vec<(String, Apply)>,
+    /// Distinct keys in the data (checked against the documents at the end of each run).
+    keys: usize,
+}
+
+/// One measured run.
+struct Measured {
+    seconds: f64,
+    steady_per_s: f64,
+    /// Postgres CPU seconds: the run database's processes, whole run and steady part.
+    db_cpu: f64,
+    db_cpu_steady: f64,
+    steady_records: f64,
+    server_cpu: f64,
+    client_cpu: f64,
+    wal_bytes: f64,
+    /// Transactions committed in the run's database (the harness's own left out), and rows
+    /// inserted, updated and deleted: read after the run stopped.
+    commits: f64,
+    rows_written: f64,
+}
+
+struct Bench {
+    bootstrap: String,
+    database_url: String,
+    run: String,
+    records: usize,
+    step: usize,
+    instances: usize,
+    scratch: PathBuf,
+    /// Databases created and not yet dropped; topics created.
+    databases: Mutex<Vec<String>>,
+    topics: Mutex<Vec<String>>,
+    runs: Mutex<usize>,
+}
+
 async fn bench() -> anyhow::Result<()> {
-    let bootstrap = parsley_infra::env::kafka_bootstrap()?;
-    let database_url = parsley_infra::env::database_url()?;
-    let records = env_usize("BENCH_RECORDS", 100_000);
-    let step = env_usize("BENCH_STEP_RECORDS", 2_000);
-    let pool = parsley_infra::pg::connect(&database_url, 12, Duration::from_secs(30)).await?;
-    migrations::run(&pool).await?;
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS public.bench_naive_offsets (
-           model text NOT NULL, partition int NOT NULL, next_offset bigint NOT NULL, PRIMARY KEY (model, partition))",
-    )
-    .execute(&pool)
-    .await?;
-
-    let run = format!("bench-{}-{}", std::process::id(), rand_suffix());
-    let topic = format!("{run}.events");
-    let admin: AdminClient<DefaultClientContext> = parsley_infra::kafka::admin_config(&bootstrap).create()?;
-    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-    for r in admin.create_topics(&[NewTopic::new(&topic, PARTITIONS as i32, TopicReplication::Fixed(1))], &opts).await?
-    {
-        r.map_err(|(t, e)| anyhow::anyhow!("creating {t}: {e}"))?;
+    let records = env_usize("BENCH_RECORDS", 200_000);
+    let baseline = std::env::var("BENCH_BASELINE_BIN").ok().filter(|s| !s.is_empty());
+    let default_variants = if baseline.is_some() { "baseline,projector,naive" } else { "projector,naive" };
+    let variants = env_list("BENCH_VARIANTS", default_variants);
+    for v in &variants {
+        match v.as_str() {
+            "projector" | "naive" => {}
+            "baseline" if baseline.is_some() => {}
+            "baseline" => bail!("the baseline variant needs BENCH_BASELINE_BIN"),
+            other => bail!("unknown variant {other:?} (projector, baseline, naive)"),
+        }
     }
-    tokio::time::sleep(Duration::from_secs(1)).await;
-
-    println!("producing {records} records to {topic} ({PARTITIONS} partitions)...");
-    let produced = Instant::now();
-    produce(&bootstrap, &topic, records).await?;
-    println!("  produced in {:.1}s", produced.elapsed().as_secs_f64());
-
-    let mut config = Config::parse("")?;
-    config.kafka.bootstrap = bootstrap.clone();
-    config.database.url = Some(database_url.into());
-    config.projector.metrics_address = String::new();
-
-    let naive = naive_run(&config, &pool, &topic, &format!("{run}-naive"), records, step, true).await?;
-    let gated = parsley_run(&config, &pool, &topic, &format!("{run}-parsley"), records, step).await?;
-    let per_row = if std::env::var("BENCH_SKIP_PER_ROW").is_ok() {
-        None
-    } else {
-        Some(naive_run(&config, &pool, &topic, &format!("{run}-per-row"), records, step, false).await?)
+    let workloads = env_list("BENCH_WORKLOADS", "upsert-100b")
+        .iter()
+        .map(|name| {
+            WORKLOADS.iter().copied().find(|w| w.name == name).with_context(|| {
+                let known: Vec<&str> = WORKLOADS.iter().map(|w| w.name).collect();
+                format!("unknown workload {name:?} (one of {known:?})")
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let partition_counts = env_list("BENCH_TASKS", "4")
+        .iter()
+        .map(|t| t.parse::<u32>().ok().filter(|n| *n > 0).with_context(|| format!("BENCH_TASKS: {t:?}")))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let rounds = env_usize("BENCH_ROUNDS", 1).max(1);
+    let run = format!("bench{}x{}", std::process::id(), rand_suffix());
+    let bench = Bench {
+        bootstrap: parsley_infra::env::kafka_bootstrap()?,
+        database_url: parsley_infra::env::database_url()?,
+        run: run.clone(),
+        records,
+        step: env_usize("BENCH_STEP_RECORDS", 2_000),
+        instances: env_usize("BENCH_INSTANCES", 1).max(1),
+        scratch: std::env::temp_dir().join(&run),
+        databases: Mutex::new(Vec::new()),
+        topics: Mutex::new(Vec::new()),
+        runs: Mutex::new(0),
     };
+    std::fs::create_dir_all(&bench.scratch)?;
+    println!(
+        "records: {records}, step bound: {} records / 100 ms, instances: {}, rounds: {rounds}, run: {run}",
+        bench.step, bench.instances
+    );
+    println!("{:<14} {:>5} {:<10} {}", "workload", "tasks", "variant", COLUMNS.0);
+    println!("{:<14} {:>5} {:<10} {}", "", "", "", COLUMNS.1);
+    let outcome = measure_all(&bench, &workloads, &partition_counts, &variants, baseline.as_deref(), rounds).await;
+    let cleaned = bench.cleanup().await;
+    if std::env::var("BENCH_KEEP_LOGS").is_err() {
+        let _ = std::fs::remove_dir_all(&bench.scratch);
+    }
+    outcome.and(cleaned)
+}
 
-    println!();
-    println!("records: {records}, partitions: {PARTITIONS}, step bound: {step} records / 100 ms");
-    println!("naive (same SQL, no gating): {naive:>10.0} records/s");
-    println!("parsley projector:           {gated:>10.0} records/s");
-    println!("ratio parsley / naive:       {:>10.2}", gated / naive);
-    if let Some(per_row) = per_row {
-        println!("naive per-row upserts:       {per_row:>10.0} records/s");
-        println!("ratio parsley / per-row:     {:>10.2}", gated / per_row);
+async fn measure_all(
+    bench: &Bench,
+    workloads: &[Workload],
+    partition_counts: &[u32],
+    variants: &[String],
+    baseline: Option<&str>,
+    rounds: usize,
+) -> anyhow::Result<()> {
+    for workload in workloads {
+        for &partitions in partition_counts {
+            let produced = bench.produce(*workload, partitions).await?;
+            let mut results: HashMap<&str, Vec<Measured>> = HashMap::new();
+            for round in 0..rounds {
+                let mut order: Vec<&String> = variants.iter().collect();
+                if round % 2 == 1 {
+                    order.reverse();
+                }
+                for variant in order {
+                    let m = match variant.as_str() {
+                        "naive" => bench.run_naive(&produced).await?,
+                        "baseline" => bench.run_binary(&produced, baseline.expect("checked"), "baseline").await?,
+                        _ => bench.run_binary(&produced, PROJECTOR_BIN, "projector").await?,
+                    };
+                    print_row(workload.name, partitions, variant, bench.records, &m);
+                    results.entry(variant.as_str()).or_default().push(m);
+                }
+            }
+            print_ratios(&results);
+            bench.delete_topics(&produced).await?;
+        }
     }
     Ok(())
+}
+
+/// The measured columns' headings, two lines.
+const COLUMNS: (&str, &str) = (
+    "launch s  launch/s  steady/s   db cpu   steady   server   client  wal B/r rec/xact rows/rec",
+    "                             s/1e5    s/1e5    s/1e5    s/1e5                           ",
+);
+
+fn print_row(workload: &str, tasks: u32, variant: &str, records: usize, m: &Measured) {
+    let per = |cpu: f64, n: f64| cpu / n * 1e5;
+    let n = records as f64;
+    println!(
+        "{workload:<14} {tasks:>5} {variant:<10} {:>8.1} {:>9.0} {:>9.0} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.0} {:>8.0} {:>8.2}",
+        m.seconds,
+        n / m.seconds,
+        m.steady_per_s,
+        per(m.db_cpu, n),
+        per(m.db_cpu_steady, m.steady_records),
+        per(m.server_cpu, n),
+        per(m.client_cpu, n),
+        m.wal_bytes / n,
+        n / m.commits.max(1.0),
+        m.rows_written / n,
+    );
+}
+
+/// Medians over the rounds, and the ratios the evidence asks for.
+fn print_ratios(results: &HashMap<&str, Vec<Measured>>) {
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    let stat =
+        |variant: &str, f: fn(&Measured) -> f64| results.get(variant).map(|ms| median(&mut ms.iter().map(f).collect()));
+    let launch = |m: &Measured| 1.0 / m.seconds;
+    let steady = |m: &Measured| m.steady_per_s;
+    let cpu = |m: &Measured| m.db_cpu_steady / m.steady_records;
+    let pairs = [("projector", "naive"), ("projector", "baseline"), ("baseline", "naive")];
+    for (a, b) in pairs {
+        if let (Some(la), Some(lb), Some(sa), Some(sb), Some(ca), Some(cb)) =
+            (stat(a, launch), stat(b, launch), stat(a, steady), stat(b, steady), stat(a, cpu), stat(b, cpu))
+        {
+            println!(
+                "  {a} / {b} (medians): throughput from launch {:.2}, steady {:.2}; Postgres CPU per record (steady) {:.2}",
+                la / lb,
+                sa / sb,
+                ca / cb
+            );
+        }
+    }
 }
 
 fn rand_suffix() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() % 1_000_000_000)
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() % 1_000_000).unwrap_or(0)
 }
 
-async fn produce(bootstrap: &str, topic: &str, records: usize) -> anyhow::Result<()> {
-    let producer: FutureProducer = parsley_infra::kafka::producer_config(bootstrap)
-        .set("linger.ms", "20")
-        .set("batch.num.messages", "10000")
-        .set("queue.buffering.max.messages", "1000000")
-        .create()?;
-    let upstream = TopicId::from_bytes([0x42; 16]);
-    let mut pending = Vec::with_capacity(20_000);
-    for i in 0..records {
-        let key = format!("k{i}");
-        let value = format!("{{\"n\":{i},\"status\":\"placed\"}}");
-        let causes = CausalPast::from_pairs([(ChannelId::new(upstream, (i % 8) as u32), i as i64)]).encode();
-        let record = FutureRecord::to(topic)
-            .key(&key)
-            .payload(&value)
-            .headers(OwnedHeaders::new().insert(Header { key: "parsley.causes", value: Some(&causes) }));
-        let delivery = producer.send_result(record).map_err(|(e, _)| anyhow::anyhow!("enqueueing: {e}"))?;
-        pending.push(delivery);
-        if pending.len() == 20_000 {
-            for d in pending.drain(..) {
-                d.await.context("delivery canceled")?.map_err(|(e, _)| anyhow::anyhow!("producing: {e}"))?;
-            }
+/// `url` (`postgres://user:password@host:port/database?options`) with its database name
+/// replaced by `database`.
+fn with_database(url: &str, database: &str) -> anyhow::Result<String> {
+    let authority = url.find("://").context("the database URL has no scheme")? + 3;
+    let (base, query) = url.split_once('?').map(|(b, q)| (b, Some(q))).unwrap_or((url, None));
+    let path = base[authority..].find('/').map(|i| authority + i).unwrap_or(base.len());
+    let mut out = format!("{}/{database}", &base[..path]);
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    Ok(out)
+}
+
+/// A deterministic pseudo-random sequence (xorshift), so every run produces the same data.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// A JSON value of about `bytes` bytes for record `i` (an order, or a payment patch).
+fn value(i: usize, bytes: usize, patch: bool, rng: &mut Rng) -> String {
+    let mut v = if patch {
+        format!(
+            "{{\"payment\":{{\"id\":\"p-{i}\",\"amount\":{}.{:02},\"state\":\"captured\"}},\"paid\":true,\"note\":\"",
+            rng.next() % 1000,
+            rng.next() % 100
+        )
+    } else {
+        format!(
+            "{{\"n\":{i},\"status\":\"placed\",\"customer\":\"c-{}\",\"items\":{},\"total\":{}.{:02},\"note\":\"",
+            rng.next() % 100_000,
+            rng.next() % 9 + 1,
+            rng.next() % 1000,
+            rng.next() % 100
+        )
+    };
+    while v.len() + 2 < bytes {
+        v.push(char::from(b'a' + (rng.next() % 26) as u8));
+    }
+    v.push_str("\"}");
+    v
+}
+
+/// The partition of `key` among `partitions` (the same for both topics: co-partitioned).
+fn partition_of(key: &str, partitions: u32) -> u32 {
+    let mut h: u32 = 2_166_136_261;
+    for b in key.bytes() {
+        h = (h ^ b as u32).wrapping_mul(16_777_619);
+    }
+    h % partitions
+}
+
+/// Sums utime + stime of processes, from `/proc`.
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may contain spaces.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    // After the name: state is field 3, utime field 14, stime field 15.
+    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+}
+
+/// Every Postgres server process: pid, process title, CPU ticks.
+fn postgres_processes() -> Vec<(u32, String, u64)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let mut out = Vec::new();
+    for entry in dir.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        let Ok(comm) = std::fs::read_to_string(format!("/proc/{pid}/comm")) else { continue };
+        if comm.trim() != "postgres" {
+            continue;
+        }
+        let title = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+            .unwrap_or_default();
+        if let Some(ticks) = cpu_ticks(pid) {
+            out.push((pid, title, ticks));
         }
     }
-    for d in pending {
-        d.await.context("delivery canceled")?.map_err(|(e, _)| anyhow::anyhow!("producing: {e}"))?;
+    out
+}
+
+/// Postgres CPU since it was created, sampled from `/proc` every 100 ms (a backend that ends
+/// between two samples loses at most its last 100 ms).
+struct PgCpu {
+    /// pid → (ticks at the start, latest ticks, works for the run database).
+    seen: Arc<Mutex<HashMap<u32, (u64, u64, bool)>>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    sampler: Option<std::thread::JoinHandle<()>>,
+}
+
+impl PgCpu {
+    /// `database`: the run's database; `excluded`: the harness's own backends.
+    fn start(database: &str, excluded: Vec<u32>) -> PgCpu {
+        let mut seen = HashMap::new();
+        for (pid, title, ticks) in postgres_processes() {
+            seen.insert(pid, (ticks, ticks, works_for(&title, database) && !excluded.contains(&pid)));
+        }
+        let seen = Arc::new(Mutex::new(seen));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (s, st, db) = (seen.clone(), stop.clone(), database.to_string());
+        let sampler = std::thread::spawn(move || {
+            while !st.load(std::sync::atomic::Ordering::Relaxed) {
+                sample(&s, &db, &excluded);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        PgCpu { seen, stop, sampler: Some(sampler) }
+    }
+
+    /// CPU seconds so far: (the run database's processes, the whole server).
+    fn seconds(&self, database: &str, excluded: &[u32]) -> (f64, f64) {
+        sample(&self.seen, database, excluded);
+        let seen = self.seen.lock().expect("sampler");
+        let (mut db, mut all) = (0, 0);
+        for (first, last, ours) in seen.values() {
+            all += last - first;
+            if *ours {
+                db += last - first;
+            }
+        }
+        (db as f64 / TICKS_PER_SECOND, all as f64 / TICKS_PER_SECOND)
+    }
+}
+
+impl Drop for PgCpu {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(s) = self.sampler.take() {
+            let _ = s.join();
+        }
+    }
+}
+
+/// A backend's title is `postgres: <user> <database> <client> <activity>`, an autovacuum
+/// worker's `postgres: autovacuum worker <database>`.
+fn works_for(title: &str, database: &str) -> bool {
+    title.split(' ').any(|word| word == database)
+}
+
+fn sample(seen: &Mutex<HashMap<u32, (u64, u64, bool)>>, database: &str, excluded: &[u32]) {
+    let now = postgres_processes();
+    let mut seen = seen.lock().expect("sampler");
+    for (pid, title, ticks) in now {
+        let entry = seen.entry(pid).or_insert((0, 0, false));
+        entry.1 = entry.1.max(ticks);
+        // A new backend shows the server's own title until it has connected to its database.
+        entry.2 |= works_for(&title, database) && !excluded.contains(&pid);
+    }
+}
+
+impl Bench {
+    async fn admin_connection(&self) -> anyhow::Result<PgConnection> {
+        PgConnection::connect(&self.database_url).await.context("connecting to the database")
+    }
+
+    /// A new empty database for one run.
+    async fn create_database(&self, label: &str) -> anyhow::Result<String> {
+        let n = {
+            let mut runs = self.runs.lock().expect("runs");
+            *runs += 1;
+            *runs
+        };
+        let name = format!("{}_{n}_{label}", self.run);
+        let mut admin = self.admin_connection().await?;
+        sqlx::query(&format!("CREATE DATABASE \"{name}\"")).execute(&mut admin).await.context("creating a database")?;
+        self.databases.lock().expect("databases").push(name.clone());
+        Ok(name)
+    }
+
+    async fn drop_database(&self, name: &str) -> anyhow::Result<()> {
+        let mut admin = self.admin_connection().await?;
+        sqlx::query(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
+            .execute(&mut admin)
+            .await
+            .with_context(|| format!("dropping database {name}"))?;
+        self.databases.lock().expect("databases").retain(|d| d != name);
+        Ok(())
+    }
+
+    async fn cleanup(&self) -> anyhow::Result<()> {
+        let databases = self.databases.lock().expect("databases").clone();
+        for d in databases {
+            self.drop_database(&d).await?;
+        }
+        let topics = std::mem::take(&mut *self.topics.lock().expect("topics"));
+        if !topics.is_empty() {
+            let admin: AdminClient<DefaultClientContext> =
+                parsley_infra::kafka::admin_config(&self.bootstrap).create()?;
+            let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+            admin.delete_topics(&names, &AdminOptions::new()).await?;
+        }
+        Ok(())
+    }
+
+    async fn delete_topics(&self, produced: &Produced) -> anyhow::Result<()> {
+        let admin: AdminClient<DefaultClientContext> = parsley_infra::kafka::admin_config(&self.bootstrap).create()?;
+        let names: Vec<&str> = produced.topics.iter().map(|(t, _)| t.as_str()).collect();
+        for r in admin.delete_topics(&names, &AdminOptions::new()).await? {
+            r.map_err(|(t, e)| anyhow::anyhow!("deleting {t}: {e}"))?;
+        }
+        self.topics.lock().expect("topics").retain(|t| !names.contains(&t.as_str()));
+        Ok(())
+    }
+
+    /// Creates the workload's topics and writes its records.
+    async fn produce(&self, workload: Workload, partitions: u32) -> anyhow::Result<Produced> {
+        let prefix = format!("{}.{}.p{partitions}", self.run, workload.name);
+        let mut topics = vec![(format!("{prefix}.orders"), Apply::Replace)];
+        if workload.mix {
+            topics.push((format!("{prefix}.payments"), Apply::Merge));
+        }
+        let admin: AdminClient<DefaultClientContext> = parsley_infra::kafka::admin_config(&self.bootstrap).create()?;
+        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+        let new: Vec<NewTopic<'_>> =
+            topics.iter().map(|(t, _)| NewTopic::new(t, partitions as i32, TopicReplication::Fixed(1))).collect();
+        for r in admin.create_topics(&new, &opts).await? {
+            self.topics.lock().expect("topics").push(r.clone().unwrap_or_else(|(t, _)| t));
+            r.map_err(|(t, e)| anyhow::anyhow!("creating {t}: {e}"))?;
+        }
+        let names: Vec<String> = topics.iter().map(|(t, _)| t.clone()).collect();
+        let described = parsley_infra::describe_topics(&self.bootstrap, &names, Duration::from_secs(30)).await?;
+        let orders_id = TopicId::from_bytes(described[0].id);
+
+        let producer: FutureProducer = parsley_infra::kafka::producer_config(&self.bootstrap)
+            .set("linger.ms", "20")
+            .set("batch.num.messages", "10000")
+            .set("queue.buffering.max.messages", "1000000")
+            .create()?;
+        let started = Instant::now();
+        let upstream = TopicId::from_bytes([0x42; 16]);
+        let key_space = (self.records / workload.keys_divisor).max(1);
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        // Records written so far per partition of the orders topic: positions start at 0,
+        // one per record (a fresh topic, a non-transactional producer).
+        let mut orders_written = vec![0i64; partitions as usize];
+        let mut keys = std::collections::HashSet::new();
+        let mut pending = Vec::with_capacity(20_000);
+        for i in 0..self.records {
+            let key = if workload.keys_divisor == 1 {
+                format!("order-{i:08}")
+            } else {
+                format!("order-{:08}", rng.next() as usize % key_space)
+            };
+            keys.insert(key.clone());
+            let partition = partition_of(&key, partitions);
+            let patch = workload.mix && i % 2 == 1;
+            let mut pairs: Vec<(ChannelId, i64)> = (0..6u32)
+                .map(|j| (ChannelId::new(upstream, (i as u32 + j * 5) % 16), (i / 4 + j as usize) as i64))
+                .collect();
+            if patch && orders_written[partition as usize] > 0 {
+                pairs.push((ChannelId::new(orders_id, partition), orders_written[partition as usize] - 1));
+            }
+            let causes = CausalPast::from_pairs(pairs).encode();
+            let payload = value(i, workload.value_bytes, patch, &mut rng);
+            let topic = &topics[usize::from(patch)].0;
+            if !patch {
+                orders_written[partition as usize] += 1;
+            }
+            let record = FutureRecord::to(topic)
+                .partition(partition as i32)
+                .key(&key)
+                .payload(&payload)
+                .headers(OwnedHeaders::new().insert(Header { key: "parsley.causes", value: Some(&causes) }));
+            pending.push(producer.send_result(record).map_err(|(e, _)| anyhow::anyhow!("enqueueing: {e}"))?);
+            if pending.len() == 20_000 {
+                for d in pending.drain(..) {
+                    d.await.context("delivery canceled")?.map_err(|(e, _)| anyhow::anyhow!("producing: {e}"))?;
+                }
+            }
+        }
+        for d in pending {
+            d.await.context("delivery canceled")?.map_err(|(e, _)| anyhow::anyhow!("producing: {e}"))?;
+        }
+        println!(
+            "{:<14} {partitions:>5} produced {} records over {} keys to {} topic(s) in {:.1}s",
+            workload.name,
+            self.records,
+            keys.len(),
+            topics.len(),
+            started.elapsed().as_secs_f64()
+        );
+        Ok(Produced { workload, partitions, topics, keys: keys.len() })
+    }
+
+    /// Launches `instances` processes of `binary` on the workload and measures them.
+    async fn run_binary(&self, produced: &Produced, binary: &str, label: &str) -> anyhow::Result<Measured> {
+        let database = self.create_database(label).await?;
+        let url = with_database(&self.database_url, &database)?;
+        let model = format!("{label}-{}", produced.workload.name);
+        let config = self.scratch.join(format!("{database}.toml"));
+        std::fs::write(&config, self.config_file(produced, &model))?;
+        let mut progress = Progress::connect(&url, &database).await?;
+        let mut children = Vec::new();
+        let started = Instant::now();
+        for i in 0..self.instances {
+            let log = std::fs::File::create(self.scratch.join(format!("{database}.{i}.log")))?;
+            let child = Command::new(binary)
+                .args(["run", "--config"])
+                .arg(&config)
+                .env("PARSLEY_DATABASE_URL", &url)
+                .env("PARSLEY_OWNER", format!("bench-{i}"))
+                .env("RUST_LOG", "warn")
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .with_context(|| format!("launching {binary}"))?;
+            children.push(child);
+        }
+        let pids: Vec<u32> = children.iter().map(Child::id).collect();
+        let outcome = progress
+            .follow(self.records, started, &mut || {
+                pids.iter().map(|p| cpu_ticks(*p).unwrap_or(0)).sum::<u64>() as f64 / TICKS_PER_SECOND
+            })
+            .await;
+        for child in &mut children {
+            stop(child);
+        }
+        let outcome = match outcome {
+            Ok(mut m) => {
+                progress.database_counters(&mut m).await;
+                check(&url, &model, produced, self.records).await.map(|()| m)
+            }
+            Err(e) => Err(e),
+        };
+        if outcome.is_err() {
+            eprintln!("  logs of the failed run: {}", self.scratch.join(format!("{database}.*.log")).display());
+        }
+        drop(progress);
+        self.drop_database(&database).await?;
+        outcome
+    }
+
+    fn config_file(&self, produced: &Produced, model: &str) -> String {
+        let topics: Vec<String> = produced
+            .topics
+            .iter()
+            .map(|(t, apply)| {
+                let apply = match apply {
+                    Apply::Replace => "replace",
+                    Apply::Merge => "merge",
+                };
+                format!("{{ name = \"{t}\", apply = \"{apply}\" }}")
+            })
+            .collect();
+        format!(
+            "[kafka]\nbootstrap = \"{}\"\n\n[projector]\nmetrics_address = \"\"\n\n[[models]]\nname = \"{model}\"\n\
+             projection = \"documents\"\ninitial_position = \"earliest\"\nmax_step_records = {}\nmax_step_ms = 100\n\
+             topics = [{}]\n",
+            self.bootstrap,
+            self.step,
+            topics.join(", ")
+        )
+    }
+
+    /// One consumer per partition, each applying its batches with the document projection
+    /// and storing its offsets in the same transaction.
+    async fn run_naive(&self, produced: &Produced) -> anyhow::Result<Measured> {
+        let database = self.create_database("naive").await?;
+        let url = with_database(&self.database_url, &database)?;
+        let model = format!("naive-{}", produced.workload.name);
+        let pool = parsley_infra::pg::connect(&url, produced.partitions + 1, Duration::from_secs(30)).await?;
+        migrations::run(&pool).await?;
+        sqlx::query(
+            "CREATE TABLE public.bench_naive_offsets (
+               model text NOT NULL, topic text NOT NULL, partition int NOT NULL, next_offset bigint NOT NULL,
+               PRIMARY KEY (model, topic, partition))",
+        )
+        .execute(&pool)
+        .await?;
+        let mut progress = Progress::connect(&url, &database).await?;
+        let mut config = Config::parse("")?;
+        config.kafka.bootstrap = self.bootstrap.clone();
+        let started = Instant::now();
+        let own_cpu_at_start = cpu_ticks(std::process::id()).unwrap_or(0);
+        let (stop, shutdown) = watch::channel(false);
+        let mut handles = Vec::new();
+        for partition in 0..produced.partitions {
+            let consumer: StreamConsumer = kafka::consumer_config(&config.kafka, &model).create()?;
+            let mut tpl = TopicPartitionList::new();
+            for (topic, _) in &produced.topics {
+                tpl.add_partition_offset(topic, partition as i32, Offset::Offset(0))?;
+            }
+            consumer.assign(&tpl)?;
+            let (pool, model, topics, step) = (pool.clone(), model.clone(), produced.topics.clone(), self.step);
+            let shutdown = shutdown.clone();
+            handles.push(tokio::spawn(async move {
+                naive_loop(consumer, pool, model, topics, partition, step, shutdown).await
+            }));
+        }
+        let outcome = progress
+            .follow(self.records, started, &mut || {
+                (cpu_ticks(std::process::id()).unwrap_or(0) - own_cpu_at_start) as f64 / TICKS_PER_SECOND
+            })
+            .await;
+        stop.send(true)?;
+        for h in handles {
+            h.await??;
+        }
+        pool.close().await;
+        let outcome = match outcome {
+            Ok(mut m) => {
+                progress.database_counters(&mut m).await;
+                check(&url, &model, produced, self.records).await.map(|()| m)
+            }
+            Err(e) => Err(e),
+        };
+        drop(progress);
+        self.drop_database(&database).await?;
+        outcome
+    }
+}
+
+async fn naive_loop(
+    consumer: StreamConsumer,
+    pool: sqlx::PgPool,
+    model: String,
+    topics: Vec<(String, Apply)>,
+    partition: u32,
+    step: usize,
+    shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let projection = DocumentProjection::new(topics.iter().cloned());
+    let channels: Vec<ChannelId> =
+        (0..topics.len()).map(|t| ChannelId::new(TopicId::from_bytes([0x11 + t as u8; 16]), partition)).collect();
+    let no_causes = CausalPast::new();
+    while !*shutdown.borrow() {
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(100);
+        let mut batch: Vec<(usize, Consumed)> = Vec::new();
+        while batch.len() < step {
+            match tokio::time::timeout_at(deadline, consumer.recv()).await {
+                Err(_) => break,
+                Ok(Ok(m)) => {
+                    let t = topics.iter().position(|(name, _)| name == rdkafka::Message::topic(&m)).unwrap_or(0);
+                    batch.push((t, Consumed::from_message(&m)));
+                }
+                Ok(Err(e)) => bail!("consumer: {e}"),
+            }
+        }
+        if batch.is_empty() {
+            continue;
+        }
+        let mut next: Vec<Option<i64>> = vec![None; topics.len()];
+        let views: Vec<Delivered<'_>> = batch
+            .iter()
+            .map(|(t, c)| {
+                next[*t] = Some(c.offset + 1);
+                Delivered {
+                    topic: &topics[*t].0,
+                    channel: channels[*t],
+                    position: c.offset,
+                    key: c.data.key.as_deref(),
+                    value: c.data.value.as_deref(),
+                    headers: &c.data.headers,
+                    timestamp_ms: c.data.timestamp_ms,
+                    causes: &no_causes,
+                }
+            })
+            .collect();
+        let mut tx = pool.begin().await?;
+        projection.apply_batch(&mut tx, StepContext { model: &model, task: partition }, &views).await?;
+        for (t, next) in next.iter().enumerate() {
+            let Some(next) = next else { continue };
+            sqlx::query(
+                "INSERT INTO public.bench_naive_offsets (model, topic, partition, next_offset) VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (model, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset",
+            )
+            .bind(&model)
+            .bind(&topics[t].0)
+            .bind(partition as i32)
+            .bind(next)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
     }
     Ok(())
 }
 
-fn model_config(name: &str, topic: &str, step: usize) -> ModelConfig {
-    ModelConfig {
-        name: name.to_string(),
-        projection: Default::default(),
-        topics: vec![TopicConfig { name: topic.to_string(), apply: Apply::Replace, initial_position: None }],
-        initial_position: InitialPosition::Earliest,
-        max_step_records: step,
-        max_step_ms: 100,
-        step_linger_ms: 5,
-        tasks: None,
-        on_rejected: Default::default(),
-        max_held_records: 100_000,
-        max_held_bytes: 256 * 1024 * 1024,
-    }
-}
-
-async fn parsley_run(
-    config: &Config,
-    pool: &PgPool,
-    topic: &str,
-    model: &str,
-    records: usize,
-    step: usize,
-) -> anyhow::Result<f64> {
-    let mut config = config.clone();
-    config.models = vec![model_config(model, topic, step)];
-    let projection = Arc::new(DocumentProjection::from_model(&config.models[0]));
-    let started = Instant::now();
-    let projector =
-        ModelProjector::start(&config, &config.models[0], pool.clone(), projection, Metrics::new(METRICS)).await?;
-    let (stop, shutdown) = watch::channel(false);
-    let running = tokio::spawn(projector.run(shutdown));
-    wait_for(
-        pool,
-        "SELECT coalesce(sum(fed_up_to + 1), 0)::int8 FROM parsley.channels WHERE model = $1",
-        model,
-        records,
-    )
-    .await?;
-    let elapsed = started.elapsed().as_secs_f64();
-    stop.send(true)?;
-    running.await??;
-    let held: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM parsley.held WHERE model = $1").bind(model).fetch_one(pool).await?;
-    anyhow::ensure!(held == 0, "records left held");
-    println!("  parsley: {records} records in {elapsed:.1}s");
-    Ok(records as f64 / elapsed)
-}
-
-async fn wait_for(pool: &PgPool, sql: &str, model: &str, records: usize) -> anyhow::Result<()> {
-    loop {
-        let done: i64 = sqlx::query(sql).bind(model).fetch_one(pool).await?.get(0);
-        if done as usize >= records {
-            return Ok(());
+/// Sends SIGTERM and waits a little for a clean stop; kills after that.
+fn stop(child: &mut Child) {
+    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    for _ in 0..100 {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        std::thread::sleep(Duration::from_millis(50));
     }
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
-/// The naive projector: per partition, poll a batch, apply it with the document
-/// projection (batched or per row), store the next offset, commit.
-async fn naive_run(
-    config: &Config,
-    pool: &PgPool,
-    topic: &str,
-    model: &str,
-    records: usize,
-    step: usize,
-    batched: bool,
-) -> anyhow::Result<f64> {
-    let started = Instant::now();
-    let mut handles = Vec::new();
-    let (stop, shutdown) = watch::channel(false);
-    for partition in 0..PARTITIONS {
-        let consumer: StreamConsumer = kafka::consumer_config(&config.kafka, model).create()?;
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(topic, partition as i32, Offset::Offset(0))?;
-        consumer.assign(&tpl)?;
-        let pool = pool.clone();
-        let (topic, model) = (topic.to_string(), model.to_string());
-        let projection = DocumentProjection::new([(topic.clone(), Apply::Replace)]);
-        let shutdown = shutdown.clone();
-        handles.push(tokio::spawn(async move {
-            let channel = ChannelId::new(TopicId::from_bytes([0x11; 16]), partition);
-            let no_causes = CausalPast::new();
-            while !*shutdown.borrow() {
-                let deadline = tokio::time::Instant::now() + Duration::from_millis(100);
-                let mut batch: Vec<Consumed> = Vec::new();
-                while batch.len() < step {
-                    match tokio::time::timeout_at(deadline, consumer.recv()).await {
-                        Err(_) => break,
-                        Ok(Ok(m)) => batch.push(Consumed::from_message(&m)),
-                        Ok(Err(e)) => anyhow::bail!("consumer: {e}"),
-                    }
-                }
-                let Some(last) = batch.last().map(|c| c.offset) else { continue };
-                let views: Vec<Delivered<'_>> = batch
-                    .iter()
-                    .map(|c| Delivered {
-                        topic: &topic,
-                        channel,
-                        position: c.offset,
-                        key: c.data.key.as_deref(),
-                        value: c.data.value.as_deref(),
-                        headers: &c.data.headers,
-                        timestamp_ms: c.data.timestamp_ms,
-                        causes: &no_causes,
-                    })
-                    .collect();
-                let ctx = StepContext { model: &model, task: partition };
-                let mut tx = pool.begin().await?;
-                if batched {
-                    projection.apply_batch(&mut tx, ctx, &views).await?;
-                } else {
-                    for v in &views {
-                        projection.apply(&mut tx, ctx, v).await?;
-                    }
-                }
-                sqlx::query(
-                    "INSERT INTO public.bench_naive_offsets (model, partition, next_offset) VALUES ($1, $2, $3)
-                     ON CONFLICT (model, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset",
-                )
-                .bind(&model)
-                .bind(partition as i32)
-                .bind(last + 1)
-                .execute(&mut *tx)
-                .await?;
-                tx.commit().await?;
+/// Every record was applied exactly once: the documents are the distinct keys, and their
+/// versions (records applied; the workloads have no tombstones) sum to the record count.
+async fn check(url: &str, model: &str, produced: &Produced, records: usize) -> anyhow::Result<()> {
+    let mut conn = PgConnection::connect(url).await?;
+    let (docs, versions): (i64, i64) =
+        sqlx::query_as("SELECT count(*), coalesce(sum(version), 0)::int8 FROM projection.documents WHERE model = $1")
+            .bind(model)
+            .fetch_one(&mut conn)
+            .await?;
+    anyhow::ensure!(
+        docs as usize == produced.keys && versions as usize == records,
+        "{model}: {docs} documents with versions summing to {versions}; expected {} and {records}",
+        produced.keys
+    );
+    Ok(())
+}
+
+/// Follows a run's progress from a connection of its own (left out of the CPU figures).
+struct Progress {
+    conn: PgConnection,
+    database: String,
+    excluded: Vec<u32>,
+    cpu: PgCpu,
+    /// Transactions this connection committed.
+    queries: i64,
+}
+
+impl Progress {
+    async fn connect(url: &str, database: &str) -> anyhow::Result<Progress> {
+        let mut conn = PgConnection::connect(url).await?;
+        let own: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut conn).await?;
+        let excluded = vec![own as u32];
+        let cpu = PgCpu::start(database, excluded.clone());
+        Ok(Progress { conn, database: database.to_string(), excluded, cpu, queries: 1 })
+    }
+
+    /// Records done: delivered and committed by a projector (read and not held), or
+    /// committed by the naive loop. 0 until the schema exists.
+    async fn done(&mut self) -> i64 {
+        let sql = "SELECT coalesce((SELECT sum(fed_up_to + 1) FROM parsley.channels), 0)::int8
+                        - (SELECT count(*) FROM parsley.held)
+                        + coalesce((SELECT sum(next_offset) FROM public.bench_naive_offsets), 0)::int8";
+        let naive_only = "SELECT coalesce(sum(next_offset), 0)::int8 FROM public.bench_naive_offsets";
+        let projector_only = "SELECT coalesce((SELECT sum(fed_up_to + 1) FROM parsley.channels), 0)::int8
+                                   - (SELECT count(*) FROM parsley.held)";
+        for q in [sql, naive_only, projector_only] {
+            if let Ok(n) = sqlx::query_scalar::<_, i64>(q).fetch_one(&mut self.conn).await {
+                self.queries += 1;
+                return n;
             }
-            Ok(())
-        }));
+        }
+        0
     }
-    wait_for(
-        pool,
-        "SELECT coalesce(sum(next_offset), 0)::int8 FROM public.bench_naive_offsets WHERE model = $1",
-        model,
-        records,
-    )
-    .await?;
-    let elapsed = started.elapsed().as_secs_f64();
-    stop.send(true)?;
-    for h in handles {
-        h.await??;
+
+    /// Fills in the database's counters of `m`, once the run stopped (a backend reports
+    /// its counters when it ends). Every query of this connection committed one transaction.
+    async fn database_counters(&mut self, m: &mut Measured) {
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        let _: Result<_, _> = sqlx::query("SELECT pg_stat_clear_snapshot()").execute(&mut self.conn).await;
+        self.queries += 1;
+        let row: Result<(i64, i64), _> = sqlx::query_as(
+            "SELECT xact_commit, tup_inserted + tup_updated + tup_deleted FROM pg_stat_database
+             WHERE datname = current_database()",
+        )
+        .fetch_one(&mut self.conn)
+        .await;
+        self.queries += 1;
+        if let Ok((commits, rows)) = row {
+            m.commits = (commits - self.queries) as f64;
+            m.rows_written = rows as f64;
+        }
     }
-    println!("  {}: {records} records in {elapsed:.1}s", if batched { "naive" } else { "per-row" });
-    Ok(records as f64 / elapsed)
+
+    async fn wal_lsn(&mut self) -> f64 {
+        self.queries += 1;
+        sqlx::query_scalar::<_, f64>("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::float8")
+            .fetch_one(&mut self.conn)
+            .await
+            .unwrap_or(0.0)
+    }
+
+    /// Waits until `records` are done (at most 15 minutes); `client_cpu` reads the
+    /// client's CPU seconds.
+    async fn follow(
+        &mut self,
+        records: usize,
+        started: Instant,
+        client_cpu: &mut dyn FnMut() -> f64,
+    ) -> anyhow::Result<Measured> {
+        let this = self;
+        let wal_at_start = this.wal_lsn().await;
+        let (low, high) = (records as i64 / 10, records as i64 * 9 / 10);
+        let mut at_low: Option<(Instant, i64, f64)> = None;
+        let mut at_high: Option<(Instant, i64, f64)> = None;
+        loop {
+            let done = this.done().await;
+            if at_low.is_none() && done >= low {
+                at_low = Some((Instant::now(), done, this.cpu.seconds(&this.database, &this.excluded).0));
+            }
+            if at_high.is_none() && done >= high {
+                at_high = Some((Instant::now(), done, this.cpu.seconds(&this.database, &this.excluded).0));
+            }
+            if done >= records as i64 {
+                break;
+            }
+            if started.elapsed() > Duration::from_secs(900) {
+                bail!("{done} of {records} records done after 15 minutes");
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        let (db_cpu, server_cpu) = this.cpu.seconds(&this.database, &this.excluded);
+        let client_cpu = client_cpu();
+        let wal_bytes = this.wal_lsn().await - wal_at_start;
+        let ((t0, n0, c0), (t1, n1, c1)) = (at_low.expect("reached"), at_high.expect("reached"));
+        let steady_records = (n1 - n0).max(1) as f64;
+        Ok(Measured {
+            seconds,
+            steady_per_s: steady_records / (t1 - t0).as_secs_f64().max(1e-3),
+            db_cpu,
+            db_cpu_steady: c1 - c0,
+            steady_records,
+            server_cpu,
+            client_cpu,
+            wal_bytes,
+            commits: 0.0,
+            rows_written: 0.0,
+        })
+    }
 }

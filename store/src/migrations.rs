@@ -27,6 +27,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
     ),
     ("20261130100000_add_leases.sql", include_str!("../migrations/20261130100000_add_leases.sql")),
     ("20261130200000_add_idempotency_keys.sql", include_str!("../migrations/20261130200000_add_idempotency_keys.sql")),
+    (
+        "20261201000000_drop_unread_document_index.sql",
+        include_str!("../migrations/20261201000000_drop_unread_document_index.sql"),
+    ),
 ];
 
 #[derive(Debug)]
