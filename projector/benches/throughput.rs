@@ -19,8 +19,9 @@
 //!
 //! Variants (`BENCH_VARIANTS`; default `projector,naive`, plus `baseline` when
 //! `BENCH_BASELINE_BIN` is set):
-//! - `projector`: this build's `parsley-projector run`, launched as a process with a config
-//!   file (one process per `BENCH_INSTANCES`, sharing the model's tasks);
+//! - `projector`: this build's `parsley-projector run` (or `BENCH_PROJECTOR_BIN`), launched
+//!   as a process with a config file (one process per `BENCH_INSTANCES`, sharing the
+//!   model's tasks);
 //! - `baseline`: another build's binary (`BENCH_BASELINE_BIN`, e.g. an older commit built
 //!   in a worktree), launched the same way on the same topics — it runs its own migrations
 //!   in its own database;
@@ -213,6 +214,7 @@ async fn measure_all(
     baseline: Option<&str>,
     rounds: usize,
 ) -> anyhow::Result<()> {
+    let projector = std::env::var("BENCH_PROJECTOR_BIN").unwrap_or_else(|_| PROJECTOR_BIN.to_string());
     for workload in workloads {
         for &partitions in partition_counts {
             let produced = bench.produce(*workload, partitions).await?;
@@ -226,7 +228,7 @@ async fn measure_all(
                     let m = match variant.as_str() {
                         "naive" => bench.run_naive(&produced).await?,
                         "baseline" => bench.run_binary(&produced, baseline.expect("checked"), "baseline").await?,
-                        _ => bench.run_binary(&produced, PROJECTOR_BIN, "projector").await?,
+                        _ => bench.run_binary(&produced, &projector, "projector").await?,
                     };
                     print_row(workload.name, partitions, variant, bench.records, &m);
                     results.entry(variant.as_str()).or_default().push(m);
@@ -382,11 +384,14 @@ fn postgres_processes() -> Vec<(u32, String, u64)> {
     out
 }
 
+/// What the sampler saw of each server process, by pid: ticks at the start (0 for a
+/// process started since), latest ticks, whether it works for the run's database.
+type Seen = HashMap<u32, (u64, u64, bool)>;
+
 /// Postgres CPU since it was created, sampled from `/proc` every 100 ms (a backend that ends
 /// between two samples loses at most its last 100 ms).
 struct PgCpu {
-    /// pid → (ticks at the start, latest ticks, works for the run database).
-    seen: Arc<Mutex<HashMap<u32, (u64, u64, bool)>>>,
+    seen: Arc<Mutex<Seen>>,
     stop: Arc<std::sync::atomic::AtomicBool>,
     sampler: Option<std::thread::JoinHandle<()>>,
 }
@@ -440,7 +445,7 @@ fn works_for(title: &str, database: &str) -> bool {
     title.split(' ').any(|word| word == database)
 }
 
-fn sample(seen: &Mutex<HashMap<u32, (u64, u64, bool)>>, database: &str, excluded: &[u32]) {
+fn sample(seen: &Mutex<Seen>, database: &str, excluded: &[u32]) {
     let now = postgres_processes();
     let mut seen = seen.lock().expect("sampler");
     for (pid, title, ticks) in now {
