@@ -34,8 +34,8 @@ failover:
 fuzz:
 	@CASES=$(or $(CASES),100000) FUZZ_SECONDS=$(or $(FUZZ_SECONDS),600) bash scripts/fuzz.sh
 
-# A long simulator sweep: SEEDS=<n> seeds per scenario (default 20000, seven scenarios),
-# in release mode (see docs/verification.md).
+# A long simulator sweep: SEEDS=<n> seeds per scenario (default 20000), every scenario's
+# `*_sweep` (ten scenarios), in release mode (see docs/verification.md).
 soak:
 	@SIM_SEEDS=$(or $(SEEDS),20000) cargo test --release -p parsley-sim --test simulation -- _sweep
 

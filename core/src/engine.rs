@@ -67,9 +67,20 @@ pub enum EngineSabotage {
     /// The delivered past (the clock) takes a received record's causes at receipt, like
     /// the frontier, though the record is only held.
     DeriveClockFromFrontier,
-    /// A log start past the settled position never refuses: with nothing held the
+    /// A log start past the settled position never refuses: with nothing held, the
     /// discarded positions count as settled, so holds waiting on them release.
     DeliverPastDeadHolds,
+    /// A restore under a declaration that dropped a channel holding records drops those
+    /// records instead of refusing `CHANNEL_REMOVED_WITH_HELD_MESSAGES`.
+    IgnoreRemovedChannels,
+    /// A re-fed position at or below one already fed in this execution is treated as a
+    /// replay (dropped) instead of refused `OUT_OF_ORDER_FEED`.
+    AcceptOutOfOrderFeed,
+    /// A joining channel is seeded where the host says, below what the delivered past
+    /// already accounts for on it (the seed floor is ignored).
+    IgnoreSeedFloor,
+    /// The metadata budget is ignored: any received value decodes, any frontier stamps.
+    IgnoreBudget,
 }
 
 /// A received, undelivered record, with whatever the host keeps of it (`payload`).
@@ -328,6 +339,32 @@ impl<P: Clone> Engine<P> {
         received: impl IntoIterator<Item = ChannelId>,
         state: PersistedState<P>,
     ) -> Result<Self, Refusal> {
+        Self::restore_checked(config, received, state, true)
+    }
+
+    /// [`Engine::restore`] with a deliberately broken behaviour switched on from the start
+    /// (simulator meta-tests only).
+    #[cfg(feature = "sim")]
+    #[doc(hidden)]
+    pub fn restore_sabotaged(
+        config: EngineConfig,
+        received: impl IntoIterator<Item = ChannelId>,
+        state: PersistedState<P>,
+        sabotage: EngineSabotage,
+    ) -> Result<Self, Refusal> {
+        let refuse_removed = sabotage != EngineSabotage::IgnoreRemovedChannels;
+        let mut engine = Self::restore_checked(config, received, state, refuse_removed)?;
+        engine.set_sabotage(sabotage);
+        Ok(engine)
+    }
+
+    /// `refuse_removed: false` is the `IgnoreRemovedChannels` sabotage.
+    fn restore_checked(
+        config: EngineConfig,
+        received: impl IntoIterator<Item = ChannelId>,
+        state: PersistedState<P>,
+        refuse_removed: bool,
+    ) -> Result<Self, Refusal> {
         if state.format_version != ORDERING_STATE_FORMAT {
             return Err(Refusal::new(
                 RefusalReason::UnknownOrderingStateFormat,
@@ -342,6 +379,9 @@ impl<P: Clone> Engine<P> {
         held.sort_by_key(|r| (r.channel, r.position));
         for record in held {
             let Some(ch) = engine.channels.get_mut(&record.channel) else {
+                if !refuse_removed {
+                    continue;
+                }
                 let count = 1; // at least this one
                 return Err(Refusal::at(
                     RefusalReason::ChannelRemovedWithHeldMessages,
@@ -435,6 +475,8 @@ impl<P: Clone> Engine<P> {
     pub fn seed(&mut self, channel: ChannelId, fed_up_to: Position) -> Result<Position, Refusal> {
         self.check_not_refused()?;
         let floor = self.delivered.get(&channel).unwrap_or(-1);
+        #[cfg(feature = "sim")]
+        let floor = if self.sabotage == EngineSabotage::IgnoreSeedFloor { -1 } else { floor };
         let Some(ch) = self.channels.get_mut(&channel) else {
             return Err(self.refuse(Refusal::at(
                 RefusalReason::SubstrateMisconfigured,
@@ -519,7 +561,12 @@ impl<P: Clone> Engine<P> {
         payload: P,
     ) -> Result<Receipt<P>, Refusal> {
         self.check_not_refused()?;
-        let causes = match codec::decode_headers(causes_headers, self.config.metadata_budget) {
+        #[cfg(feature = "sim")]
+        let budget =
+            if self.sabotage == EngineSabotage::IgnoreBudget { usize::MAX } else { self.config.metadata_budget };
+        #[cfg(not(feature = "sim"))]
+        let budget = self.config.metadata_budget;
+        let causes = match codec::decode_headers(causes_headers, budget) {
             Ok(causes) => causes,
             #[cfg(feature = "sim")]
             Err(DecodeError::Undecodable(_)) if self.sabotage == EngineSabotage::UndecodableAsEmpty => {
@@ -577,6 +624,10 @@ impl<P: Clone> Engine<P> {
                 Some(position),
                 format!("fed {channel}@{position}: no log holds a record at the largest position"),
             )));
+        }
+        #[cfg(feature = "sim")]
+        if self.sabotage == EngineSabotage::AcceptOutOfOrderFeed && (0..=fed_up_to).contains(&position) {
+            return Ok(Receipt::Duplicate);
         }
         if position < 0 || ch.fed_this_execution.is_some_and(|f| position <= f) {
             let previous = ch.fed_this_execution;
@@ -811,6 +862,10 @@ impl<P: Clone> Engine<P> {
         if self.sabotage == EngineSabotage::OverExpressCauses {
             let beyond = CausalPast::from_pairs(self.frontier.iter().map(|(c, p)| (c, p + 1)));
             return Ok(codec::encode_within(&beyond, self.config.metadata_budget).ok());
+        }
+        #[cfg(feature = "sim")]
+        if self.sabotage == EngineSabotage::IgnoreBudget {
+            return Ok(Some(codec::encode(&self.frontier)));
         }
         match codec::encode_within(&self.frontier, self.config.metadata_budget) {
             Ok(bytes) => Ok(Some(bytes)),

@@ -465,7 +465,12 @@ impl<P: Clone> TaskHost<P> {
         self.step = StepMarks::default();
         self.out_of_range = false;
         self.restore_after_step = false;
-        match Engine::restore(self.config.clone(), self.received.iter().copied(), state) {
+        #[cfg(feature = "sim")]
+        let restored =
+            Engine::restore_sabotaged(self.config.clone(), self.received.iter().copied(), state, self.sabotage);
+        #[cfg(not(feature = "sim"))]
+        let restored = Engine::restore(self.config.clone(), self.received.iter().copied(), state);
+        match restored {
             Err(refusal) => self.phase = Phase::PersistRefusal(refusal),
             Ok(engine) => {
                 let engine = match self.weigh {

@@ -75,6 +75,20 @@ pub struct Scenario {
     /// sends what, are drawn per seed (cycles and self-channels included) instead of the
     /// fixed two-process graph.
     pub random_topology: bool,
+    /// Upstream processes restart now and then under a new declaration: a channel leaves
+    /// (refused `CHANNEL_REMOVED_WITH_HELD_MESSAGES` while it holds records there, and the
+    /// operator restores the old declaration) or joins (seeded no lower than its delivered
+    /// past accounts for) — `ext` among them, whose recreation then changes the identity
+    /// of a received topic (`CHANNEL_IDENTITY_CHANGED` at the next start).
+    pub scope_changes: bool,
+    /// The upstream processes' hosts have a bug: now and then a consumer rewinds a little
+    /// within the execution and feeds positions again, which the engine must refuse
+    /// `OUT_OF_ORDER_FEED` (the operator then restarts the process with the bug fixed).
+    pub out_of_order_feeds: bool,
+    /// Receivers get small metadata budgets (drawn per seed and receiver), so values over
+    /// budget are refused `METADATA_BUDGET_EXCEEDED`: on receipt by tasks and processes,
+    /// and on a process's stamp.
+    pub small_budgets: bool,
 }
 
 impl Scenario {
@@ -102,6 +116,9 @@ impl Scenario {
             retention_passes_held: false,
             retention_passes_unread: false,
             random_topology: false,
+            scope_changes: false,
+            out_of_order_feeds: false,
+            small_budgets: false,
         }
     }
 
@@ -170,6 +187,25 @@ impl Scenario {
         Scenario { name: "random", random_topology: true, ..Scenario::soak() }
     }
 
+    /// Scope changes at upstream processes' restarts (channels leaving and joining, the seed
+    /// floor, a received topic recreated), crash-heavy so restarts are frequent.
+    pub fn scopes() -> Scenario {
+        Scenario { name: "scopes", scope_changes: true, crash_weight: 2, work_steps: 700, ..Scenario::soak() }
+    }
+
+    /// A host that feeds out of order now and then (a bug injected on purpose): the engine
+    /// must refuse `OUT_OF_ORDER_FEED` exactly when it feeds a position again.
+    pub fn hostile_host() -> Scenario {
+        Scenario { name: "hostile_host", out_of_order_feeds: true, work_steps: 700, ..Scenario::soak() }
+    }
+
+    /// Small metadata budgets: refusals on receipt and on stamping, each due exactly when
+    /// the value is over the budget. No topic is recreated, so what a process's frontier
+    /// names is what it knows.
+    pub fn budget() -> Scenario {
+        Scenario { name: "budget", small_budgets: true, recreate_weight: 0, work_steps: 700, ..Scenario::soak() }
+    }
+
     /// A known limit, not a default sweep: a process that receives both an upstream
     /// channel and a topic session clients write to. A client that read an effect of an
     /// upstream record `u` learns `u`, but the refreshed token carries `u`'s channel only
@@ -189,6 +225,9 @@ impl Scenario {
             Scenario::retention(),
             Scenario::unread(),
             Scenario::random(),
+            Scenario::scopes(),
+            Scenario::hostile_host(),
+            Scenario::budget(),
         ]
     }
 }
@@ -244,10 +283,25 @@ pub enum Sabotage {
     /// Engine: a log start past the settled position never refuses; with nothing held,
     /// the discarded positions count as settled, releasing holds on them.
     DeliverPastDeadHolds,
+    /// Engine: a restore under a declaration without a channel holding records drops them
+    /// instead of refusing `CHANNEL_REMOVED_WITH_HELD_MESSAGES`.
+    IgnoreRemovedChannels,
+    /// Host: a restart resolves received topics by name and goes on under a recreated one
+    /// (the old channel leaves, the new one joins) instead of refusing
+    /// `CHANNEL_IDENTITY_CHANGED`.
+    IgnoreRecreation,
+    /// Engine: a position fed again within an execution is dropped as a replay instead of
+    /// refused `OUT_OF_ORDER_FEED`.
+    AcceptOutOfOrderFeed,
+    /// Engine: a joining channel is seeded at the host's initial position, below what the
+    /// delivered past accounts for on it.
+    IgnoreSeedFloor,
+    /// Engine: the metadata budget is ignored on receipt and on stamping.
+    IgnoreBudget,
 }
 
 impl Sabotage {
-    pub const ALL: [Sabotage; 19] = [
+    pub const ALL: [Sabotage; 24] = [
         Sabotage::IgnoreCauses,
         Sabotage::NoFifoHold,
         Sabotage::NoReplayDrop,
@@ -267,6 +321,11 @@ impl Sabotage {
         Sabotage::OverExpressCauses,
         Sabotage::DeriveClockFromFrontier,
         Sabotage::DeliverPastDeadHolds,
+        Sabotage::IgnoreRemovedChannels,
+        Sabotage::IgnoreRecreation,
+        Sabotage::AcceptOutOfOrderFeed,
+        Sabotage::IgnoreSeedFloor,
+        Sabotage::IgnoreBudget,
     ];
 
     fn engine(self) -> EngineSabotage {
@@ -281,6 +340,10 @@ impl Sabotage {
             Sabotage::OverExpressCauses => EngineSabotage::OverExpressCauses,
             Sabotage::DeriveClockFromFrontier => EngineSabotage::DeriveClockFromFrontier,
             Sabotage::DeliverPastDeadHolds => EngineSabotage::DeliverPastDeadHolds,
+            Sabotage::IgnoreRemovedChannels => EngineSabotage::IgnoreRemovedChannels,
+            Sabotage::AcceptOutOfOrderFeed => EngineSabotage::AcceptOutOfOrderFeed,
+            Sabotage::IgnoreSeedFloor => EngineSabotage::IgnoreSeedFloor,
+            Sabotage::IgnoreBudget => EngineSabotage::IgnoreBudget,
             _ => EngineSabotage::None,
         }
     }
@@ -378,6 +441,25 @@ pub struct Stats {
     pub process_cycles: u64,
     /// Deliveries by a process of a record it sent itself.
     pub self_deliveries: u64,
+    /// Process restarts under a declaration without a channel it received.
+    pub channels_left: u64,
+    /// Of those, refused `CHANNEL_REMOVED_WITH_HELD_MESSAGES` (records held there).
+    pub removals_refused: u64,
+    /// Process restarts under a declaration with a channel it did not receive.
+    pub channels_joined: u64,
+    /// Of those, joins whose seed floor (what the delivered past accounts for) lay above
+    /// the initial position.
+    pub joins_above_floor: u64,
+    /// Restarts that found a received topic recreated (`CHANNEL_IDENTITY_CHANGED`).
+    pub identity_refusals: u64,
+    /// Feeds of a position already fed in the execution (the injected host bug).
+    pub out_of_order_feeds: u64,
+    /// `OUT_OF_ORDER_FEED` refusals.
+    pub out_of_order_refusals: u64,
+    /// `METADATA_BUDGET_EXCEEDED` refusals on receipt (tasks and processes).
+    pub budget_refusals_on_receipt: u64,
+    /// `METADATA_BUDGET_EXCEEDED` refusals on a process's stamp.
+    pub budget_refusals_on_stamp: u64,
 }
 
 /// The outcome of one run.

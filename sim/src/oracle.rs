@@ -63,6 +63,8 @@ pub struct RecordFacts {
     pub stamped: RecordSet,
     /// For a client's write: what the client had learned through reads before sending it.
     pub read_knowledge: Option<RecordSet>,
+    /// The length in bytes of its `parsley.causes` value (0 without one).
+    pub header_len: usize,
 }
 
 /// What broke.
@@ -105,6 +107,10 @@ pub enum ViolationKind {
     /// a receiver delivered a record it had already delivered, or did not resume a channel
     /// at the record after its last committed delivery there.
     RestartOrder,
+    /// On a channel that joined its scope, a receiver delivered a record its delivered past
+    /// already accounted for (itself, or a cause of something it delivered): at or below
+    /// the seed floor, so a cause delivered after its effect.
+    BehindSeedFloor,
 }
 
 impl ViolationKind {
@@ -127,6 +133,7 @@ impl ViolationKind {
             ViolationKind::RefusalNotRecurring => "refusal-not-recurring",
             ViolationKind::MissedRefusal => "missed-refusal",
             ViolationKind::RestartOrder => "restart-order",
+            ViolationKind::BehindSeedFloor => "behind-seed-floor",
         }
     }
 }
@@ -170,6 +177,18 @@ struct Receiver {
     /// Per channel, the index (into the channel's records) of the next record expected.
     next_committed: BTreeMap<ChannelId, usize>,
     next_staged: BTreeMap<ChannelId, usize>,
+    /// Records it received (held or delivered) in committed steps, and in the step in
+    /// progress: what it holds is what it received and has not delivered.
+    receipts: RecordSet,
+    staged_receipt_ids: Vec<RecordId>,
+    /// Per channel, the highest position its host fed since its last (re)start: feeding
+    /// at or below it again is an out-of-order feed.
+    fed: BTreeMap<ChannelId, Position>,
+    /// Per channel that joined its scope, the index of the first record above the seed
+    /// floor: nothing before it may be delivered.
+    floor: BTreeMap<ChannelId, usize>,
+    /// Its metadata budget (bytes), when it has one worth judging.
+    budget: Option<usize>,
 }
 
 #[derive(Debug, Default)]
@@ -194,6 +213,7 @@ pub struct Oracle {
     /// Records of a deleted topic: the only causes a send stops expressing (a pair is
     /// dropped from a frontier or a token only with its channel).
     deleted: RecordSet,
+    deleted_topics: BTreeSet<TopicId>,
     /// Per channel, how far retention has moved its log start.
     log_start: BTreeMap<ChannelId, Position>,
     committed: RecordSet,
@@ -222,6 +242,7 @@ impl Oracle {
             by_channel: BTreeMap::new(),
             gone: RecordSet::new(),
             deleted: RecordSet::new(),
+            deleted_topics: BTreeSet::new(),
             log_start: BTreeMap::new(),
             committed: RecordSet::new(),
             model_topics: model_topics.into_iter().collect(),
@@ -298,6 +319,11 @@ impl Oracle {
             awaiting_resume: BTreeSet::new(),
             next_committed: BTreeMap::new(),
             next_staged: BTreeMap::new(),
+            receipts: RecordSet::new(),
+            staged_receipt_ids: Vec::new(),
+            fed: BTreeMap::new(),
+            floor: BTreeMap::new(),
+            budget: None,
         });
         self.receivers.len() - 1
     }
@@ -351,6 +377,7 @@ impl Oracle {
             exp,
             stamped,
             read_knowledge,
+            header_len: 0,
         });
         let ids = self.by_channel.entry(channel).or_default();
         assert!(ids.last().is_none_or(|&last| self.records[last as usize].position < position), "appends grow");
@@ -403,6 +430,7 @@ impl Oracle {
     }
 
     pub fn topic_deleted(&mut self, topic: TopicId) {
+        self.deleted_topics.insert(topic);
         for (channel, ids) in &self.by_channel {
             if channel.topic == topic {
                 for &id in ids {
@@ -482,6 +510,15 @@ impl Oracle {
             };
             self.violate(ViolationKind::Fifo, detail);
         }
+        if self.receivers[receiver].floor.get(&channel).is_some_and(|&first| index < first) {
+            let detail = format!(
+                "{name} delivered {} on {}, which joined its scope above it: its delivered past already accounted \
+                 for it",
+                self.describe(id),
+                self.channel_name(&channel)
+            );
+            self.violate(ViolationKind::BehindSeedFloor, detail);
+        }
         // Causal order: every stamped cause on a received channel delivered first.
         let rc = &self.receivers[receiver];
         let facts = &self.records[id as usize];
@@ -519,6 +556,7 @@ impl Oracle {
         if rc.actor.is_some() {
             rc.staged_receipts.union_with(hist);
         }
+        rc.staged_receipt_ids.push(id);
     }
 
     /// The receiver's step committed: its deliveries and receipts stand.
@@ -526,6 +564,9 @@ impl Oracle {
         let rc = &mut self.receivers[receiver];
         let staged = std::mem::take(&mut rc.staged);
         let receipts = std::mem::take(&mut rc.staged_receipts);
+        for id in std::mem::take(&mut rc.staged_receipt_ids) {
+            rc.receipts.insert(id);
+        }
         for &id in &staged {
             rc.committed.insert(id);
         }
@@ -547,6 +588,8 @@ impl Oracle {
         let rc = &mut self.receivers[receiver];
         rc.staged.clear();
         rc.staged_receipts = RecordSet::new();
+        rc.staged_receipt_ids.clear();
+        rc.fed.clear();
         rc.next_staged = rc.next_committed.clone();
         rc.awaiting_resume = rc.received.clone();
     }
@@ -668,6 +711,130 @@ impl Oracle {
             );
             self.violate(ViolationKind::MissedRefusal, detail);
         }
+    }
+
+    /// Records a record's `parsley.causes` value length, as written.
+    pub fn header_written(&mut self, id: RecordId, len: usize) {
+        self.records[id as usize].header_len = len;
+    }
+
+    /// The receiver's metadata budget, judged by [`Oracle::over_budget`] and
+    /// [`Oracle::stamp_over_budget`].
+    pub fn set_budget(&mut self, receiver: usize, budget: usize) {
+        self.receivers[receiver].budget = Some(budget);
+    }
+
+    /// Whether record `id`'s causes value is larger than the receiver's budget: its receipt
+    /// must be refused `METADATA_BUDGET_EXCEEDED`.
+    pub fn over_budget(&self, receiver: usize, id: RecordId) -> bool {
+        self.receivers[receiver].budget.is_some_and(|b| self.records[id as usize].header_len > b)
+    }
+
+    /// Whether a send by `receiver` now must be refused `METADATA_BUDGET_EXCEEDED`: the
+    /// value naming every channel of what it knows (its deliveries, their histories, the
+    /// histories of what it received; deleted topics aside) is larger than its budget. The
+    /// value's size follows from the frozen grammar alone: a version byte, a varint topic
+    /// count, per topic 16 bytes and a varint partition count, per channel a varint
+    /// partition and an 8-byte position.
+    pub fn stamp_over_budget(&self, receiver: usize) -> bool {
+        let rc = &self.receivers[receiver];
+        let (Some(budget), Some(actor)) = (rc.budget, rc.actor) else { return false };
+        let Some(known) = self.knowledge.get(&actor) else { return false };
+        let channels: BTreeSet<ChannelId> = (self.by_channel.iter())
+            .filter(|(_, ids)| ids.iter().any(|&id| known.contains(id) && !self.deleted.contains(id)))
+            .map(|(c, _)| *c)
+            .collect();
+        if channels.is_empty() {
+            return false;
+        }
+        let varint = |v: usize| {
+            if v < 128 {
+                1
+            } else if v < 1 << 14 {
+                2
+            } else if v < 1 << 21 {
+                3
+            } else {
+                4
+            }
+        };
+        let mut topics: BTreeMap<TopicId, usize> = BTreeMap::new();
+        let mut size = 1;
+        for c in &channels {
+            *topics.entry(c.topic).or_default() += 1;
+            size += varint(c.partition as usize) + 8;
+        }
+        size += varint(topics.len()) + topics.values().map(|&n| 16 + varint(n)).sum::<usize>();
+        size > budget
+    }
+
+    /// The receiver's host fed `position` on `channel`: whether that is an out-of-order
+    /// feed (at or below a position already fed there since its last start), which the
+    /// engine must refuse `OUT_OF_ORDER_FEED`.
+    pub fn fed(&mut self, receiver: usize, channel: ChannelId, position: Position) -> bool {
+        let fed = self.receivers[receiver].fed.entry(channel).or_insert(-1);
+        let out_of_order = position <= *fed;
+        *fed = (*fed).max(position);
+        out_of_order
+    }
+
+    /// The first record on `channel` the receiver received in a committed step and has not
+    /// delivered: while one exists, a declaration without the channel must be refused
+    /// `CHANNEL_REMOVED_WITH_HELD_MESSAGES`.
+    pub fn held_on(&self, receiver: usize, channel: &ChannelId) -> Option<RecordId> {
+        let rc = &self.receivers[receiver];
+        let ids = self.by_channel.get(channel)?;
+        ids.iter().copied().find(|&id| rc.receipts.contains(id) && !rc.committed.contains(id))
+    }
+
+    /// A received channel whose topic was deleted (its name now names another topic):
+    /// restoring the receiver's state must be refused `CHANNEL_IDENTITY_CHANGED`.
+    pub fn identity_changed(&self, receiver: usize) -> Option<ChannelId> {
+        self.receivers[receiver].received.iter().copied().find(|c| self.deleted_topics.contains(&c.topic))
+    }
+
+    /// The receiver no longer receives `channel` (a new declaration, at a restart): what it
+    /// did not deliver there is owed no more, and no cause there holds its deliveries.
+    pub fn leave(&mut self, receiver: usize, channel: ChannelId) {
+        let ids = self.by_channel.get(&channel).cloned().unwrap_or_default();
+        let rc = &mut self.receivers[receiver];
+        rc.received.remove(&channel);
+        rc.awaiting_resume.remove(&channel);
+        for id in ids {
+            if !rc.committed.contains(id) {
+                rc.relevant.remove(id);
+            }
+        }
+    }
+
+    /// The receiver starts receiving `channel` at a restart, from `log_start`: the records
+    /// its delivered past already accounts for there (those it delivered, and every cause
+    /// of what it delivered, up to the highest such position: the seed floor) are outside
+    /// its scope, and must never be delivered; every later record at or above the log
+    /// start is owed. Returns the first position in scope.
+    pub fn join(&mut self, receiver: usize, channel: ChannelId, log_start: Position) -> Position {
+        let ids = self.by_channel.get(&channel).cloned().unwrap_or_default();
+        let rc = &self.receivers[receiver];
+        let accounted = |id: RecordId| {
+            rc.committed.contains(id)
+                || rc.committed.iter().any(|d| {
+                    let facts = &self.records[d as usize];
+                    facts.stamped.contains(id)
+                })
+        };
+        let floor = ids.iter().rev().copied().find(|&id| accounted(id)).map(|id| self.records[id as usize].position);
+        let first_position = floor.map_or(log_start, |f| (f + 1).max(log_start));
+        let first = ids.partition_point(|&id| self.records[id as usize].position < first_position);
+        let rc = &mut self.receivers[receiver];
+        rc.received.insert(channel);
+        rc.baseline.insert(channel, first_position);
+        rc.floor.insert(channel, first);
+        rc.next_committed.insert(channel, first);
+        rc.next_staged.insert(channel, first);
+        for &id in &ids[first..] {
+            rc.relevant.insert(id);
+        }
+        first_position
     }
 
     /// At quiescence: every committed record on the receiver's channels was delivered.

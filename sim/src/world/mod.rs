@@ -27,6 +27,7 @@ use parsley::host::{ChannelStart, LogStartCheck, Next, Observed, TaskHost, TaskS
 use parsley::murmur2::partition_for_key;
 use parsley::past::CausalPast;
 use parsley::refusal::{Refusal, RefusalReason};
+use parsley::startup::{check_topic_identity, ResolvedTopic};
 
 const MODEL_TOPICS: [&str; 2] = ["orders", "payments"];
 
@@ -98,6 +99,17 @@ fn topology_cycles(processes: &[Process]) -> u64 {
 /// may pass a position a receiver has not read.
 const UNREAD_RETENTION_ODDS: u64 = 8;
 
+/// Where processes restart under new declarations, one restart in this many changes scope.
+const SCOPE_CHANGE_ODDS: u64 = 2;
+
+/// Where process hosts feed out of order, one fetch in this many rewinds the consumer
+/// first (within the execution).
+const OUT_OF_ORDER_ODDS: u64 = 40;
+
+/// The small metadata budgets drawn per receiver (bytes), where the scenario has them: a
+/// value naming a few topics fits, one naming every topic of the world often does not.
+const SMALL_BUDGETS: (i64, i64) = (120, 260);
+
 /// Where an upstream process sends.
 #[derive(Clone, Copy, Debug)]
 enum Dest {
@@ -122,6 +134,10 @@ struct Process {
     /// Its durable ordering state (held records, `fed_up_to`, frontier), committed with
     /// each action that changed the engine: what a restart restores.
     rows: TaskRows,
+    config: EngineConfig,
+    /// Per channel, where this execution started reading: an out-of-order feed rewinds no
+    /// further.
+    exec_start: BTreeMap<ChannelId, Position>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -178,6 +194,7 @@ enum TaskState {
 struct Task {
     receiver: usize,
     received: Vec<ChannelId>,
+    config: EngineConfig,
     state: TaskState,
     started_once: bool,
     refused: bool,
@@ -253,6 +270,17 @@ pub(crate) struct World {
     trace: Vec<String>,
 }
 
+/// A receiver's engine configuration: a small metadata budget where the scenario has them
+/// (drawn per receiver, and told to the oracle), else the default.
+fn receiver_config(scenario: &Scenario, rng: &mut SimRng, oracle: &mut Oracle, receiver: usize) -> EngineConfig {
+    let mut config = EngineConfig::default();
+    if scenario.small_budgets {
+        config.metadata_budget = rng.range(SMALL_BUDGETS.0, SMALL_BUDGETS.1) as usize;
+        oracle.set_budget(receiver, config.metadata_budget);
+    }
+    config
+}
+
 fn key_bytes(key: u16) -> Vec<u8> {
     format!("k{key}").into_bytes()
 }
@@ -306,9 +334,11 @@ impl World {
             .map(|i| {
                 let received: Vec<ChannelId> = model_topics.iter().map(|&t| ChannelId::new(t, i)).collect();
                 let receiver = oracle.add_receiver(&format!("task{i}"), None, &received);
+                let config = receiver_config(scenario, &mut rng, &mut oracle, receiver);
                 Task {
                     receiver,
                     received,
+                    config,
                     state: TaskState::Down,
                     started_once: false,
                     refused: false,
@@ -346,7 +376,8 @@ impl World {
             .map(|(i, (received, outputs))| {
                 let actor = Actor::Process(i as u32);
                 let receiver = oracle.add_receiver(&format!("P{i}"), Some(actor), &received);
-                let mut engine = Engine::new(EngineConfig::default(), received.iter().copied());
+                let config = receiver_config(scenario, &mut rng, &mut oracle, receiver);
+                let mut engine = Engine::new(config.clone(), received.iter().copied());
                 engine.set_sabotage(sabotage.engine());
                 let mut next_fetch = BTreeMap::new();
                 let mut baselines = Vec::new();
@@ -365,7 +396,20 @@ impl World {
                     _ => BTreeSet::new(),
                 };
                 let rows = TaskRows::default();
-                Process { receiver, received, outputs, engine, next_fetch, txn: None, pending_sends: 0, slow, rows }
+                let exec_start = next_fetch.clone();
+                Process {
+                    receiver,
+                    received,
+                    outputs,
+                    engine,
+                    next_fetch,
+                    txn: None,
+                    pending_sends: 0,
+                    slow,
+                    rows,
+                    config,
+                    exec_start,
+                }
             })
             .collect();
 
@@ -531,7 +575,9 @@ impl World {
             for &c in &p.received {
                 // Out of range counts: the process must find out and check its log starts.
                 let from = p.next_fetch[&c];
-                let fetch = self.kafka.fetchable(&c, from) || from < self.kafka.log_start(&c);
+                // A received topic that was deleted: the host finds out on its next fetch.
+                let gone = self.kafka.fact(&c) == ChannelFact::TopicGone;
+                let fetch = gone || self.kafka.fetchable(&c, from) || from < self.kafka.log_start(&c);
                 if fetch && !refused {
                     // The auditor lags: a backlog is what lets a later write overtake.
                     push(Action::ProcFetch(i, c), if p.outputs.is_empty() || p.slow.contains(&c) { 1 } else { 4 });

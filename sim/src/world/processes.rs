@@ -5,6 +5,16 @@ use super::*;
 
 impl World {
     pub(super) fn proc_fetch(&mut self, p: usize, c: ChannelId) {
+        if self.scenario.out_of_order_feeds && self.rng.chance(1, OUT_OF_ORDER_ODDS) {
+            // The injected host bug: the consumer rewinds within this execution.
+            let proc = &self.processes[p];
+            let next = proc.next_fetch[&c];
+            let back = (next - self.rng.range(1, 3)).max(proc.exec_start[&c]).max(self.kafka.log_start(&c));
+            if back < next {
+                self.trace.push(format!("{} P{p} host bug: rewinds {} to {back}", self.step, self.name(&c)));
+                self.processes[p].next_fetch.insert(c, back);
+            }
+        }
         let from = self.processes[p].next_fetch[&c];
         let batch = self.rng.range(1, 2) as usize;
         let records = match self.kafka.fetch(&c, from, batch) {
@@ -19,17 +29,31 @@ impl World {
                 self.proc_check_log_starts(p);
                 return;
             }
-            Err(e) => {
-                let detail = format!("P{p} could not fetch {} from {from}: {e:?}", self.name(&c));
-                self.oracle.report(ViolationKind::UnexpectedRefusal, detail);
+            Err(FetchError::TopicGone) => {
+                // The host fails and restarts; its start checks the topics' identities.
+                self.trace.push(format!("{} P{p} fetch {}: topic gone", self.step, self.name(&c)));
+                self.proc_crash(p);
                 return;
             }
         };
         for f in records {
+            let receiver = self.processes[p].receiver;
+            let out_of_order = self.oracle.fed(receiver, c, f.position);
+            let over_budget = self.oracle.over_budget(receiver, f.id);
+            if out_of_order {
+                self.stats.out_of_order_feeds += 1;
+            }
+            let name = self.name(&c);
             let proc = &mut self.processes[p];
             proc.next_fetch.insert(c, f.position + 1);
             let receipt =
                 proc.engine.receive(c, f.position, &header_values(&f.headers), Payload { id: f.id, key: f.key });
+            if receipt.is_ok() && (out_of_order || over_budget) {
+                let what = if out_of_order { "an out-of-order feed" } else { "a causes value over its budget" };
+                let detail = format!("P{p} accepted {name}@{}, {what}", f.position);
+                self.oracle.report(ViolationKind::MissedRefusal, detail);
+            }
+            let proc = &mut self.processes[p];
             match receipt {
                 Ok(Receipt::Duplicate) => self.stats.replays_dropped += 1,
                 Ok(Receipt::Accepted { deliveries }) => {
@@ -58,8 +82,20 @@ impl World {
                     ));
                 }
                 Err(refusal) => {
-                    self.oracle.report(ViolationKind::UnexpectedRefusal, format!("P{p} refused: {refusal}"));
-                    self.trace.push(format!("{} P{p} refused {}", self.step, refusal.reason));
+                    self.trace.push(format!("{} P{p} refused {}: {}", self.step, refusal.reason, refusal.diagnosis));
+                    self.stats.refusals += 1;
+                    let at = refusal.channel == Some(c) && refusal.position == Some(f.position);
+                    match refusal.reason {
+                        RefusalReason::OutOfOrderFeed if out_of_order && at => {
+                            // Judged; the operator fixes the host and restarts the process.
+                            self.stats.out_of_order_refusals += 1;
+                            self.proc_crash(p);
+                        }
+                        RefusalReason::MetadataBudgetExceeded if over_budget && at => {
+                            self.stats.budget_refusals_on_receipt += 1;
+                        }
+                        _ => self.oracle.report(ViolationKind::UnexpectedRefusal, format!("P{p} refused: {refusal}")),
+                    }
                     return;
                 }
             }
@@ -129,32 +165,68 @@ impl World {
         }
         let receiver = self.processes[p].receiver;
         self.oracle.discard(receiver);
-        let received = self.processes[p].received.clone();
+        let old = self.processes[p].received.clone();
         let state = self.processes[p].rows.persisted();
         let held = state.held.len();
-        let mut engine = match Engine::restore(EngineConfig::default(), received.iter().copied(), state) {
-            Ok(engine) => engine,
-            Err(refusal) => {
-                self.oracle.report(ViolationKind::UnexpectedRefusal, format!("P{p} cannot restore: {refusal}"));
-                return;
-            }
-        };
-        engine.set_sabotage(self.sabotage.engine());
+        let Some(received) = self.proc_declaration(p) else { return };
+        let config = self.processes[p].config.clone();
+        let sabotage = self.sabotage.engine();
+        let mut engine =
+            match Engine::restore_sabotaged(config.clone(), received.iter().copied(), state.clone(), sabotage) {
+                Ok(engine) => engine,
+                Err(refusal) => {
+                    let removed = refusal.channel.filter(|c| !received.contains(c) && old.contains(c));
+                    let due = removed.is_some_and(|c| self.oracle.held_on(receiver, &c).is_some());
+                    if refusal.reason != RefusalReason::ChannelRemovedWithHeldMessages || !due {
+                        self.oracle.report(ViolationKind::UnexpectedRefusal, format!("P{p} cannot restore: {refusal}"));
+                        return;
+                    }
+                    // Judged; the operator restores the old declaration.
+                    self.stats.removals_refused += 1;
+                    self.trace.push(format!("{} P{p} refused {}: {}", self.step, refusal.reason, refusal.diagnosis));
+                    match Engine::restore_sabotaged(config, old.iter().copied(), state, sabotage) {
+                        Ok(engine) => engine,
+                        Err(refusal) => {
+                            let detail = format!("P{p} cannot restore its old declaration: {refusal}");
+                            self.oracle.report(ViolationKind::UnexpectedRefusal, detail);
+                            return;
+                        }
+                    }
+                }
+            };
+        let received: Vec<ChannelId> = engine.received().iter().copied().collect();
+        self.proc_rescope(p, &old, &received);
         self.stats.process_restarts += 1;
         if held > 0 {
             self.stats.process_restores_with_held += 1;
         }
         let replay = self.scenario.replay_on_restart && self.rng.chance(1, 3);
+        let mut next_fetch = BTreeMap::new();
         for &c in &received {
             let log_start = self.kafka.log_start(&c);
             let fed = match engine.fed_up_to(&c) {
                 Some(fed) => fed,
-                None => engine.seed(c, log_start - 1).expect("a restored engine seeds"),
+                // Crashed before its first commit: seeded again, as at its first start.
+                None if old.contains(&c) => engine.seed(c, log_start - 1).expect("a restored engine seeds"),
+                None => {
+                    let fed = engine.seed(c, log_start - 1).expect("a restored engine seeds");
+                    // A joining channel: the oracle works out the seed floor on its own.
+                    let first = self.oracle.join(receiver, c, log_start);
+                    self.stats.channels_joined += 1;
+                    if first > log_start {
+                        self.stats.joins_above_floor += 1;
+                    }
+                    self.trace.push(format!("{} P{p} joins {} from {}", self.step, self.name(&c), fed + 1));
+                    fed
+                }
             };
             // Below the log start the next fetch is out of range, and the process checks.
-            let back = if replay { self.rng.range(0, 3) } else { 0 };
-            self.processes[p].next_fetch.insert(c, fed + 1 - back);
+            let back = if replay && old.contains(&c) { self.rng.range(0, 3) } else { 0 };
+            next_fetch.insert(c, fed + 1 - back);
         }
+        self.processes[p].received = received;
+        self.processes[p].exec_start = next_fetch.clone();
+        self.processes[p].next_fetch = next_fetch;
         let deliveries = engine.drain();
         let mut names = Vec::new();
         for d in &deliveries {
@@ -166,6 +238,94 @@ impl World {
         proc.pending_sends += deliveries.len() as u32;
         proc.engine = engine;
         self.trace.push(format!("{} P{p} crash, restored {held} held -> delivered [{}]", self.step, names.join(" ")));
+    }
+
+    /// What process `p` restarts receiving: what it received, or, where scopes change, now
+    /// and then a new declaration — a channel fewer, or one more of `raw`, `mid` and `ext`.
+    /// Its host first checks the identity of each received topic: one recreated under its
+    /// name refuses `CHANNEL_IDENTITY_CHANGED`, judged by the oracle, and the process stops
+    /// (`None`). `IgnoreRecreation` goes on under the new topic instead: its channel joins,
+    /// the old one leaves.
+    fn proc_declaration(&mut self, p: usize) -> Option<Vec<ChannelId>> {
+        let receiver = self.processes[p].receiver;
+        let mut received = self.processes[p].received.clone();
+        let mut recreated = Vec::new();
+        for c in &received {
+            let name = self.names[&c.topic].split('#').next().expect("a name").to_string();
+            let resolved = ResolvedTopic { name: name.clone(), id: self.kafka.resolve(&name), partitions: 1 };
+            let held = self.oracle.held_on(receiver, c).map_or(0, |_| 1);
+            if let Err(refusal) = check_topic_identity(&resolved, Some(c.topic), held) {
+                recreated.push((*c, resolved.id, refusal));
+            }
+        }
+        let due = self.oracle.identity_changed(receiver);
+        if let Some((_, _, refusal)) = recreated.first().filter(|_| self.sabotage != Sabotage::IgnoreRecreation) {
+            self.stats.refusals += 1;
+            self.trace.push(format!("{} P{p} refused {}: {}", self.step, refusal.reason, refusal.diagnosis));
+            if refusal.reason == RefusalReason::ChannelIdentityChanged && due.is_some() {
+                self.stats.identity_refusals += 1;
+            } else {
+                self.oracle.report(ViolationKind::UnexpectedRefusal, format!("P{p} refused: {refusal}"));
+            }
+            // Stopped for good: the refusal is sticky in its engine.
+            let refusal = refusal.clone();
+            self.processes[p].engine.refuse(refusal);
+            return None;
+        }
+        if let Some(c) = due.filter(|_| recreated.is_empty() || self.sabotage == Sabotage::IgnoreRecreation) {
+            let detail = format!("P{p} restarted on {}, whose topic was recreated, without refusing", self.name(&c));
+            self.oracle.report(ViolationKind::MissedRefusal, detail);
+        }
+        for (c, now, _) in recreated {
+            received.retain(|r| *r != c);
+            if let Some(id) = now {
+                received.push(ChannelId::new(id, c.partition));
+            }
+        }
+        if self.scenario.scope_changes && self.rng.chance(1, SCOPE_CHANGE_ODDS) {
+            let mid = self.kafka.resolve("mid").expect("mid exists");
+            let ext = self.kafka.resolve("ext").expect("ext exists");
+            let pool = [
+                ChannelId::new(self.raw, 0),
+                ChannelId::new(self.raw, 1),
+                ChannelId::new(mid, 0),
+                ChannelId::new(ext, 0),
+            ];
+            let joinable: Vec<ChannelId> = pool.into_iter().filter(|c| !received.contains(c)).collect();
+            if received.len() > 1 && (joinable.is_empty() || self.rng.chance(1, 2)) {
+                // Half the time a channel its stored rows hold records on, if any: the
+                // removal the engine must refuse.
+                let rows = &self.processes[p].rows;
+                let holding: Vec<ChannelId> =
+                    received.iter().copied().filter(|c| rows.held.keys().any(|(h, _)| h == c)).collect();
+                let gone = if !holding.is_empty() && self.rng.chance(1, 2) {
+                    *self.rng.pick(&holding)
+                } else {
+                    *self.rng.pick(&received)
+                };
+                received.retain(|c| *c != gone);
+            } else if !joinable.is_empty() {
+                received.push(*self.rng.pick(&joinable));
+            }
+        }
+        received.sort();
+        Some(received)
+    }
+
+    /// Tells the oracle which channels left process `p`'s scope at its restart (joins are
+    /// told as they are seeded). A channel that left while the process held records there
+    /// must have been refused.
+    fn proc_rescope(&mut self, p: usize, old: &[ChannelId], received: &[ChannelId]) {
+        let receiver = self.processes[p].receiver;
+        for c in old.iter().filter(|c| !received.contains(c)) {
+            if let Some(id) = self.oracle.held_on(receiver, c) {
+                let detail = format!("P{p} restored without {} though it held #{id} there", self.name(c));
+                self.oracle.report(ViolationKind::MissedRefusal, detail);
+            }
+            self.oracle.leave(receiver, *c);
+            self.stats.channels_left += 1;
+            self.trace.push(format!("{} P{p} leaves {}", self.step, self.name(c)));
+        }
     }
 
     /// Prunes the process's frontier with the channel facts Kafka gives.
@@ -194,16 +354,29 @@ impl World {
             Dest::Channel(c) => c,
             Dest::Model(t) => self.model_channel(t, key),
         };
+        let over_budget = self.oracle.stamp_over_budget(self.processes[p].receiver);
         let proc = &mut self.processes[p];
         proc.pending_sends = proc.pending_sends.saturating_sub(1);
-        let headers = match proc.engine.stamp() {
+        let stamp = proc.engine.stamp();
+        if over_budget && stamp.is_ok() {
+            self.oracle.report(ViolationKind::MissedRefusal, format!("P{p} stamped a send over its metadata budget"));
+        }
+        let headers = match stamp {
             Ok(Some(bytes)) => vec![Some(bytes)],
             Ok(None) => Vec::new(),
+            Err(refusal) if refusal.reason == RefusalReason::MetadataBudgetExceeded && over_budget => {
+                self.stats.refusals += 1;
+                self.stats.budget_refusals_on_stamp += 1;
+                self.trace.push(format!("{} P{p} refused {}: {}", self.step, refusal.reason, refusal.diagnosis));
+                return;
+            }
             Err(refusal) => {
                 self.oracle.report(ViolationKind::UnexpectedRefusal, format!("P{p} cannot stamp: {refusal}"));
                 return;
             }
         };
+        let len = headers.first().and_then(|h| h.as_ref()).map_or(0, Vec::len);
+        let proc = &mut self.processes[p];
         let id = self.oracle.record_count() as RecordId;
         let actor = Actor::Process(p as u32);
         let (position, in_txn) = match &mut proc.txn {
@@ -215,6 +388,7 @@ impl World {
         };
         let got = self.oracle.sent(channel, position, key, actor, in_txn, false);
         assert_eq!(got, id);
+        self.oracle.header_written(id, len);
         let txn = if in_txn { " (txn)" } else { "" };
         self.trace.push(format!("{} P{p} send #{id} {}@{position}{txn}", self.step, self.name(&channel)));
     }

@@ -20,9 +20,11 @@ impl World {
             headers = self.damage(token);
         }
         let id = self.oracle.record_count() as RecordId;
+        let len = headers.first().and_then(|h| h.as_ref()).map_or(0, Vec::len);
         let position = self.kafka.produce(channel, id, key, headers);
         let got = self.oracle.sent(channel, position, key, author, false, corrupt);
         assert_eq!(got, id);
+        self.oracle.header_written(id, len);
         (position, id)
     }
 

@@ -24,7 +24,8 @@ impl World {
     pub(super) fn task_start(&mut self, t: usize) {
         let recorded = if self.db.tasks[t].refusal.is_some() { TaskStatus::Refused } else { TaskStatus::Running };
         let received = self.tasks[t].received.clone();
-        let host = TaskHost::new(EngineConfig::default(), received, recorded).with_sabotage(self.sabotage.engine());
+        let config = self.tasks[t].config.clone();
+        let host = TaskHost::new(config, received, recorded).with_sabotage(self.sabotage.engine());
         self.tasks[t].expect_refusal = self.db.tasks[t].refusal.clone();
         self.tasks[t].refused = false;
         let run = Running {
@@ -245,7 +246,12 @@ impl World {
             let run = self.running(t);
             run.next_fetch.insert(c, f.position + 1);
             let payload = Payload { id: f.id, key: f.key };
-            match run.host.receive(c, f.position, &header_values(&f.headers), payload) {
+            let receipt = run.host.receive(c, f.position, &header_values(&f.headers), payload);
+            if receipt.is_ok() && self.oracle.over_budget(receiver, f.id) {
+                let detail = format!("task{t} accepted #{}, whose causes value is over its metadata budget", f.id);
+                self.oracle.report(ViolationKind::MissedRefusal, detail);
+            }
+            match receipt {
                 Ok(Receipt::Duplicate) => {
                     self.stats.replays_dropped += 1;
                     line.push_str(&format!(" @{}:dup", f.position));
@@ -296,11 +302,18 @@ impl World {
         let receiver = self.tasks[t].receiver;
         let unjustified = match (refusal.reason, refusal.channel) {
             (RefusalReason::UndecodableMetadata, _) if record.is_some_and(|id| self.oracle.record(id).corrupt) => None,
+            (RefusalReason::MetadataBudgetExceeded, _)
+                if record.is_some_and(|id| self.oracle.over_budget(receiver, id)) =>
+            {
+                self.stats.budget_refusals_on_receipt += 1;
+                None
+            }
             (RefusalReason::PositionsDiscardedUnread, Some(c)) if self.tasks[t].received.contains(&c) => {
                 self.oracle.discard_refusal_unjustified(receiver, &c, refusal.position)
             }
             _ => Some("no damaged record or discarded delivery calls for it".to_string()),
         };
+        let unjustified_is_none = unjustified.is_none();
         if let Some(why) = unjustified {
             self.oracle.report(ViolationKind::UnexpectedRefusal, format!("task{t} refused: {refusal} ({why})"));
         }
@@ -309,7 +322,14 @@ impl World {
             let same = before.reason == refusal.reason
                 && before.channel == refusal.channel
                 && before.position == refusal.position;
-            if same {
+            // A refusal on receipt is met on the channel the host happens to fetch first: with
+            // values over budget on two channels, a restart may meet the other one first
+            // (both due; see docs/verification.md, Findings).
+            let other_channel = refusal.reason == RefusalReason::MetadataBudgetExceeded
+                && before.reason == refusal.reason
+                && before.channel != refusal.channel
+                && unjustified_is_none;
+            if same || other_channel {
                 self.stats.refusals_recurred += 1;
                 if discarded {
                     self.stats.discard_refusals_recurred += 1;
