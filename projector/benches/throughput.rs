@@ -526,7 +526,16 @@ impl Bench {
             r.map_err(|(t, e)| anyhow::anyhow!("creating {t}: {e}"))?;
         }
         let names: Vec<String> = topics.iter().map(|(t, _)| t.clone()).collect();
-        let described = parsley_infra::describe_topics(&self.bootstrap, &names, Duration::from_secs(30)).await?;
+        // A topic just created may not be known to the broker answering yet.
+        let mut attempts = 0;
+        let described = loop {
+            match parsley_infra::describe_topics(&self.bootstrap, &names, Duration::from_secs(30)).await {
+                Ok(d) => break d,
+                Err(e) if attempts == 40 => return Err(e),
+                Err(_) => attempts += 1,
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        };
         let orders_id = TopicId::from_bytes(described[0].id);
 
         let producer: FutureProducer = parsley_infra::kafka::producer_config(&self.bootstrap)
