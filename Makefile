@@ -50,6 +50,18 @@ api-fuzz:
 client-test:
 	@bash scripts/client-tests.sh
 
+# The gateway's benchmarks against the local stack (docs/gateway.md, "Performance"): latency
+# against baselines in one run, write-to-visible split into its stages, then throughput and
+# latency under load at 1, 16 and 64 connections (reads, pages of 100, writes) against the
+# plain handler and a bare produce. Each takes about a minute with its defaults; the
+# environment variables documented there make them longer.
+.PHONY: bench-gateway
+bench-gateway:
+	@bash scripts/services.sh up && \
+	  export DATABASE_URL=$${DATABASE_URL:-postgres://parsley:parsley@127.0.0.1:5432/parsley} \
+	  PARSLEY_KAFKA_BOOTSTRAP=$${PARSLEY_KAFKA_BOOTSTRAP:-127.0.0.1:9092} && \
+	  cargo bench -p parsley-gateway --bench latency && cargo bench -p parsley-gateway --bench load
+
 # docker-compose.yml really run (podman, podman-compose, images built here; no registry):
 # the schema validated, the images built, read-your-writes through the composed gateway, the
 # whole stack restarted with its volumes and checked again, then removed. Not part of `make

@@ -7,7 +7,9 @@
 //! or every `recheck_ms`) and publishes them; each waiter runs the pure gate over them and
 //! makes its own snapshot attempt (the check and the data read in one snapshot, as always)
 //! only once the published rows cover it. So 1,000 reads waiting on one model cost about one
-//! clock query per projector step, not 1,000 (`parsley_gateway_clock_fetches_total`).
+//! clock query per projector step, not 1,000 (`parsley_gateway_clock_fetches_total`). Each
+//! fetch is a debug event of the target `parsley::stage` (`clock-fetched`), for timing a
+//! write's way to visibility.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -110,6 +112,7 @@ async fn run(feed: Arc<Feed>, state: AppState, model: String) {
         };
         match fetched.await {
             Ok(rows) => {
+                tracing::debug!(target: "parsley::stage", stage = "clock-fetched", model, "clock rows fetched for waiting reads");
                 state.metrics.add(Metric::ClockFetchesTotal, &[("model", &model)], 1.0);
                 feed.rows.send_replace(Some(Arc::new(rows)));
             }

@@ -2,7 +2,9 @@
 //! per-model counter (a `tokio::sync::watch`) for every notification; each model's feed
 //! ([`crate::feed`]) fetches the clock once per bump for all of the model's waiting reads.
 //! Notifications sent while the listener is reconnecting are lost, so the listener bumps
-//! every model after a reconnect, and the feeds also re-check on a timer.
+//! every model after a reconnect, and the feeds also re-check on a timer. Each notification
+//! is a debug event of the target `parsley::stage` (`notified`), for timing a write's way to
+//! visibility.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -101,6 +103,8 @@ pub async fn listen(
             };
             match next {
                 Ok(Some(n)) => {
+                    tracing::debug!(target: "parsley::stage", stage = "notified", payload = n.payload(),
+                        "a clock notification arrived");
                     metrics.add(Metric::ClockNotificationsTotal, &[], 1.0);
                     notifier.notified(n.payload());
                 }

@@ -10,6 +10,10 @@
 //! The sequence itself — what to do next, and every decision about the engine — is the
 //! core's host state machine ([`parsley::host::TaskHost`]), which the simulator drives
 //! too; this module is its I/O: the consumer, the SQL, the projection, the timers.
+//!
+//! A step's stages are debug events of the target `parsley::stage` (`first-record`,
+//! `polled`, `committed`), so a write's way to visibility can be timed (the gateway's
+//! latency benchmark records them); nothing is logged unless that target is enabled.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -605,7 +609,8 @@ impl<P: Projection> TaskRunner<P> {
         let mut out_of_range = false;
         while batch.len() < max {
             // Wait up to the step's deadline for the first record; after that, only while
-            // records keep coming (`step_linger`), so a lone write is not held for the window.
+            // records keep coming (`step_linger`; by default 0: what is already fetched), so a
+            // lone write is not held for the window.
             let until = if batch.is_empty() {
                 deadline
             } else {
@@ -613,7 +618,13 @@ impl<P: Projection> TaskRunner<P> {
             };
             match tokio::time::timeout_at(until, consumer.recv()).await {
                 Err(_) => break,
-                Ok(Ok(message)) => batch.push(Consumed::from_message(&message)),
+                Ok(Ok(message)) => {
+                    if batch.is_empty() {
+                        tracing::debug!(target: "parsley::stage", stage = "first-record", model = %self.plan.name,
+                            task = self.task, "a step's first record arrived");
+                    }
+                    batch.push(Consumed::from_message(&message));
+                }
                 Ok(Err(e)) => {
                     self.metric_add(Metric::KafkaErrorsTotal, 1.0);
                     if let KafkaError::MessageConsumption(
@@ -631,6 +642,10 @@ impl<P: Projection> TaskRunner<P> {
                     }
                 }
             }
+        }
+        if !batch.is_empty() {
+            tracing::debug!(target: "parsley::stage", stage = "polled", model = %self.plan.name, task = self.task,
+                records = batch.len(), "a step's poll ended");
         }
         (batch, out_of_range)
     }
@@ -907,6 +922,8 @@ impl<P: Projection> TaskRunner<P> {
             store::notify(&mut tx, &plan.name, Some(self.task)).await?;
         }
         tx.commit().await.context("committing a step")?;
+        tracing::debug!(target: "parsley::stage", stage = "committed", model = %plan.name, task = self.task,
+            "a step committed");
         if skipped > 0 {
             self.metric_add(Metric::SkipsTotal, skipped as f64);
         }

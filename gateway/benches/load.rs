@@ -1,0 +1,335 @@
+//! Gateway throughput and latency under load against baselines run in the same process,
+//! interleaved slice by slice.
+//!
+//! Against the real broker and database (`make services-up`; `PARSLEY_KAFKA_BOOTSTRAP` and
+//! `DATABASE_URL`), with the real projector running in-process for one model and the
+//! gateway served on a port-0 listener (the stack of [`support::Stack`], shared with the
+//! latency benchmark). N clients (each one keep-alive HTTP/1.1 connection to the gateway
+//! and one to the plain server; N from `BENCH_LOAD_CONNS`, default 1, 16 and 64) issue
+//! requests back to back for a slice of time, then the baseline's clients do the same, the
+//! order alternating from round to round (A B, B A, ...) so drift of the shared machine hits
+//! both alike. Three workloads, each subject against its baseline:
+//!
+//! 1. **Covered single-key reads**: a gated `GET` whose token covers an already-applied
+//!    write against a plain axum handler doing the same `SELECT` on the gateway's pool.
+//! 2. **Collection pages of 100**: the gated first page against the plain handler doing
+//!    the same keyset `SELECT` (101 rows, to know whether another page follows).
+//! 3. **Writes**: `POST /v1/topics/{topic}/records` (each client its own session, its token
+//!    chained from write to write) against a bare produce of the same record (key, value
+//!    bytes, the client's session as the `parsley.causes` header) with the gateway's
+//!    producer settings, awaiting the acknowledgement. Both go to the model's topic, so the
+//!    projector applies both alike.
+//!
+//! Prints per workload and connection count the requests per second and the median and p99
+//! latency of each side, and the ratios subject / baseline. Absolute numbers on a shared
+//! machine are noise, and the clients share the machine with everything they measure; the
+//! ratios are the result. Not a timed test: run it with
+//! `cargo bench -p parsley-gateway --bench load`. Environment: `BENCH_LOAD_CONNS`
+//! (comma-separated connection counts, default `1,16,64`), `BENCH_LOAD_ROUNDS` (slices per
+//! side, default 3), `BENCH_LOAD_SLICE_MS` (one slice, default 1000; a warm-up slice of a
+//! fifth of it per side comes first). The defaults take about a minute.
+
+// Shared by the benchmarks, each of which uses a part of it.
+#[allow(dead_code)]
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context as _};
+use parsley_gateway::session::unix_now;
+use parsley_gateway::token::{self, KeyRing, TokenLimits};
+use rdkafka::producer::FutureProducer;
+use serde_json::{json, Value};
+
+use support::{env_usize, ms, Http, Stack, Stats, PARTITIONS};
+
+/// Documents written before measuring, more than a page.
+const DOCUMENTS: usize = 120;
+/// The page size measured.
+const PAGE: u32 = 100;
+
+fn main() -> anyhow::Result<()> {
+    if !support::run_as_benchmark("load") {
+        return Ok(());
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(bench())
+}
+
+struct Plan {
+    conns: Vec<usize>,
+    rounds: usize,
+    slice: Duration,
+}
+
+/// One kind of request, of the gateway or of a baseline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Op {
+    GatewayRead,
+    PlainRead,
+    GatewayPage,
+    PlainPage,
+    GatewayWrite,
+    BareProduce,
+}
+
+/// The workloads: name, subject, baseline.
+const WORKLOADS: [(&str, Op, Op); 3] = [
+    ("covered single-key read", Op::GatewayRead, Op::PlainRead),
+    ("collection page of 100", Op::GatewayPage, Op::PlainPage),
+    ("write", Op::GatewayWrite, Op::BareProduce),
+];
+
+async fn bench() -> anyhow::Result<()> {
+    let conns = std::env::var("BENCH_LOAD_CONNS").unwrap_or_else(|_| "1,16,64".into());
+    let plan = Plan {
+        conns: conns.split(',').map(|c| c.trim().parse::<usize>().map(|n| n.max(1))).collect::<Result<_, _>>()?,
+        rounds: env_usize("BENCH_LOAD_ROUNDS", 3).max(1),
+        slice: Duration::from_millis(env_usize("BENCH_LOAD_SLICE_MS", 1000).max(10) as u64),
+    };
+    let stack = Stack::start("gwload", "").await?;
+    println!(
+        "gateway load: {PARTITIONS} partitions, {} CPUs; connections {:?}, {} slice(s) of {} ms per side",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        plan.conns,
+        plan.rounds,
+        plan.slice.as_millis(),
+    );
+    let result = measure(&stack, &plan).await;
+    stack.stop().await?;
+    result
+}
+
+/// What every client needs to issue requests.
+struct Target {
+    document: String,
+    plain_document: String,
+    page: String,
+    plain_page: String,
+    records: String,
+    topic: String,
+    producer: FutureProducer,
+    produce_timeout: Duration,
+    ring: KeyRing,
+}
+
+async fn measure(stack: &Stack, plan: &Plan) -> anyhow::Result<()> {
+    println!("writing {DOCUMENTS} documents and waiting until they are visible...");
+    let mut setup = Http::connect(stack.gateway_address).await?;
+    let mut token: Option<String> = None;
+    for n in 0..DOCUMENTS {
+        let body = serde_json::to_vec(&json!({"key": format!("d-{n:04}"), "value": {"n": n, "status": "placed"}}))?;
+        let reply = setup.send("POST", &stack.records_path(), token.as_deref(), Some(&body)).await?;
+        ensure!(reply.status == 201, "a setup write answered {}: {}", reply.status, reply.text());
+        token = reply.token;
+    }
+    let reply = setup.send("GET", &stack.page_path(PAGE), token.as_deref(), None).await?;
+    ensure!(reply.status == 200, "the first page answered {}: {}", reply.status, reply.text());
+    let page: Value = serde_json::from_slice(&reply.body)?;
+    ensure!(page["documents"].as_array().map(Vec::len) == Some(PAGE as usize), "the first page is short: {page}");
+    let token = reply.token.context("the page returned no token")?;
+
+    let target = Arc::new(Target {
+        document: stack.document_path("d-0000"),
+        plain_document: stack.plain_document_path("d-0000"),
+        page: stack.page_path(PAGE),
+        plain_page: stack.plain_page_path(PAGE),
+        records: stack.records_path(),
+        topic: stack.topic.clone(),
+        producer: stack.producer.clone(),
+        produce_timeout: stack.produce_timeout,
+        ring: stack.ring.clone(),
+    });
+    let mut rows = Vec::new();
+    for (workload, subject, baseline) in WORKLOADS {
+        for &n in &plan.conns {
+            println!("{workload}, {n} connection(s)...");
+            let mut clients = Vec::with_capacity(n);
+            for id in 0..n {
+                // Readers share the covered token; writers each start a session of their own.
+                let token = (subject != Op::GatewayWrite).then(|| token.clone());
+                clients.push(Client::connect(stack, id, Arc::clone(&target), token).await?);
+            }
+            for op in [subject, baseline] {
+                clients = run_slice(clients, op, plan.slice / 5).await?.0;
+            }
+            let (mut s, mut b) = (Totals::default(), Totals::default());
+            for round in 0..plan.rounds {
+                let order = if round % 2 == 0 { [subject, baseline] } else { [baseline, subject] };
+                for op in order {
+                    let (back, slice) = run_slice(clients, op, plan.slice).await?;
+                    clients = back;
+                    if op == subject { &mut s } else { &mut b }.add(slice);
+                }
+            }
+            rows.push(Row { workload, conns: n, subject: s, baseline: b });
+        }
+    }
+    print_rows(&rows);
+    Ok(())
+}
+
+/// One client: a connection to the gateway, one to the plain server, its session.
+struct Client {
+    id: usize,
+    gateway: Http,
+    plain: Http,
+    token: Option<String>,
+    /// The session's pairs as a `parsley.causes` value, for the bare produce.
+    causes: Option<Vec<u8>>,
+    writes: usize,
+    target: Arc<Target>,
+}
+
+impl Client {
+    async fn connect(stack: &Stack, id: usize, target: Arc<Target>, token: Option<String>) -> anyhow::Result<Client> {
+        Ok(Client {
+            id,
+            gateway: Http::connect(stack.gateway_address).await?,
+            plain: Http::connect(stack.plain_address).await?,
+            token,
+            causes: None,
+            writes: 0,
+            target,
+        })
+    }
+
+    /// Readies the client for a slice of `op`: a bare produce stamps the session the
+    /// gateway would (its pairs as they are now).
+    fn prepare(&mut self, op: Op) -> anyhow::Result<()> {
+        if op == Op::BareProduce {
+            self.causes = match &self.token {
+                Some(t) => {
+                    let past = token::open(&self.target.ring, t, unix_now(), None, &TokenLimits::default())?.past;
+                    (!past.is_empty()).then(|| past.encode())
+                }
+                None => None,
+            };
+        }
+        Ok(())
+    }
+
+    async fn request(&mut self, op: Op) -> anyhow::Result<()> {
+        let t = Arc::clone(&self.target);
+        match op {
+            Op::GatewayRead | Op::GatewayPage => {
+                let path = if op == Op::GatewayRead { &t.document } else { &t.page };
+                let reply = self.gateway.send("GET", path, self.token.as_deref(), None).await?;
+                ensure!(reply.status == 200, "the gated read answered {}: {}", reply.status, reply.text());
+                self.token = reply.token;
+            }
+            Op::PlainRead | Op::PlainPage => {
+                let path = if op == Op::PlainRead { &t.plain_document } else { &t.plain_page };
+                let reply = self.plain.send("GET", path, None, None).await?;
+                ensure!(reply.status == 200, "the plain handler answered {}: {}", reply.status, reply.text());
+            }
+            Op::GatewayWrite | Op::BareProduce => {
+                let key = format!("w-{}-{}", self.id, self.writes);
+                let value = json!({"n": self.writes, "status": "placed"});
+                self.writes += 1;
+                if op == Op::GatewayWrite {
+                    let body = serde_json::to_vec(&json!({"key": key, "value": value}))?;
+                    let reply = self.gateway.send("POST", &t.records, self.token.as_deref(), Some(&body)).await?;
+                    ensure!(reply.status == 201, "the write answered {}: {}", reply.status, reply.text());
+                    self.token = reply.token;
+                } else {
+                    let payload = serde_json::to_vec(&value)?;
+                    let causes = self.causes.as_deref();
+                    support::produce(&t.producer, t.produce_timeout, &t.topic, &key, &payload, causes).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What one slice did.
+struct Slice {
+    requests: usize,
+    elapsed: Duration,
+    latencies: Vec<Duration>,
+}
+
+/// Every client issues `op` back to back until `length` has passed; the slice ends when
+/// the last client's last request is answered. The clients come back for the next slice.
+async fn run_slice(clients: Vec<Client>, op: Op, length: Duration) -> anyhow::Result<(Vec<Client>, Slice)> {
+    let started = Instant::now();
+    let until = started + length;
+    let mut running = Vec::with_capacity(clients.len());
+    for mut client in clients {
+        running.push(tokio::spawn(async move {
+            client.prepare(op)?;
+            let mut latencies = Vec::new();
+            while Instant::now() < until {
+                let sent = Instant::now();
+                client.request(op).await?;
+                latencies.push(sent.elapsed());
+            }
+            Ok::<_, anyhow::Error>((client, latencies))
+        }));
+    }
+    let mut clients = Vec::with_capacity(running.len());
+    let mut latencies = Vec::new();
+    for r in running {
+        let (client, l) = r.await??;
+        clients.push(client);
+        latencies.extend(l);
+    }
+    let elapsed = started.elapsed();
+    Ok((clients, Slice { requests: latencies.len(), elapsed, latencies }))
+}
+
+/// One side's slices, summed.
+#[derive(Default)]
+struct Totals {
+    requests: usize,
+    elapsed: Duration,
+    latencies: Vec<Duration>,
+}
+
+impl Totals {
+    fn add(&mut self, s: Slice) {
+        self.requests += s.requests;
+        self.elapsed += s.elapsed;
+        self.latencies.extend(s.latencies);
+    }
+
+    fn per_second(&self) -> f64 {
+        self.requests as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+struct Row {
+    workload: &'static str,
+    conns: usize,
+    subject: Totals,
+    baseline: Totals,
+}
+
+fn print_rows(rows: &[Row]) {
+    println!();
+    println!("subject: the gateway; baseline: the plain axum handler (reads, pages) or a bare produce (writes)");
+    println!(
+        "{:<24} {:>5} | {:>9} {:>8} {:>8} | {:>9} {:>8} {:>8} | {:>7} {:>7} {:>7}",
+        "workload", "conns", "req/s", "p50 ms", "p99 ms", "base r/s", "p50 ms", "p99 ms", "thr", "p50", "p99"
+    );
+    for r in rows {
+        let (s, b) = (Stats::of(&r.subject.latencies), Stats::of(&r.baseline.latencies));
+        println!(
+            "{:<24} {:>5} | {:>9.0} {:>8.3} {:>8.3} | {:>9.0} {:>8.3} {:>8.3} | {:>7.2} {:>7.2} {:>7.2}",
+            r.workload,
+            r.conns,
+            r.subject.per_second(),
+            ms(s.median),
+            ms(s.p99),
+            r.baseline.per_second(),
+            ms(b.median),
+            ms(b.p99),
+            r.subject.per_second() / r.baseline.per_second(),
+            s.median.as_secs_f64() / b.median.as_secs_f64(),
+            s.p99.as_secs_f64() / b.p99.as_secs_f64(),
+        );
+    }
+    println!("thr: subject / baseline requests per second; p50, p99: subject / baseline latency");
+}
