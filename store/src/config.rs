@@ -366,9 +366,9 @@ pub struct ModelConfig {
     #[serde(default = "default_max_step_ms")]
     pub max_step_ms: u64,
     /// Once a step has records, it commits as soon as the consumer has had nothing new for
-    /// this long, in milliseconds (0: no wait beyond what is already fetched). Under load
-    /// records keep arriving and steps fill to `max_step_records`; a lone write is applied
-    /// without waiting out `max_step_ms`.
+    /// this long, in milliseconds (0, the default: no wait beyond what is already fetched).
+    /// Under load records are already fetched and steps fill to `max_step_records`; a lone
+    /// write is applied without waiting out `max_step_ms`.
     #[serde(default = "default_step_linger_ms")]
     pub step_linger_ms: u64,
     /// The tasks this instance runs; all of them when absent.
@@ -508,7 +508,7 @@ fn default_max_step_records() -> usize {
     2_000
 }
 fn default_step_linger_ms() -> u64 {
-    5
+    0
 }
 
 fn default_max_step_ms() -> u64 {
