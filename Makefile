@@ -37,7 +37,7 @@ fuzz:
 # A long simulator sweep: SEEDS=<n> seeds per scenario (default 20000), every scenario's
 # `*_sweep` (ten scenarios), in release mode (see docs/verification.md).
 soak:
-	@SIM_SEEDS=$(or $(SEEDS),20000) cargo test --release -p parsley-sim --test simulation -- _sweep
+	@SIM_SEEDS=$(or $(SEEDS),20000) cargo test --release -p parsley-sim --test simulation -- _sweep --nocapture
 
 # Property-based fuzzing of the HTTP API: schemathesis (installed from PyPI into .local/ on
 # first use) against a real gateway and projector and GET /openapi.json, EXAMPLES=<n> per

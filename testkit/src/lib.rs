@@ -67,8 +67,32 @@ pub async fn create_topics(names: &[&str], partitions: i32) {
             }
         }
     }
-    // Let metadata settle so the first describe sees every partition.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Wait until the broker's metadata lists every partition of each topic: a broker that
+    // has just started can acknowledge a creation before its metadata shows the topic, and
+    // the first describe of a test must see it.
+    let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+    let cluster = bootstrap();
+    tokio::task::spawn_blocking(move || {
+        let admin: AdminClient<DefaultClientContext> =
+            kafka::admin_config(cluster.as_str()).create().expect("admin client");
+        for name in names {
+            let deadline = Instant::now() + TIMEOUT;
+            loop {
+                let listed = admin.inner().fetch_metadata(Some(&name), Duration::from_secs(5)).ok().is_some_and(|m| {
+                    m.topics()
+                        .iter()
+                        .any(|t| t.name() == name && t.error().is_none() && t.partitions().len() == partitions as usize)
+                });
+                if listed {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "topic {name} never appeared in the broker's metadata");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    })
+    .await
+    .expect("waiting for the topics' metadata");
 }
 
 pub async fn delete_topic(name: &str) {

@@ -5,6 +5,7 @@
 //! stopping on its shutdown signal.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use axum::http::{Method, StatusCode};
 use parsley::CausalPast;
@@ -289,7 +290,17 @@ async fn status_shows_leases_and_a_503_names_the_tasks_nobody_runs() {
     let r = s.read("k", Some(&w.token())).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.json);
     let owner = s.config.owner();
-    let st = s.status().await;
+    // `start` takes the tasks at once; the instance joins the members at the first beat of
+    // `run`, which a loaded machine may not have reached yet.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let st = loop {
+        let st = s.status().await;
+        if st.json["models"][0]["instances"].as_array().is_some_and(|i| !i.is_empty()) {
+            break st;
+        }
+        assert!(std::time::Instant::now() < deadline, "the instance never joined: {}", st.json);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     let model = &st.json["models"][0];
     let task = &model["tasks"][0];
     assert_eq!(task["owner"], json!(owner), "{}", st.json);
