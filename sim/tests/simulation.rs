@@ -119,7 +119,7 @@ fn check_floors(scenario: &str, reports: &[RunReport], floors: &[Floor]) {
 type Metric = (&'static str, fn(&Stats) -> u64);
 
 fn print_totals(scenario: &str, reports: &[RunReport]) {
-    let rows: [Metric; 55] = [
+    let rows: [Metric; 54] = [
         ("steps", |s| s.steps),
         ("records", |s| s.records),
         ("deliveries (committed, tasks)", |s| s.deliveries),
@@ -174,7 +174,6 @@ fn print_totals(scenario: &str, reports: &[RunReport]) {
         ("  refused OUT_OF_ORDER_FEED", |s| s.out_of_order_refusals),
         ("budget refusals on receipt", |s| s.budget_refusals_on_receipt),
         ("budget refusals on a stamp", |s| s.budget_refusals_on_stamp),
-        ("process restarts", |s| s.process_restarts),
     ];
     let mut out = format!("scenario {scenario}: {} seeds\n", reports.len());
     for (what, metric) in rows {
