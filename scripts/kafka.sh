@@ -239,27 +239,33 @@ $(who_listens "$port")
     say "kafka: ready at $KAFKA_BOOTSTRAP ($out)"
 }
 
-kafka_down() {
-    if kafka_running; then
+# broker_down NAME RUNNING_FN PID_FN PIDFILE: stop one broker (SIGTERM, SIGKILL after 60 s).
+broker_down() {
+    local name="$1" running="$2" pid_of="$3" pidfile="$4"
+    if "$running"; then
         local pid
-        pid="$(kafka_pid)"
-        say "kafka: stopping (pid $pid)"
+        pid="$("$pid_of")"
+        say "$name: stopping (pid $pid)"
         kill -TERM "$pid" 2>/dev/null || true
         for _ in $(seq 1 120); do
             kill -0 "$pid" 2>/dev/null || break
             sleep 0.5
         done
         if kill -0 "$pid" 2>/dev/null; then
-            warn "kafka: still running after 60s, sending SIGKILL"
+            warn "$name: still running after 60s, sending SIGKILL"
             kill -KILL "$pid" 2>/dev/null || true
             sleep 1
         fi
-        rm -f "$KAFKA_PIDFILE"
-        say "kafka: stopped"
+        rm -f "$pidfile"
+        say "$name: stopped"
     else
-        [ -e "$KAFKA_PIDFILE" ] && rm -f "$KAFKA_PIDFILE"
-        say "kafka: not running"
+        [ -e "$pidfile" ] && rm -f "$pidfile"
+        say "$name: not running"
     fi
+}
+
+kafka_down() {
+    broker_down kafka kafka_running kafka_pid "$KAFKA_PIDFILE"
 }
 
 kafka_status() {
@@ -407,26 +413,7 @@ kafka_secure_wait() {
 }
 
 kafka_secure_down() {
-    if kafka_secure_running; then
-        local pid
-        pid="$(kafka_secure_pid)"
-        say "kafka-secure: stopping (pid $pid)"
-        kill -TERM "$pid" 2>/dev/null || true
-        for _ in $(seq 1 120); do
-            kill -0 "$pid" 2>/dev/null || break
-            sleep 0.5
-        done
-        if kill -0 "$pid" 2>/dev/null; then
-            warn "kafka-secure: still running after 60s, sending SIGKILL"
-            kill -KILL "$pid" 2>/dev/null || true
-            sleep 1
-        fi
-        rm -f "$KAFKA_SECURE_PIDFILE"
-        say "kafka-secure: stopped"
-    else
-        [ -e "$KAFKA_SECURE_PIDFILE" ] && rm -f "$KAFKA_SECURE_PIDFILE"
-        say "kafka-secure: not running"
-    fi
+    broker_down kafka-secure kafka_secure_running kafka_secure_pid "$KAFKA_SECURE_PIDFILE"
 }
 
 kafka_secure_status() {
