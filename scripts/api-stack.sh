@@ -46,13 +46,6 @@ api_fail() {
 }
 trap 'api_fail "unexpected failure (exit $?) at ${BASH_SOURCE[0]}:$LINENO: $BASH_COMMAND"' ERR
 
-alive() {
-    local state=""
-    [ -r "/proc/$1/stat" ] || return 1
-    state="$(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)" || return 1
-    [ -n "$state" ] && [ "$state" != Z ]
-}
-
 # stop_service NAME PID: SIGTERM, wait up to STOP_TIMEOUT seconds, then SIGKILL.
 stop_service() {
     local name="$1" pid="$2" waited=0

@@ -88,3 +88,11 @@ pid_alive() {
     pid="$(cat "$1")"
     [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null
 }
+
+# alive PID: the process exists and is not a zombie waiting to be reaped.
+alive() {
+    local state=""
+    [ -r "/proc/$1/stat" ] || return 1
+    state="$(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)" || return 1
+    [ -n "$state" ] && [ "$state" != Z ]
+}

@@ -40,13 +40,6 @@ up_fail() {
     exit 1
 }
 
-alive() {
-    local state=""
-    [ -r "/proc/$1/stat" ] || return 1
-    state="$(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)" || return 1
-    [ -n "$state" ] && [ "$state" != Z ]
-}
-
 # running PIDFILE NAME: prints the pid if the file names a live parsley-NAME process.
 running() {
     local pidfile="$1" name="$2" pid
