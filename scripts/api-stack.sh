@@ -33,36 +33,13 @@ GATEWAY_PID=""
 
 api_say() { printf '[api-stack] %s\n' "$*"; }
 
-api_fail() {
-    printf '[api-stack] FAILED: %s\n' "$1" >&2
-    local f
-    for f in "$PROJECTOR_LOG" "$GATEWAY_LOG"; do
-        if [ -s "$f" ]; then
-            printf '[api-stack] ---- last 30 lines of %s ----\n' "$f" >&2
-            tail -n 30 "$f" >&2
-        fi
-    done
-    exit 1
-}
+api_fail() { fail_showing api-stack "$1" "$PROJECTOR_LOG" "$GATEWAY_LOG"; }
 trap 'api_fail "unexpected failure (exit $?) at ${BASH_SOURCE[0]}:$LINENO: $BASH_COMMAND"' ERR
 
-# stop_service NAME PID: SIGTERM, wait up to STOP_TIMEOUT seconds, then SIGKILL.
+# stop_service NAME PID: stops parsley-NAME started by this run (lib.sh's terminate).
 stop_service() {
-    local name="$1" pid="$2" waited=0
-    [ -n "$pid" ] || return 0
-    if alive "$pid"; then
-        kill -TERM "$pid" 2>/dev/null || true
-        while alive "$pid" && [ "$waited" -lt $((STOP_TIMEOUT * 10)) ]; do
-            sleep 0.1
-            waited=$((waited + 1))
-        done
-        if alive "$pid"; then
-            printf '[api-stack] WARNING: %s (pid %s) did not stop within %ss; killing it\n' "$name" "$pid" "$STOP_TIMEOUT" >&2
-            kill -KILL "$pid" 2>/dev/null || true
-        fi
-    fi
-    wait "$pid" 2>/dev/null || true
-    rm -f "$RUN_DIR/api-$name.pid"
+    terminate api-stack "$1" "$2" "$STOP_TIMEOUT"
+    rm -f "$RUN_DIR/api-$1.pid"
 }
 
 cleanup() {

@@ -30,38 +30,13 @@ demo_say() { printf '[demo] %s\n' "$*"; }
 
 # demo_fail MESSAGE: say what failed, show the tails of the logs of the services this run
 # started, exit 1 (the EXIT trap stops them).
-demo_fail() {
-    printf '[demo] FAILED: %s\n' "$1" >&2
-    local f
-    for f in "${STARTED_LOGS[@]}"; do
-        if [ -s "$f" ]; then
-            printf '[demo] ---- last 30 lines of %s ----\n' "$f" >&2
-            tail -n 30 "$f" >&2
-            printf '[demo] ---- end of %s ----\n' "$f" >&2
-        fi
-    done
-    exit 1
-}
+demo_fail() { fail_showing demo "$1" "${STARTED_LOGS[@]}"; }
 trap 'demo_fail "unexpected failure (exit $?) at ${BASH_SOURCE[0]}:$LINENO: $BASH_COMMAND"' ERR
 
-# stop_service NAME PID: SIGTERM, wait up to STOP_TIMEOUT seconds, then SIGKILL.
+# stop_service NAME PID: stops parsley-NAME started by this run (lib.sh's terminate).
 stop_service() {
-    local name="$1" pid="$2" waited=0
-    [ -n "$pid" ] || return 0
-    if alive "$pid"; then
-        kill -TERM "$pid" 2>/dev/null || true
-        while alive "$pid" && [ "$waited" -lt $((STOP_TIMEOUT * 10)) ]; do
-            sleep 0.1
-            waited=$((waited + 1))
-        done
-        if alive "$pid"; then
-            printf '[demo] WARNING: %s (pid %s) did not stop within %ss of SIGTERM; killing it\n' \
-                "$name" "$pid" "$STOP_TIMEOUT" >&2
-            kill -KILL "$pid" 2>/dev/null || true
-        fi
-    fi
-    wait "$pid" 2>/dev/null || true
-    rm -f "$RUN_DIR/demo-$name.pid"
+    terminate demo "$1" "$2" "$STOP_TIMEOUT"
+    rm -f "$RUN_DIR/demo-$1.pid"
 }
 
 cleanup() {

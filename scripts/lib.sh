@@ -89,6 +89,44 @@ pid_alive() {
     [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null
 }
 
+# terminate TAG NAME PID [TIMEOUT_S]: stops a process: SIGTERM (and SIGCONT, should it be
+# frozen), up to TIMEOUT_S seconds (default 20) to exit, then SIGKILL with a warning; reaps it
+# when it is this shell's child. An empty PID or a process already gone is nothing to do.
+terminate() {
+    local tag="$1" name="$2" pid="$3" timeout="${4:-20}" waited=0
+    [ -n "$pid" ] || return 0
+    if alive "$pid"; then
+        kill -TERM "$pid" 2>/dev/null || true
+        kill -CONT "$pid" 2>/dev/null || true
+        while alive "$pid" && [ "$waited" -lt $((timeout * 10)) ]; do
+            sleep 0.1
+            waited=$((waited + 1))
+        done
+        if alive "$pid"; then
+            printf '[%s] WARNING: %s (pid %s) did not stop within %ss of SIGTERM; killing it\n' \
+                "$tag" "$name" "$pid" "$timeout" >&2
+            kill -KILL "$pid" 2>/dev/null || true
+        fi
+    fi
+    wait "$pid" 2>/dev/null || true
+}
+
+# fail_showing TAG MESSAGE LOG...: says what failed and shows the last 30 lines of each log
+# that has any, then exits 1 (the caller's EXIT trap, if any, stops what it started).
+fail_showing() {
+    local tag="$1" msg="$2" f
+    shift 2
+    printf '[%s] FAILED: %s\n' "$tag" "$msg" >&2
+    for f in "$@"; do
+        if [ -s "$f" ]; then
+            printf '[%s] ---- last 30 lines of %s ----\n' "$tag" "$f" >&2
+            tail -n 30 "$f" >&2
+            printf '[%s] ---- end of %s ----\n' "$tag" "$f" >&2
+        fi
+    done
+    exit 1
+}
+
 # alive PID: the process exists and is not a zombie waiting to be reaped.
 alive() {
     local state=""

@@ -28,17 +28,7 @@ GATEWAY_URL="http://127.0.0.1:8080"
 ADMIN_URL="http://127.0.0.1:9091"
 
 up_say() { printf '[up] %s\n' "$*"; }
-up_fail() {
-    printf '[up] FAILED: %s\n' "$1" >&2
-    local f
-    for f in "$LOG_DIR/up-projector.log" "$LOG_DIR/up-gateway.log"; do
-        if [ -s "$f" ]; then
-            printf '[up] ---- last 20 lines of %s ----\n' "$f" >&2
-            tail -n 20 "$f" >&2
-        fi
-    done
-    exit 1
-}
+up_fail() { fail_showing up "$1" "$LOG_DIR/up-projector.log" "$LOG_DIR/up-gateway.log"; }
 
 # running PIDFILE NAME: prints the pid if the file names a live parsley-NAME process.
 running() {
@@ -50,20 +40,11 @@ running() {
     echo "$pid"
 }
 
-# stop PIDFILE NAME: SIGTERM (and SIGCONT, should it be frozen), wait, then SIGKILL.
+# stop PIDFILE NAME: stops the parsley-NAME the file names, if it runs (lib.sh's terminate).
 stop() {
-    local pidfile="$1" name="$2" pid waited=0
+    local pidfile="$1" name="$2" pid
     if pid="$(running "$pidfile" "$name")"; then
-        kill -TERM "$pid" 2>/dev/null || true
-        kill -CONT "$pid" 2>/dev/null || true
-        while alive "$pid" && [ "$waited" -lt $((STOP_TIMEOUT * 10)) ]; do
-            sleep 0.1
-            waited=$((waited + 1))
-        done
-        if alive "$pid"; then
-            up_say "WARNING: parsley-$name (pid $pid) did not stop within ${STOP_TIMEOUT}s of SIGTERM; killing it"
-            kill -KILL "$pid" 2>/dev/null || true
-        fi
+        terminate up "parsley-$name" "$pid" "$STOP_TIMEOUT"
         up_say "stopped parsley-$name (pid $pid)"
     fi
     rm -f "$pidfile"
