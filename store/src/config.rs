@@ -19,6 +19,7 @@ use serde::Deserialize;
 
 use crate::env::{self, Env};
 use crate::secret::Secret;
+use crate::sql_params;
 
 pub use crate::env::{
     ENV_DATABASE_URL, ENV_DATABASE_URL_FALLBACK, ENV_DATABASE_URL_FILE, ENV_KAFKA_BOOTSTRAP, ENV_METRICS_ADDRESS,
@@ -338,13 +339,72 @@ pub enum OnRejected {
     DeadLetter,
 }
 
-/// Which projection a model runs.
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+/// The document projection's name: JSON documents keyed by record key
+/// (`projection.documents`), the default.
+pub const DOCUMENTS_PROJECTION: &str = "documents";
+/// The SQL projection's name: the statements configured per topic.
+pub const SQL_PROJECTION: &str = "sql";
+/// The projections every projector knows; an embedding program registers more by name.
+pub const BUILTIN_PROJECTIONS: &[&str] = &[DOCUMENTS_PROJECTION, SQL_PROJECTION];
+
+/// The named parameters a `sql` projection's statements may use, each bound per record:
+/// `key` (text), `key_bytes` (bytea), `value` (jsonb), `value_bytes` (bytea), `topic`
+/// (text), `partition` (int4), `offset` (int8), `timestamp` (timestamptz), `headers`
+/// (jsonb object). See `docs/projections.md`.
+pub const STATEMENT_PARAMS: &[&str] =
+    &["key", "key_bytes", "value", "value_bytes", "topic", "partition", "offset", "timestamp", "headers"];
+
+/// Most rows a named query may be configured to return.
+pub const MAX_QUERY_ROWS: u32 = 100_000;
+
+/// The type of a named query's parameter, as the request's text is read.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
-pub enum ProjectionKind {
-    /// JSON documents keyed by record key (`projection.documents`).
-    #[default]
-    Documents,
+pub enum ParamType {
+    /// As given (bound as `text`).
+    Text,
+    /// A 64-bit integer (`int8`).
+    Int,
+    /// A finite 64-bit float (`float8`).
+    Float,
+    /// `true` or `false`.
+    Bool,
+    /// A JSON document (`jsonb`).
+    Json,
+}
+
+impl ParamType {
+    /// The name configuration spells it with (`text`, `int`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            ParamType::Text => "text",
+            ParamType::Int => "int",
+            ParamType::Float => "float",
+            ParamType::Bool => "bool",
+            ParamType::Json => "json",
+        }
+    }
+}
+
+/// A named, read-only, parameterized query of a model (`[[models.queries]]`), served by the
+/// gateway under the same gate as the model's documents.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct QueryConfig {
+    /// 1 to 63 of `a-z`, `0-9`, `_`, `-`; unique within the model.
+    pub name: String,
+    /// The statement, with named parameters (`:customer`) for `params`.
+    pub sql: String,
+    /// Every parameter the statement uses, with its type; each one used.
+    #[serde(default)]
+    pub params: BTreeMap<String, ParamType>,
+    /// The parameter that is the record key (a `text` one): the read is gated on the task
+    /// owning that key. Absent: on every task of the model.
+    #[serde(default)]
+    pub key: Option<String>,
+    /// Most rows returned (1 to [`MAX_QUERY_ROWS`]).
+    #[serde(default = "default_query_max_rows")]
+    pub max_rows: u32,
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -352,8 +412,21 @@ pub enum ProjectionKind {
 pub struct ModelConfig {
     /// Unique model name: letters, digits, `_`, `-`, `.`; at most 63 bytes.
     pub name: String,
+    /// The projection the model runs: [`DOCUMENTS_PROJECTION`] (the default),
+    /// [`SQL_PROJECTION`], or a name an embedding program registered.
+    #[serde(default = "default_projection")]
+    pub projection: String,
+    /// A folder of the model's own schema migrations (`<version>_<name>.sql`), applied at
+    /// start with their own bookkeeping (`parsley.model_migrations`). Relative to the working
+    /// directory.
     #[serde(default)]
-    pub projection: ProjectionKind,
+    pub migrations: Option<String>,
+    /// Free-form settings handed to the model's projection (custom projections read them).
+    #[serde(default)]
+    pub options: toml::Table,
+    /// Named, read-only queries the gateway serves for the model.
+    #[serde(default)]
+    pub queries: Vec<QueryConfig>,
     /// The received topics, co-partitioned (equal partition counts).
     pub topics: Vec<TopicConfig>,
     /// Default initial position of the model's topics.
@@ -388,6 +461,26 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
+    /// A model named `name` receiving `topics`, every other key at its default.
+    pub fn new(name: impl Into<String>, topics: Vec<TopicConfig>) -> ModelConfig {
+        ModelConfig {
+            name: name.into(),
+            projection: default_projection(),
+            migrations: None,
+            options: toml::Table::new(),
+            queries: Vec::new(),
+            topics,
+            initial_position: InitialPosition::default(),
+            max_step_records: default_max_step_records(),
+            max_step_ms: default_max_step_ms(),
+            step_linger_ms: default_step_linger_ms(),
+            tasks: None,
+            on_rejected: OnRejected::default(),
+            max_held_records: default_max_held_records(),
+            max_held_bytes: default_max_held_bytes(),
+        }
+    }
+
     pub fn max_step_time(&self) -> Duration {
         Duration::from_millis(self.max_step_ms)
     }
@@ -418,14 +511,49 @@ pub struct TopicConfig {
     /// Overrides the model's `initial_position` for this topic.
     #[serde(default)]
     pub initial_position: Option<InitialPosition>,
+    /// A `sql` model's statements for each of the topic's records that has a value, run in
+    /// order in the step's transaction, with named parameters ([`STATEMENT_PARAMS`]).
+    #[serde(default)]
+    pub statements: Vec<String>,
+    /// A `sql` model's statements for a tombstone (a record without a value) of the topic;
+    /// without any, a tombstone is delivered without effect.
+    #[serde(default)]
+    pub tombstone_statements: Vec<String>,
 }
 
 impl TopicConfig {
+    /// A topic named `name` with every other key at its default.
+    pub fn named(name: impl Into<String>) -> TopicConfig {
+        TopicConfig {
+            name: name.into(),
+            apply: Apply::default(),
+            initial_position: None,
+            statements: Vec::new(),
+            tombstone_statements: Vec::new(),
+        }
+    }
+
     pub fn initial_position(&self, model: &ModelConfig) -> InitialPosition {
         self.initial_position.unwrap_or(model.initial_position)
     }
+
+    /// The statements a record runs: `tombstone_statements` for a tombstone, `statements`
+    /// for a record with a value.
+    pub fn statements_for(&self, tombstone: bool) -> &[String] {
+        if tombstone {
+            &self.tombstone_statements
+        } else {
+            &self.statements
+        }
+    }
 }
 
+fn default_projection() -> String {
+    DOCUMENTS_PROJECTION.to_string()
+}
+fn default_query_max_rows() -> u32 {
+    1_000
+}
 fn default_bootstrap() -> String {
     parsley_infra::env::LOCAL_KAFKA_BOOTSTRAP.to_string()
 }
@@ -693,6 +821,8 @@ impl Config {
                     bail!("{at}.tasks must list at least one task when present");
                 }
             }
+            validate_projection(m, &at)?;
+            validate_queries(m, &at)?;
         }
         Ok(())
     }
@@ -716,6 +846,83 @@ impl Config {
     pub fn owner(&self) -> String {
         self.projector.owner.clone().unwrap_or_else(default_owner)
     }
+}
+
+/// A model's `projection`, `migrations` and its topics' statements; every message names the key.
+fn validate_projection(m: &ModelConfig, at: &str) -> anyhow::Result<()> {
+    if !valid_projection_name(&m.projection) {
+        bail!("{at}.projection {:?} must be 1 to 63 letters, digits, '_', '-' or '.'", m.projection);
+    }
+    if m.migrations.as_deref().is_some_and(|p| p.trim().is_empty()) {
+        bail!("{at}.migrations must name a folder when present");
+    }
+    let sql = m.projection == SQL_PROJECTION;
+    let mut any = false;
+    for (j, t) in m.topics.iter().enumerate() {
+        for (key, statements) in [("statements", &t.statements), ("tombstone_statements", &t.tombstone_statements)] {
+            if statements.is_empty() {
+                continue;
+            }
+            if !sql {
+                bail!(
+                    "{at}.topics[{j}].{key} is set, but model {:?} runs the {:?} projection: statements are for \
+                     projection = \"sql\"",
+                    m.name,
+                    m.projection
+                );
+            }
+            any = true;
+            for (k, statement) in statements.iter().enumerate() {
+                let at = format!("{at}.topics[{j}].{key}[{k}]");
+                if statement.trim().is_empty() {
+                    bail!("{at} is empty");
+                }
+                let rewritten = sql_params::rewrite(statement).map_err(|e| anyhow::anyhow!("{at}: {e}"))?;
+                if let Some(unknown) = rewritten.names.iter().find(|n| !STATEMENT_PARAMS.contains(&n.as_str())) {
+                    bail!("{at} uses the unknown parameter :{unknown} (known: {})", STATEMENT_PARAMS.join(", "));
+                }
+            }
+        }
+    }
+    if sql && !any {
+        bail!("{at}: model {:?} runs the \"sql\" projection, but none of its topics has statements", m.name);
+    }
+    Ok(())
+}
+
+/// A model's `queries`: names, parameters declared and used, the key parameter, `max_rows`.
+fn validate_queries(m: &ModelConfig, at: &str) -> anyhow::Result<()> {
+    let mut names = BTreeSet::new();
+    for (q, query) in m.queries.iter().enumerate() {
+        let at = format!("{at}.queries[{q}]");
+        if !valid_query_name(&query.name) {
+            bail!("{at}.name {:?} must be 1 to 63 of a-z, 0-9, '_' or '-'", query.name);
+        }
+        if !names.insert(query.name.as_str()) {
+            bail!("{at}.name {:?} is declared twice in model {:?}", query.name, m.name);
+        }
+        if query.sql.trim().is_empty() {
+            bail!("{at}.sql is empty");
+        }
+        let rewritten = sql_params::rewrite(&query.sql).map_err(|e| anyhow::anyhow!("{at}.sql: {e}"))?;
+        if let Some(undeclared) = rewritten.names.iter().find(|n| !query.params.contains_key(n.as_str())) {
+            bail!("{at}.sql uses :{undeclared}, which {at}.params does not declare");
+        }
+        if let Some(unused) = query.params.keys().find(|p| !rewritten.names.contains(p)) {
+            bail!("{at}.params declares {unused:?}, which {at}.sql does not use");
+        }
+        if let Some(key) = &query.key {
+            match query.params.get(key) {
+                None => bail!("{at}.key {key:?} is not a parameter declared in {at}.params"),
+                Some(ParamType::Text) => {}
+                Some(other) => bail!("{at}.key {key:?} must be a text parameter, not {}", other.name()),
+            }
+        }
+        if query.max_rows == 0 || query.max_rows > MAX_QUERY_ROWS {
+            bail!("{at}.max_rows must be between 1 and {MAX_QUERY_ROWS}, not {}", query.max_rows);
+        }
+    }
+    Ok(())
 }
 
 /// `database.url` and `database.url_file` are one setting given two ways. A variable that sets
@@ -748,6 +955,19 @@ pub fn default_owner() -> String {
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "projector".to_string());
     format!("{host}-{}", std::process::id())
+}
+
+/// A projection's name: what a model's `projection` names and an embedding program
+/// registers (the model-name alphabet).
+pub fn valid_projection_name(name: &str) -> bool {
+    valid_model_name(name)
+}
+
+/// A named query's name: it is a URL path segment (`/v1/models/{model}/queries/{name}`).
+pub fn valid_query_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'-'))
 }
 
 /// Model names appear in NOTIFY payloads (`<model>:<task>`) and metric labels.
@@ -803,6 +1023,125 @@ listen = "127.0.0.1:8080"
         assert_eq!(m.max_step_records, 10);
         assert!(c.gateway.is_some());
         assert!(c.model("nope").is_err());
+    }
+
+    const SQL_MODEL: &str = r#"
+[[models]]
+name = "totals"
+projection = "sql"
+migrations = "examples/order-totals/migrations"
+
+[[models.topics]]
+name = "orders"
+statements = ["""INSERT INTO totals.orders (id, customer, amount)
+  VALUES (:key, :value->>'customer', (:value->>'amount')::numeric)
+  ON CONFLICT (id) DO UPDATE SET customer = EXCLUDED.customer, amount = EXCLUDED.amount"""]
+tombstone_statements = ["DELETE FROM totals.orders WHERE id = :key"]
+
+[[models.topics]]
+name = "payments"
+statements = ["INSERT INTO totals.log VALUES (:topic, :partition, :offset, :timestamp, :headers, :key_bytes, :value_bytes)"]
+
+[models.options]
+anything = "goes"
+nested = { n = 1 }
+
+[[models.queries]]
+name = "customer_total"
+sql = "SELECT customer, sum(amount) AS total FROM totals.orders WHERE customer = :customer GROUP BY customer"
+params = { customer = "text" }
+key = "customer"
+
+[[models.queries]]
+name = "big-orders"
+sql = "SELECT id FROM totals.orders WHERE amount > :min::numeric AND (:flag OR :doc ? 'x') AND :n > 0"
+params = { min = "float", flag = "bool", doc = "json", n = "int" }
+max_rows = 5
+"#;
+
+    #[test]
+    fn a_sql_model_parses() {
+        let c = Config::parse(SQL_MODEL).unwrap();
+        let m = c.model("totals").unwrap();
+        assert_eq!(m.projection, SQL_PROJECTION);
+        assert_eq!(m.migrations.as_deref(), Some("examples/order-totals/migrations"));
+        assert_eq!(m.options.get("anything").and_then(|v| v.as_str()), Some("goes"));
+        assert_eq!(m.topics[0].statements.len(), 1);
+        assert_eq!(m.topics[0].statements_for(true), ["DELETE FROM totals.orders WHERE id = :key"]);
+        assert!(m.topics[1].statements_for(true).is_empty(), "without tombstone statements a tombstone does nothing");
+        let q = &m.queries[0];
+        assert_eq!((q.name.as_str(), q.key.as_deref(), q.max_rows), ("customer_total", Some("customer"), 1000));
+        assert_eq!(q.params.get("customer"), Some(&ParamType::Text));
+        let q = &m.queries[1];
+        assert_eq!(q.max_rows, 5);
+        assert_eq!(q.params.get("doc"), Some(&ParamType::Json));
+        // The default projection, and the constructor's defaults equal the file's.
+        let c = Config::parse("[[models]]\nname = \"m\"\ntopics = [{ name = \"t\" }]\n").unwrap();
+        assert_eq!(c.models[0].projection, DOCUMENTS_PROJECTION);
+        assert_eq!(c.models[0], ModelConfig::new("m", vec![TopicConfig::named("t")]));
+        // A name an embedding program registers is the projector's to check.
+        let c =
+            Config::parse("[[models]]\nname = \"m\"\nprojection = \"audit\"\ntopics = [{ name = \"t\" }]\n").unwrap();
+        assert_eq!(c.models[0].projection, "audit");
+    }
+
+    #[test]
+    fn sql_models_and_queries_are_refused_by_key() {
+        let model = |extra: &str, topic: &str| {
+            format!("[[models]]\nname = \"m\"\n{extra}\n[[models.topics]]\nname = \"t\"\n{topic}\n")
+        };
+        let sql = |topic: &str| model("projection = \"sql\"", topic);
+        let query =
+            |q: &str| format!("[[models]]\nname = \"m\"\ntopics = [{{ name = \"t\" }}]\n[[models.queries]]\n{q}\n");
+        let cases: Vec<(String, &str)> = vec![
+            (
+                sql("statements = [\"SELECT :nope\"]"),
+                "models[0].topics[0].statements[0] uses the unknown parameter :nope",
+            ),
+            (
+                sql("statements = [\"SELECT 1\"]\ntombstone_statements = [\"SELECT :keyy\"]"),
+                "tombstone_statements[0] uses the unknown parameter :keyy",
+            ),
+            (sql("statements = [\"SELECT $1\"]"), "models[0].topics[0].statements[0]: positional"),
+            (sql("statements = [\"SELECT ':key\"]"), "models[0].topics[0].statements[0]: a string literal"),
+            (sql("statements = [\" \"]"), "models[0].topics[0].statements[0] is empty"),
+            (sql(""), "none of its topics has statements"),
+            (model("", "statements = [\"SELECT :key\"]"), "models[0].topics[0].statements is set"),
+            (
+                model("projection = \"audit\"", "tombstone_statements = [\"SELECT :key\"]"),
+                "models[0].topics[0].tombstone_statements",
+            ),
+            (model("projection = \"no way\"", ""), "models[0].projection"),
+            (model("migrations = \"\"", ""), "models[0].migrations"),
+            (model("", "statement = [\"SELECT 1\"]"), "statement"),
+            (query("name = \"Q\"\nsql = \"SELECT 1\""), "models[0].queries[0].name"),
+            (query("name = \"q\"\nsql = \"SELECT :a\""), "models[0].queries[0].sql uses :a"),
+            (
+                query("name = \"q\"\nsql = \"SELECT 1\"\nparams = { a = \"text\" }"),
+                "models[0].queries[0].params declares \"a\"",
+            ),
+            (query("name = \"q\"\nsql = \"SELECT :a\"\nparams = { a = \"date\" }"), "date"),
+            (
+                query("name = \"q\"\nsql = \"SELECT :a\"\nparams = { a = \"text\" }\nkey = \"b\""),
+                "models[0].queries[0].key \"b\"",
+            ),
+            (
+                query("name = \"q\"\nsql = \"SELECT :a\"\nparams = { a = \"int\" }\nkey = \"a\""),
+                "must be a text parameter, not int",
+            ),
+            (query("name = \"q\"\nsql = \"SELECT 1\"\nmax_rows = 0"), "models[0].queries[0].max_rows"),
+            (query("name = \"q\"\nsql = \"SELECT 1\"\nmax_rows = 100001"), "models[0].queries[0].max_rows"),
+            (query("name = \"q\"\nsql = \"\""), "models[0].queries[0].sql is empty"),
+            (
+                query("name = \"q\"\nsql = \"SELECT 1\"\n[[models.queries]]\nname = \"q\"\nsql = \"SELECT 2\""),
+                "models[0].queries[1].name \"q\" is declared twice",
+            ),
+            (query("name = \"q\"\nsql = \"SELECT 1\"\nrows = 3"), "rows"),
+        ];
+        for (text, key) in cases {
+            let err = error_of(&text);
+            assert!(err.contains(key), "error for {text:?} does not name {key:?}: {err}");
+        }
     }
 
     #[test]

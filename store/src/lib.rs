@@ -16,13 +16,19 @@
 //! - [`idempotency`]: the gateway's idempotency keys (a retried write answered from the
 //!   first acknowledgement).
 //! - [`documents`]: every statement on `projection.documents`.
+//! - [`queries`]: gated reads over any table (the gateway's named queries, an embedding
+//!   program's statements): the clock rows and the data in one read-only snapshot.
 //! - [`status`]: task status read back, in full (the projector's `status`) or from SQL
 //!   aggregates (the gateway's `/v1/status`).
+//! - [`sql_params`]: configured SQL's named parameters (`:name`) turned into `$1..$n`, one
+//!   rule for the projector's statements and the gateway's queries.
 //! - [`failure`]: failed database calls told apart (outage, rejected value, bug);
 //!   [`database`]: databases as a whole (the demo's own).
 
 pub mod config;
 pub mod database;
+// `#[macro_use]`: the gated reads' model-and-clock statement is shared with `queries`.
+#[macro_use]
 pub mod documents;
 pub mod env;
 pub mod failure;
@@ -30,8 +36,10 @@ pub mod idempotency;
 pub mod leases;
 pub mod migrations;
 pub mod ordering;
+pub mod queries;
 pub mod record;
 pub mod secret;
+pub mod sql_params;
 pub mod status;
 
 pub use config::Config;

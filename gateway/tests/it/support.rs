@@ -93,10 +93,13 @@ pub fn config(n: &Names, gateway: &str) -> Config {
     c.projector.max_backoff_ms = 400;
     c.models.push(ModelConfig {
         name: n.model.clone(),
-        projection: Default::default(),
+        projection: parsley_store::config::DOCUMENTS_PROJECTION.to_string(),
+        migrations: None,
+        options: Default::default(),
+        queries: Vec::new(),
         topics: vec![
-            TopicConfig { name: n.orders.clone(), apply: Apply::Replace, initial_position: None },
-            TopicConfig { name: n.payments.clone(), apply: Apply::Merge, initial_position: None },
+            TopicConfig { apply: Apply::Replace, ..TopicConfig::named(&n.orders) },
+            TopicConfig { apply: Apply::Merge, ..TopicConfig::named(&n.payments) },
         ],
         initial_position: InitialPosition::Earliest,
         max_step_records: 500,

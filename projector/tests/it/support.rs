@@ -60,10 +60,13 @@ pub fn config(model: &str, topics: &[(&str, Apply)]) -> Config {
     c.projector.max_backoff_ms = 400;
     c.models.push(ModelConfig {
         name: model.to_string(),
-        projection: Default::default(),
+        projection: parsley_store::config::DOCUMENTS_PROJECTION.to_string(),
+        migrations: None,
+        options: Default::default(),
+        queries: Vec::new(),
         topics: topics
             .iter()
-            .map(|(n, a)| TopicConfig { name: n.to_string(), apply: *a, initial_position: None })
+            .map(|(n, a)| TopicConfig { apply: *a, ..TopicConfig::named(*n) })
             .collect(),
         initial_position: InitialPosition::Earliest,
         max_step_records: 500,
