@@ -229,7 +229,7 @@ pub async fn gated_page(
 }
 
 /// The model row of a gated read's result (`None`: the model has no state).
-fn gated_model(row: &PgRow) -> anyhow::Result<Option<ModelRow>> {
+pub(crate) fn gated_model(row: &PgRow) -> anyhow::Result<Option<ModelRow>> {
     let Some(task_count) = row.try_get::<Option<i32>, _>("task_count")? else { return Ok(None) };
     let task_count = u32::try_from(task_count).with_context(|| format!("a model records {task_count} tasks"))?;
     let names: Vec<String> = row.try_get::<Option<_>, _>("names")?.unwrap_or_default();
@@ -243,7 +243,7 @@ fn gated_model(row: &PgRow) -> anyhow::Result<Option<ModelRow>> {
 }
 
 /// The clock rows of a gated read's result.
-fn gated_clock(row: &PgRow) -> anyhow::Result<Vec<ClockRow>> {
+pub(crate) fn gated_clock(row: &PgRow) -> anyhow::Result<Vec<ClockRow>> {
     let tasks: Vec<i32> = row.try_get::<Option<_>, _>("tasks")?.unwrap_or_default();
     let topics: Vec<Uuid> = row.try_get::<Option<_>, _>("topic_ids")?.unwrap_or_default();
     let partitions: Vec<i32> = row.try_get::<Option<_>, _>("partitions")?.unwrap_or_default();

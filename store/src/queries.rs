@@ -1,0 +1,111 @@
+//! Gated reads over any table: the gateway's named queries (`[[models.queries]]`) and an
+//! embedding program's own statements, each run with the clock rows the gate needs in one
+//! snapshot.
+//!
+//! [`in_snapshot`] opens a `REPEATABLE READ, READ ONLY` transaction: its first statement
+//! fixes the snapshot, so the model's row and clock rows (the same statement the document
+//! reads start with, [`crate::documents::ClockScope`]) and the caller's data statements all
+//! see the same committed state, and nothing in it can write. [`json_rows`] is a named
+//! query's data statement: the configured SQL (its `:name` parameters already turned into
+//! `$1..$n` by [`crate::sql_params`]) as a subquery, each row as a JSON object (`to_jsonb`),
+//! at most a limit of them.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use anyhow::Context as _;
+use serde_json::Value;
+use sqlx::{Connection as _, PgConnection, Row as _};
+use uuid::Uuid;
+
+use crate::documents::{gated_clock, gated_model, ClockScope, GatedSnapshot};
+use crate::ordering::uuid_of;
+
+/// A future borrowing a connection: what a data statement's closure returns.
+pub type BoxFuture<'c, T> = Pin<Box<dyn Future<Output = T> + Send + 'c>>;
+
+/// How the snapshot's transaction begins.
+const BEGIN_READ_ONLY: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY";
+
+/// `model`'s row and the clock rows `scope` names, then `data`'s statements, in one
+/// read-only snapshot. The outer error is the transaction's or the clock statement's; the
+/// data's own error is returned as the snapshot's data (the transaction is rolled back).
+pub async fn in_snapshot<T, F>(
+    conn: &mut PgConnection,
+    model: &str,
+    scope: &ClockScope,
+    data: &F,
+) -> anyhow::Result<GatedSnapshot<Result<T, sqlx::Error>>>
+where
+    F: for<'c> Fn(&'c mut PgConnection) -> BoxFuture<'c, Result<T, sqlx::Error>> + ?Sized,
+{
+    let mut tx = conn.begin_with(BEGIN_READ_ONLY).await.context("beginning a read-only snapshot")?;
+    let (all, owner, received, partitions) = match scope {
+        ClockScope::All => (true, 0, Vec::new(), Vec::new()),
+        ClockScope::Owner { owner, received, partitions } => (
+            false,
+            *owner as i32,
+            received.iter().map(uuid_of).collect::<Vec<Uuid>>(),
+            partitions.iter().map(|p| *p as i32).collect::<Vec<i32>>(),
+        ),
+    };
+    // The document reads' model-and-clock statement with no data (`d` has no columns).
+    let row = sqlx::query(concat!(
+        gated_model_and_clock!(
+            "($2 OR c.task = $3 OR NOT (c.topic_id = ANY($4)) OR (c.task = c.partition AND c.task = ANY($5)))"
+        ),
+        "CROSS JOIN (SELECT) AS d"
+    ))
+    .bind(model)
+    .bind(all)
+    .bind(owner)
+    .bind(&received)
+    .bind(&partitions)
+    .fetch_one(&mut *tx)
+    .await
+    .with_context(|| format!("reading the clock of model {model:?}"))?;
+    let model_row = gated_model(&row)?;
+    let clock = gated_clock(&row)?;
+    let data = data(&mut tx).await;
+    if data.is_ok() {
+        tx.commit().await.context("ending a read-only snapshot")?;
+    }
+    Ok(GatedSnapshot { model: model_row, clock, data })
+}
+
+/// A named query's parameter value, typed as configured.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ParamValue {
+    Text(String),
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+    Json(Value),
+}
+
+/// The rows of `sql` (placeholders `$1..$n`, bound from `params` in order) as JSON objects,
+/// column name to value (`to_jsonb` of each row), at most `limit` of them. A trailing `;` is
+/// dropped; the query must be one statement that can be a subquery (`SELECT`, `VALUES`,
+/// `TABLE`, `WITH … SELECT`).
+pub async fn json_rows(
+    conn: &mut PgConnection,
+    sql: &str,
+    params: &[ParamValue],
+    limit: i64,
+) -> Result<Vec<Value>, sqlx::Error> {
+    let sql = sql.trim_end().trim_end_matches(';');
+    // The newline ends a trailing `--` comment before the subquery is closed.
+    let statement = format!("SELECT to_jsonb(q) FROM (\n{sql}\n) AS q LIMIT ${}", params.len() + 1);
+    let mut query = sqlx::query(&statement);
+    for p in params {
+        query = match p {
+            ParamValue::Text(v) => query.bind(v.as_str()),
+            ParamValue::Int(v) => query.bind(*v),
+            ParamValue::Float(v) => query.bind(*v),
+            ParamValue::Bool(v) => query.bind(*v),
+            ParamValue::Json(v) => query.bind(v),
+        };
+    }
+    let rows = query.bind(limit).fetch_all(&mut *conn).await?;
+    rows.iter().map(|r| r.try_get::<Value, _>(0)).collect()
+}
