@@ -125,7 +125,7 @@ fn contains_nul(value: &Value) -> bool {
     }
 }
 
-trait ClassifyName {
+pub(crate) trait ClassifyName {
     fn classify_name(&self) -> &'static str;
 }
 

@@ -24,6 +24,7 @@
 //! See `docs/projector.md` for the model, schema, step, fencing and restart.
 
 pub mod balance;
+pub mod builder;
 pub mod config;
 pub mod documents;
 pub mod kafka;
@@ -33,13 +34,16 @@ pub mod model;
 pub mod projection;
 pub mod record;
 pub mod skip;
+pub mod sql;
 pub mod status;
 pub mod store;
 pub mod task;
 
+pub use builder::{Projector, ProjectorBuilder};
 pub use config::Config;
 pub use documents::DocumentProjection;
 pub use model::{ModelPlan, ModelProjector};
-pub use projection::{Delivered, Projection, StepContext};
+pub use projection::{Delivered, DynProjection, Projection, ProjectionError, SharedProjection, StepContext};
 pub use record::RecordData;
+pub use sql::SqlProjection;
 pub use task::{StepOutcome, TaskRunner, TaskState};

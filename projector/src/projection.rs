@@ -17,6 +17,8 @@
 
 use std::fmt;
 use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 
 use parsley::channel::{ChannelId, Position};
 use parsley::CausalPast;
@@ -179,6 +181,58 @@ pub trait Projection: Send + Sync + 'static {
             }
             Ok(())
         }
+    }
+}
+
+/// A boxed future of a [`DynProjection`].
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The object-safe form of [`Projection`], implemented for every `Projection`: what the
+/// projector keeps of a projection built from a registry ([`SharedProjection`]), one type
+/// for whichever projection each model names. Implement [`Projection`], not this.
+pub trait DynProjection: Send + Sync + 'static {
+    /// [`Projection::apply_batch`], boxed.
+    fn apply_batch_boxed<'a>(
+        &'a self,
+        conn: &'a mut PgConnection,
+        step: StepContext<'a>,
+        records: &'a [Delivered<'a>],
+    ) -> BoxFuture<'a, Result<(), ProjectionError>>;
+}
+
+impl<P: Projection> DynProjection for P {
+    fn apply_batch_boxed<'a>(
+        &'a self,
+        conn: &'a mut PgConnection,
+        step: StepContext<'a>,
+        records: &'a [Delivered<'a>],
+    ) -> BoxFuture<'a, Result<(), ProjectionError>> {
+        Box::pin(self.apply_batch(conn, step, records))
+    }
+}
+
+/// A projection of any type, shared by a model's task runners: what a
+/// [`crate::Projector`]'s registry builds for each model. It is itself a [`Projection`], so
+/// a [`crate::ModelProjector`] runs it like any other.
+pub type SharedProjection = Arc<dyn DynProjection>;
+
+impl Projection for SharedProjection {
+    async fn apply(
+        &self,
+        conn: &mut PgConnection,
+        step: StepContext<'_>,
+        record: &Delivered<'_>,
+    ) -> Result<(), ProjectionError> {
+        self.as_ref().apply_batch_boxed(conn, step, std::slice::from_ref(record)).await
+    }
+
+    async fn apply_batch(
+        &self,
+        conn: &mut PgConnection,
+        step: StepContext<'_>,
+        records: &[Delivered<'_>],
+    ) -> Result<(), ProjectionError> {
+        self.as_ref().apply_batch_boxed(conn, step, records).await
     }
 }
 

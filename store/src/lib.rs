@@ -6,7 +6,8 @@
 //! - [`config`]: the shared TOML configuration (`[kafka]`, `[database]`, `[projector]`,
 //!   `[[models]]`, the gateway's `[gateway]` carried through); [`env`]: the one rule for
 //!   environment overrides of every key; [`secret`]: values that are never printed.
-//! - [`migrations`]: the embedded schema migrations (`store/migrations/`) and their runner.
+//! - [`migrations`]: the embedded schema migrations (`store/migrations/`) and their runner;
+//!   [`model_migrations`]: a model's own migrations folder, with its own bookkeeping.
 //! - [`ordering`]: every statement on the ordering state (`parsley` schema): models, topic
 //!   identities, task epochs and the persisted [`TaskStatus`], loading a task's state,
 //!   writing a step's changes, clock rows, the `NOTIFY` channel, skips and dead letters;
@@ -35,6 +36,7 @@ pub mod failure;
 pub mod idempotency;
 pub mod leases;
 pub mod migrations;
+pub mod model_migrations;
 pub mod ordering;
 pub mod queries;
 pub mod record;

@@ -31,6 +31,7 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "20261201000000_drop_unread_document_index.sql",
         include_str!("../migrations/20261201000000_drop_unread_document_index.sql"),
     ),
+    ("20261202000000_add_model_migrations.sql", include_str!("../migrations/20261202000000_add_model_migrations.sql")),
 ];
 
 #[derive(Debug)]

@@ -1,19 +1,18 @@
-//! The projector binary: `run` the configured models until SIGINT/SIGTERM, print their
-//! `status` from the database, `skip` the record a task is refused at, or apply the schema
-//! `migrate`ions.
+//! The projector binary: `run` the configured models until SIGINT/SIGTERM (the library's
+//! [`Projector`] with the built-in projections), print their `status` from the database,
+//! `skip` the record a task is refused at, or apply the schema `migrate`ions (the project's
+//! and every model's own).
 
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use parsley_infra::cli::{self, Arg, ArgAction, Command};
 use parsley_infra::process;
+use parsley_projector::builder::{apply_model_migrations, connect};
 use parsley_projector::config::Config;
-use parsley_projector::metrics::{self, Metric, Metrics, METRICS};
 use parsley_projector::skip::{self, SkipRequest};
 use parsley_projector::store::RecordFound;
-use parsley_projector::{migrations, status, DocumentProjection, ModelProjector};
+use parsley_projector::{migrations, status, Projector};
 use sqlx::PgPool;
 
 /// What `--help` says after the commands and options.
@@ -58,7 +57,10 @@ fn command() -> Command {
                 .arg(skip_option("reason", "TEXT", "why it is skipped (recorded)").required(true))
                 .arg(skip_option("by", "WHO", "who skips it (recorded; default the OS user)")),
         )
-        .subcommand(Command::new("migrate").about("bring the database schema up to date and exit"))
+        .subcommand(
+            Command::new("migrate")
+                .about("bring the database schema up to date (the project's and each model's migrations) and exit"),
+        )
 }
 
 struct Args {
@@ -144,47 +146,16 @@ async fn main_async(args: Args) -> anyhow::Result<()> {
         "migrate" => {
             let pool = connect(&config, false).await?;
             migrations::run(&pool).await?;
+            for model in &config.models {
+                if let Some(applied) = apply_model_migrations(&pool, model).await? {
+                    println!("model {}: applied {:?}, {} applied before", model.name, applied.applied, applied.already);
+                }
+            }
             println!("schema is up to date");
             Ok(())
         }
         other => bail!("unknown command {other:?}"),
     }
-}
-
-/// Connects to Postgres; with `retry`, waits for it with backoff, reporting each attempt.
-async fn connect(config: &Config, retry: bool) -> anyhow::Result<PgPool> {
-    let url = config.database_url()?;
-    let mut wait = Duration::from_millis(500);
-    loop {
-        match parsley_infra::pg::connect_bounded(
-            url,
-            config.database.max_connections,
-            config.database.acquire_timeout(),
-            &session_bounds(config),
-        )
-        .await
-        {
-            Ok(pool) => return Ok(pool),
-            Err(e) if retry => {
-                tracing::warn!(error = %format!("{e:#}"), retry_in_ms = wait.as_millis() as u64, "Postgres unavailable");
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(Duration::from_secs(30));
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-/// The database's session bounds, with the two that free a frozen or vanished instance's
-/// row locks capped by the lease: a session idle inside a transaction for longer than
-/// `lease_ms` (a frozen owner mid-step) is ended by the server, and so is one whose client
-/// stopped answering keepalives; a takeover then waits no longer than about a lease.
-fn session_bounds(config: &Config) -> parsley_infra::pg::SessionBounds {
-    let mut bounds = config.database.session_bounds();
-    let lease = config.projector.lease().max(Duration::from_secs(1));
-    bounds.idle_in_transaction_timeout = Some(bounds.idle_in_transaction_timeout.map_or(lease, |d| d.min(lease)));
-    bounds.keepalives_idle = Some(bounds.keepalives_idle.map_or(lease, |d| d.min(lease)).max(Duration::from_secs(1)));
-    bounds
 }
 
 async fn print_status(pool: &PgPool, only: &[String]) -> anyhow::Result<()> {
@@ -202,72 +173,12 @@ async fn print_status(pool: &PgPool, only: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `run`: the library's projector with the built-in projections, stopped by SIGINT/SIGTERM.
 async fn run(config: Config, only: &[String]) -> anyhow::Result<()> {
-    let models: Vec<_> = if only.is_empty() {
-        config.models.clone()
+    let builder = Projector::builder(config);
+    if only.is_empty() {
+        builder.run().await
     } else {
-        only.iter().map(|n| config.model(n).cloned()).collect::<anyhow::Result<_>>()?
-    };
-    if models.is_empty() {
-        bail!("the configuration declares no [[models]]");
+        builder.models(only.iter().cloned()).run().await
     }
-    let shutdown = process::shutdown_on_signal(|| tracing::info!("shutting down: finishing the steps in progress"));
-
-    let metrics = Metrics::new(METRICS);
-    let mut servers = Vec::new();
-    if !config.projector.metrics_address.is_empty() {
-        let (listener, addr) = metrics::bind(&config.projector.metrics_address).await?;
-        tracing::info!(%addr, "serving metrics at /metrics");
-        servers.push(tokio::spawn(metrics::serve(listener, Arc::clone(&metrics), shutdown.clone())));
-    }
-
-    let pool = connect(&config, true).await?;
-    let mut wait = Duration::from_millis(500);
-    loop {
-        match migrations::run(&pool).await {
-            Ok(()) => break,
-            Err(e) => {
-                tracing::warn!(error = %format!("{e:#}"), retry_in_ms = wait.as_millis() as u64, "migrations failed");
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(Duration::from_secs(30));
-            }
-        }
-    }
-
-    let mut runs = Vec::new();
-    for model in models {
-        let mut wait = Duration::from_millis(500);
-        let projector = loop {
-            if *shutdown.borrow() {
-                return Ok(());
-            }
-            let projection = Arc::new(DocumentProjection::from_model(&model));
-            match ModelProjector::prepare(&config, &model, pool.clone(), projection, Arc::clone(&metrics)).await {
-                Ok(p) => break p,
-                Err(e) => {
-                    tracing::warn!(model = %model.name, error = %format!("{e:#}"), retry_in_ms = wait.as_millis() as u64,
-                        "could not start the model; retrying");
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(Duration::from_secs(30));
-                }
-            }
-        };
-        if let Some(r) = projector.refusal() {
-            metrics.set(Metric::TaskRefused, &[("model", &model.name), ("task", "all")], 1.0);
-            tracing::error!(model = %model.name, reason = %r.reason, diagnosis = %r.diagnosis,
-                "model refused; see `parsley-projector status`");
-        } else {
-            let tasks = projector.plan().map_or(0, |p| p.task_count);
-            tracing::info!(model = %model.name, tasks, only = ?model.tasks, "model started; sharing its tasks");
-        }
-        runs.push(tokio::spawn(projector.run(shutdown.clone())));
-    }
-    for r in runs {
-        r.await.context("a model runner panicked")??;
-    }
-    for s in servers {
-        let _ = s.await;
-    }
-    tracing::info!("stopped");
-    Ok(())
 }

@@ -1,0 +1,175 @@
+//! A model's own schema migrations: the `.sql` files of the folder its `migrations` key
+//! names, applied at start with their own bookkeeping (`parsley.model_migrations`), never
+//! sqlx's `_sqlx_migrations` (the project's), whose versions they could collide with.
+//!
+//! A file is `<version>_<name>.sql`, the version a positive integer, unique in the folder;
+//! other entries of the folder are ignored. The files run in version order, each in its own
+//! transaction together with its bookkeeping row, so a file is applied once and completely or
+//! not at all (a file must not hold transaction control of its own). An applied file is
+//! recorded with its checksum (sha256 of its bytes, computed by the server): when the text
+//! of an applied file changes, or an applied file is gone from the folder, [`run`] refuses,
+//! naming it — the schema would no longer be what the files say. The whole run holds an
+//! advisory lock of the model, so two instances starting together apply each file once.
+
+use std::path::Path;
+
+use anyhow::{bail, Context as _};
+use sqlx::{Connection as _, PgConnection, PgPool};
+
+/// One migration file of a model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelMigration {
+    pub version: i64,
+    /// The file name (`0001_create_orders.sql`): how messages and the bookkeeping name it.
+    pub file: String,
+    pub sql: String,
+}
+
+/// What [`run`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// The files applied by this run, in order.
+    pub applied: Vec<String>,
+    /// How many files an earlier run had applied (checked unchanged).
+    pub already: usize,
+}
+
+/// The migration files of `dir`, in version order; every error names the folder or file.
+pub fn read_folder(dir: &Path) -> anyhow::Result<Vec<ModelMigration>> {
+    let entries = std::fs::read_dir(dir).with_context(|| format!("reading the migrations folder {}", dir.display()))?;
+    let mut migrations = Vec::new();
+    for entry in entries {
+        let entry = entry.with_context(|| format!("reading the migrations folder {}", dir.display()))?;
+        let file = entry.file_name().to_string_lossy().into_owned();
+        let Some(stem) = file.strip_suffix(".sql") else { continue };
+        let version = stem
+            .split_once('_')
+            .filter(|(_, name)| !name.is_empty())
+            .and_then(|(v, _)| v.parse::<i64>().ok())
+            .filter(|v| *v > 0)
+            .with_context(|| {
+                format!(
+                    "migration {file} in {}: the name must be <version>_<name>.sql, the version a positive integer",
+                    dir.display()
+                )
+            })?;
+        let sql = std::fs::read_to_string(entry.path())
+            .with_context(|| format!("reading migration {file} in {}", dir.display()))?;
+        migrations.push(ModelMigration { version, file, sql });
+    }
+    migrations.sort_by_key(|m| m.version);
+    if let Some(w) = migrations.windows(2).find(|w| w[0].version == w[1].version) {
+        bail!("migrations {} and {} in {} have the same version {}", w[0].file, w[1].file, dir.display(), w[0].version);
+    }
+    Ok(migrations)
+}
+
+/// Applies the files of `migrations` that `model` has not applied, after checking that every
+/// applied one is still there, unchanged. Runs on a connection of its own, taken out of the
+/// pool and closed afterwards (which also ends the advisory lock). A failing file's error
+/// names it; its transaction rolled back.
+pub async fn run(pool: &PgPool, model: &str, migrations: &[ModelMigration]) -> anyhow::Result<Applied> {
+    let mut conn = pool.acquire().await.context("acquiring a connection for the model's migrations")?.detach();
+    let outcome = run_locked(&mut conn, model, migrations).await;
+    let _ = conn.close().await;
+    outcome
+}
+
+async fn run_locked(conn: &mut PgConnection, model: &str, migrations: &[ModelMigration]) -> anyhow::Result<Applied> {
+    sqlx::query("SELECT pg_advisory_lock(hashtext('parsley.model_migrations'), hashtext($1))")
+        .bind(model)
+        .execute(&mut *conn)
+        .await
+        .with_context(|| format!("locking the migrations of model {model}"))?;
+    let recorded: Vec<(i64, String, bool)> = sqlx::query_as(
+        "SELECT a.version, a.name, coalesce(a.checksum = sha256(f.sql), false) \
+         FROM parsley.model_migrations a \
+         LEFT JOIN unnest($2::bigint[], $3::bytea[]) AS f(version, sql) ON f.version = a.version \
+         WHERE a.model = $1 ORDER BY a.version",
+    )
+    .bind(model)
+    .bind(migrations.iter().map(|m| m.version).collect::<Vec<_>>())
+    .bind(migrations.iter().map(|m| m.sql.as_bytes()).collect::<Vec<_>>())
+    .fetch_all(&mut *conn)
+    .await
+    .with_context(|| format!("reading the applied migrations of model {model}"))?;
+    for (version, name, same) in &recorded {
+        match migrations.iter().find(|m| m.version == *version) {
+            None => bail!(
+                "model {model}: migration {name} (version {version}) was applied, but is no longer in the \
+                 migrations folder; restore it"
+            ),
+            Some(m) if !same => bail!(
+                "model {model}: migration {} was applied, and its text has changed since; restore the applied \
+                 text and put the change in a new file",
+                m.file
+            ),
+            Some(_) => {}
+        }
+    }
+    let mut done = Applied { applied: Vec::new(), already: recorded.len() };
+    for m in migrations.iter().filter(|m| !recorded.iter().any(|(v, _, _)| *v == m.version)) {
+        let mut tx = conn.begin().await.with_context(|| format!("model {model}: beginning migration {}", m.file))?;
+        sqlx::raw_sql(&m.sql)
+            .execute(&mut *tx)
+            .await
+            .with_context(|| format!("model {model}: migration {}", m.file))?;
+        sqlx::query(
+            "INSERT INTO parsley.model_migrations (model, version, name, checksum) VALUES ($1, $2, $3, sha256($4))",
+        )
+        .bind(model)
+        .bind(m.version)
+        .bind(&m.file)
+        .bind(m.sql.as_bytes())
+        .execute(&mut *tx)
+        .await
+        .with_context(|| format!("model {model}: recording migration {}", m.file))?;
+        tx.commit().await.with_context(|| format!("model {model}: committing migration {}", m.file))?;
+        done.applied.push(m.file.clone());
+    }
+    Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn folder(files: &[(&str, &str)]) -> std::path::PathBuf {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let dir = std::env::temp_dir().join(format!("parsley-model-migrations-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, sql) in files {
+            std::fs::write(dir.join(name), sql).unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn files_are_read_in_version_order_and_others_ignored() {
+        let dir = folder(&[("10_b.sql", "B"), ("2_a.sql", "A"), ("README.md", "x"), ("0003_c_d.sql", "C")]);
+        let read = read_folder(&dir).unwrap();
+        let got: Vec<(i64, &str, &str)> = read.iter().map(|m| (m.version, m.file.as_str(), m.sql.as_str())).collect();
+        assert_eq!(got, [(2, "2_a.sql", "A"), (3, "0003_c_d.sql", "C"), (10, "10_b.sql", "B")]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn bad_names_and_duplicate_versions_are_refused_by_name() {
+        for (files, named) in [
+            (&[("x_a.sql", "")][..], "x_a.sql"),
+            (&[("1.sql", "")][..], "1.sql"),
+            (&[("0_zero.sql", "")][..], "0_zero.sql"),
+            (&[("1_.sql", "")][..], "1_.sql"),
+            (&[("1_a.sql", ""), ("01_b.sql", "")][..], "same version 1"),
+        ] {
+            let dir = folder(files);
+            let err = format!("{:#}", read_folder(&dir).unwrap_err());
+            assert!(err.contains(named), "{files:?}: {err}");
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+        let err = format!("{:#}", read_folder(Path::new("/nonexistent/migrations")).unwrap_err());
+        assert!(err.contains("/nonexistent/migrations"), "{err}");
+    }
+}
