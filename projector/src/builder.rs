@@ -18,7 +18,6 @@
 //! in progress finishes and the tasks are handed back.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -206,39 +205,54 @@ impl ProjectorBuilder {
             servers.push(tokio::spawn(metrics::serve(listener, Arc::clone(&metrics), shutdown.clone())));
         }
 
-        let Some(pool) = retry("connecting to Postgres", &shutdown, || connect(&config, false)).await else {
-            return Ok(());
+        let mut backoff = Backoff::new(&shutdown);
+        let pool = loop {
+            match connect(&config, false).await {
+                Ok(pool) => break pool,
+                Err(e) if backoff.wait("connecting to Postgres", &e).await => {}
+                Err(_) => return Ok(()),
+            }
         };
-        if retry("running the migrations", &shutdown, || migrations::run(&pool)).await.is_none() {
-            return Ok(());
+        let mut backoff = Backoff::new(&shutdown);
+        loop {
+            match migrations::run(&pool).await {
+                Ok(()) => break,
+                Err(e) if backoff.wait("running the migrations", &e).await => {}
+                Err(_) => return Ok(()),
+            }
         }
         for (model, _, files) in &planned {
             if files.is_empty() {
                 continue;
             }
-            let applied =
-                retry_unavailable(&format!("model {}: applying its migrations", model.name), &shutdown, || {
-                    model_migrations::run(&pool, &model.name, files)
-                })
-                .await?;
-            let Some(applied) = applied else { return Ok(()) };
+            // Retried only while the database is unavailable: a file that fails on its own
+            // text would fail again.
+            let mut backoff = Backoff::new(&shutdown);
+            let applied = loop {
+                match model_migrations::run(&pool, &model.name, files).await {
+                    Ok(applied) => break applied,
+                    Err(e) if failure::classify(&e) != Failure::Unavailable => return Err(e),
+                    Err(e) if backoff.wait(&format!("model {}: applying its migrations", model.name), &e).await => {}
+                    Err(_) => return Ok(()),
+                }
+            };
             log_applied(&model.name, &applied);
         }
 
         let mut runs = Vec::new();
         for (model, projection, _) in planned {
-            let what = format!("model {}: starting it", model.name);
-            let prepared = retry(&what, &shutdown, || {
-                ModelProjector::prepare(
-                    &config,
-                    &model,
-                    pool.clone(),
-                    Arc::new(Arc::clone(&projection)),
-                    Arc::clone(&metrics),
-                )
-            })
-            .await;
-            let Some(projector) = prepared else { return Ok(()) };
+            let mut backoff = Backoff::new(&shutdown);
+            let projector = loop {
+                if *shutdown.borrow() {
+                    return Ok(());
+                }
+                let projection = Arc::new(Arc::clone(&projection));
+                match ModelProjector::prepare(&config, &model, pool.clone(), projection, Arc::clone(&metrics)).await {
+                    Ok(p) => break p,
+                    Err(e) if backoff.wait(&format!("model {}: starting it", model.name), &e).await => {}
+                    Err(_) => return Ok(()),
+                }
+            };
             if let Some(r) = projector.refusal() {
                 metrics.set(Metric::TaskRefused, &[("model", &model.name), ("task", "all")], 1.0);
                 tracing::error!(model = %model.name, reason = %r.reason, diagnosis = %r.diagnosis,
@@ -327,64 +341,32 @@ fn session_bounds(config: &Config) -> parsley_infra::pg::SessionBounds {
     bounds
 }
 
-/// Calls `attempt` until it succeeds, with backoff (0.5 s doubling to 30 s), logging each
-/// failure; `None` once `shutdown` turns true.
-async fn retry<T, Fut>(what: &str, shutdown: &watch::Receiver<bool>, mut attempt: impl FnMut() -> Fut) -> Option<T>
-where
-    Fut: Future<Output = anyhow::Result<T>>,
-{
-    let mut wait = Duration::from_millis(500);
-    loop {
-        if *shutdown.borrow() {
-            return None;
+/// The wait between attempts at start (0.5 s, doubling to 30 s), cut short by shutdown.
+struct Backoff {
+    next: Duration,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl Backoff {
+    fn new(shutdown: &watch::Receiver<bool>) -> Backoff {
+        Backoff { next: Duration::from_millis(500), shutdown: shutdown.clone() }
+    }
+
+    /// Logs that `what` failed with `error` and waits before the next attempt; `false`
+    /// (give up) once shutdown is signalled.
+    async fn wait(&mut self, what: &str, error: &anyhow::Error) -> bool {
+        if *self.shutdown.borrow() {
+            return false;
         }
-        match attempt().await {
-            Ok(v) => return Some(v),
-            Err(e) => {
-                tracing::warn!(error = %format!("{e:#}"), retry_in_ms = wait.as_millis() as u64, "{what} failed; retrying");
-                if !sleep_or_stop(wait, shutdown).await {
-                    return None;
-                }
-                wait = (wait * 2).min(Duration::from_secs(30));
-            }
-        }
+        tracing::warn!(error = %format!("{error:#}"), retry_in_ms = self.next.as_millis() as u64,
+            "{what} failed; retrying");
+        let wait = self.next;
+        self.next = (self.next * 2).min(Duration::from_secs(30));
+        let slept = tokio::select! {
+            _ = tokio::time::sleep(wait) => true,
+            _ = self.shutdown.wait_for(|stop| *stop) => false,
+        };
+        slept && !*self.shutdown.borrow()
     }
 }
 
-/// [`retry`], but only while the database is unavailable ([`failure::classify`]): any other
-/// error is returned (a migration that fails on its own text would fail again).
-async fn retry_unavailable<T, Fut>(
-    what: &str,
-    shutdown: &watch::Receiver<bool>,
-    mut attempt: impl FnMut() -> Fut,
-) -> anyhow::Result<Option<T>>
-where
-    Fut: Future<Output = anyhow::Result<T>>,
-{
-    let mut wait = Duration::from_millis(500);
-    loop {
-        if *shutdown.borrow() {
-            return Ok(None);
-        }
-        match attempt().await {
-            Ok(v) => return Ok(Some(v)),
-            Err(e) if failure::classify(&e) == Failure::Unavailable => {
-                tracing::warn!(error = %format!("{e:#}"), retry_in_ms = wait.as_millis() as u64, "{what} failed; retrying");
-                if !sleep_or_stop(wait, shutdown).await {
-                    return Ok(None);
-                }
-                wait = (wait * 2).min(Duration::from_secs(30));
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-/// Sleeps `wait`; `false` when `shutdown` turned true meanwhile.
-async fn sleep_or_stop(wait: Duration, shutdown: &watch::Receiver<bool>) -> bool {
-    let mut shutdown = shutdown.clone();
-    tokio::select! {
-        _ = tokio::time::sleep(wait) => true,
-        _ = shutdown.wait_for(|stop| *stop) => false,
-    }
-}

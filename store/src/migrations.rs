@@ -75,7 +75,9 @@ pub async fn run(pool: &PgPool) -> anyhow::Result<()> {
     let migrator = Migrator::new(Embedded).await.context("loading the embedded migrations")?;
     let mut conn = pool.acquire().await.context("acquiring a connection for the migrations")?.detach();
     sqlx::query("SET search_path TO public").execute(&mut conn).await.context("setting the migrations' search_path")?;
-    let outcome = migrator.run(&mut conn).await.context("running the schema migrations");
+    // `run_direct` is `run` on a connection at hand; `run`'s generic `Acquire` bound makes
+    // the caller's future not `Send` for every lifetime, so it could not be spawned.
+    let outcome = migrator.run_direct(&mut conn).await.context("running the schema migrations");
     let _ = sqlx::Connection::close(conn).await;
     outcome
 }

@@ -8,13 +8,14 @@
 //! not at all (a file must not hold transaction control of its own). An applied file is
 //! recorded with its checksum (sha256 of its bytes, computed by the server): when the text
 //! of an applied file changes, or an applied file is gone from the folder, [`run`] refuses,
-//! naming it — the schema would no longer be what the files say. The whole run holds an
-//! advisory lock of the model, so two instances starting together apply each file once.
+//! naming it — the schema would no longer be what the files say. Each file's transaction
+//! holds an advisory lock of the model, so two instances starting together apply each file
+//! once.
 
 use std::path::Path;
 
 use anyhow::{bail, Context as _};
-use sqlx::{Connection as _, PgConnection, PgPool};
+use sqlx::{Executor as _, PgPool};
 
 /// One migration file of a model.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -65,22 +66,11 @@ pub fn read_folder(dir: &Path) -> anyhow::Result<Vec<ModelMigration>> {
 }
 
 /// Applies the files of `migrations` that `model` has not applied, after checking that every
-/// applied one is still there, unchanged. Runs on a connection of its own, taken out of the
-/// pool and closed afterwards (which also ends the advisory lock). A failing file's error
-/// names it; its transaction rolled back.
+/// applied one is still there, unchanged. Each file runs in a transaction of its own that
+/// first takes the model's advisory lock and checks the file is still unapplied (another
+/// instance may have applied it meanwhile). A failing file's error names it; its
+/// transaction rolled back.
 pub async fn run(pool: &PgPool, model: &str, migrations: &[ModelMigration]) -> anyhow::Result<Applied> {
-    let mut conn = pool.acquire().await.context("acquiring a connection for the model's migrations")?.detach();
-    let outcome = run_locked(&mut conn, model, migrations).await;
-    let _ = conn.close().await;
-    outcome
-}
-
-async fn run_locked(conn: &mut PgConnection, model: &str, migrations: &[ModelMigration]) -> anyhow::Result<Applied> {
-    sqlx::query("SELECT pg_advisory_lock(hashtext('parsley.model_migrations'), hashtext($1))")
-        .bind(model)
-        .execute(&mut *conn)
-        .await
-        .with_context(|| format!("locking the migrations of model {model}"))?;
     let recorded: Vec<(i64, String, bool)> = sqlx::query_as(
         "SELECT a.version, a.name, coalesce(a.checksum = sha256(f.sql), false) \
          FROM parsley.model_migrations a \
@@ -90,7 +80,7 @@ async fn run_locked(conn: &mut PgConnection, model: &str, migrations: &[ModelMig
     .bind(model)
     .bind(migrations.iter().map(|m| m.version).collect::<Vec<_>>())
     .bind(migrations.iter().map(|m| m.sql.as_bytes()).collect::<Vec<_>>())
-    .fetch_all(&mut *conn)
+    .fetch_all(pool)
     .await
     .with_context(|| format!("reading the applied migrations of model {model}"))?;
     for (version, name, same) in &recorded {
@@ -99,21 +89,40 @@ async fn run_locked(conn: &mut PgConnection, model: &str, migrations: &[ModelMig
                 "model {model}: migration {name} (version {version}) was applied, but is no longer in the \
                  migrations folder; restore it"
             ),
-            Some(m) if !same => bail!(
-                "model {model}: migration {} was applied, and its text has changed since; restore the applied \
-                 text and put the change in a new file",
-                m.file
-            ),
+            Some(m) if !same => bail!(changed(model, m)),
             Some(_) => {}
         }
     }
     let mut done = Applied { applied: Vec::new(), already: recorded.len() };
     for m in migrations.iter().filter(|m| !recorded.iter().any(|(v, _, _)| *v == m.version)) {
-        let mut tx = conn.begin().await.with_context(|| format!("model {model}: beginning migration {}", m.file))?;
-        sqlx::raw_sql(&m.sql)
+        let mut tx = pool.begin().await.with_context(|| format!("model {model}: beginning migration {}", m.file))?;
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('parsley.model_migrations'), hashtext($1))")
+            .bind(model)
             .execute(&mut *tx)
             .await
-            .with_context(|| format!("model {model}: migration {}", m.file))?;
+            .with_context(|| format!("model {model}: locking its migrations"))?;
+        let meanwhile: Option<bool> = sqlx::query_scalar(
+            "SELECT checksum = sha256($3) FROM parsley.model_migrations WHERE model = $1 AND version = $2",
+        )
+        .bind(model)
+        .bind(m.version)
+        .bind(m.sql.as_bytes())
+        .fetch_optional(&mut *tx)
+        .await
+        .with_context(|| format!("model {model}: reading migration {}", m.file))?;
+        match meanwhile {
+            Some(true) => {
+                // Another instance applied it meanwhile.
+                tx.rollback().await.with_context(|| format!("model {model}: migration {}", m.file))?;
+                done.already += 1;
+                continue;
+            }
+            Some(false) => bail!(changed(model, m)),
+            None => {}
+        }
+        // Through `Executor` rather than `RawSql::execute`, an `async fn` whose future is not
+        // `Send` for every lifetime (the projector's start could not be spawned).
+        tx.execute(sqlx::raw_sql(&m.sql)).await.with_context(|| format!("model {model}: migration {}", m.file))?;
         sqlx::query(
             "INSERT INTO parsley.model_migrations (model, version, name, checksum) VALUES ($1, $2, $3, sha256($4))",
         )
@@ -128,6 +137,14 @@ async fn run_locked(conn: &mut PgConnection, model: &str, migrations: &[ModelMig
         done.applied.push(m.file.clone());
     }
     Ok(done)
+}
+
+fn changed(model: &str, m: &ModelMigration) -> String {
+    format!(
+        "model {model}: migration {} was applied, and its text has changed since; restore the applied text and put \
+         the change in a new file",
+        m.file
+    )
 }
 
 #[cfg(test)]
