@@ -52,7 +52,7 @@ pub struct Inner {
     /// Per model, the shared re-checks of waiting reads.
     pub feeds: crate::feed::Feeds,
     /// Per model, the shape gated reads choose their clock rows by.
-    pub shapes: read::Shapes,
+    pub shapes: crate::gated::Shapes,
     /// The span exporter, when `otlp_endpoint` is set.
     pub otlp: Option<parsley_infra::otlp::Exporter>,
     pub metrics: Arc<Metrics>,
@@ -147,7 +147,7 @@ impl AppState {
             facts,
             notifier,
             feeds,
-            shapes: read::Shapes::default(),
+            shapes: crate::gated::Shapes::default(),
             otlp,
             metrics,
             received_topics,
@@ -165,6 +165,31 @@ impl AppState {
 /// admin token, when one is configured (`401 unauthorized` otherwise); without one they are
 /// not routes here (`404`) and only the admin listener serves them.
 pub fn app(state: AppState) -> Router {
+    clients(state, true)
+}
+
+/// The clients' routes as [`app`] serves them, with their layers and the state applied, but
+/// without its fallback (the `404 no-such-route` answer for any other path): a router an
+/// embedding program can `.merge()` into its own axum app or `.nest()` under a prefix, beside
+/// its own routes (which may use [`crate::gated::Gate`] for the same gated reads). Run the
+/// state's background tasks too ([`Gateway::spawn_background`]): without the clock listener,
+/// waiting reads are woken only by the re-check timer.
+///
+/// ```no_run
+/// # fn embed(gateway: parsley_gateway::Gateway, own: axum::Router) {
+/// // The program's own routes, and the gateway's under /parsley.
+/// let app: axum::Router = own.nest("/parsley", parsley_gateway::routes(gateway.state().clone()));
+/// # let _ = app;
+/// # }
+/// ```
+///
+/// ([`crate::gated`]'s documentation has a custom gated route.)
+pub fn routes(state: AppState) -> Router {
+    clients(state, false)
+}
+
+/// The clients' routes and layers, with the `no-such-route` fallback or without it.
+fn clients(state: AppState, fallback: bool) -> Router {
     let max_body = state.config.settings.max_body_bytes;
     let admin = Router::new()
         .route("/metrics", get(ops::metrics))
@@ -176,10 +201,12 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/topics/{topic}/records", post(write::post_record))
         .route("/v1/records", post(crate::batch::post_batch))
         .route("/v1/models/{model}/documents", get(read::get_collection))
-        .route("/v1/models/{model}/documents/{key}", get(read::get_document));
+        .route("/v1/models/{model}/documents/{key}", get(read::get_document))
+        .route("/v1/models/{model}/queries/{name}", get(crate::queries::get_query));
     let clients = if state.config.admin_token.is_some() { clients.merge(admin) } else { clients };
     let clients = clients.layer(middleware::from_fn_with_state(state.clone(), limit_in_flight));
-    let router = Router::new().route("/healthz", get(ops::healthz)).merge(clients).fallback(no_route);
+    let router = Router::new().route("/healthz", get(ops::healthz)).merge(clients);
+    let router = if fallback { router.fallback(no_route) } else { router };
     finish(router, &state)
         .layer(DefaultBodyLimit::max(max_body))
         .layer(middleware::from_fn_with_state(state.clone(), crate::cors::cors))

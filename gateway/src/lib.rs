@@ -22,7 +22,10 @@
 //! - [`cors`]: cross-origin requests from browser apps (`gateway.cors_allowed_origins`).
 //! - [`widths`]: the width each model was recorded with, for refusing writes after a
 //!   topic's partition count changed.
+//! - [`gated`]: the gate, the wait, the `503` and the refreshed token, for any data: the
+//!   documents, the named queries, and an embedding program's own routes ([`gated::Gate`]).
 //! - [`read`]: the gated reads, `GET /v1/models/{model}/documents[/{key}]`.
+//! - [`queries`]: the named queries, `GET /v1/models/{model}/queries/{name}`.
 //! - [`notify`]: the `LISTEN` task waking waiting reads.
 //! - [`feed`]: one clock fetch per model per wake-up, shared by every waiting read.
 //! - [`ops`]: `/healthz`, `/readyz`, `/metrics`, `/v1/status` (from SQL aggregates).
@@ -44,12 +47,14 @@ pub mod cors;
 pub mod database;
 pub mod facts;
 pub mod feed;
+pub mod gated;
 pub mod keys;
 pub mod metrics;
 pub mod notify;
 pub mod openapi;
 pub mod ops;
 pub mod problem;
+pub mod queries;
 pub mod read;
 pub mod server;
 pub mod session;
@@ -59,7 +64,7 @@ pub mod trace;
 pub mod widths;
 pub mod write;
 
-pub use app::{admin_app, app, AppState, Gateway, Listeners};
+pub use app::{admin_app, app, routes, AppState, Gateway, Listeners};
 pub use config::{GatewayConfig, Settings};
 pub use problem::{ApiError, Problem};
 pub use session::SESSION_HEADER;

@@ -90,7 +90,8 @@ topics = [{ name = "orders" }]
 
     /// What a router answers to `method path` (parameters filled in), as (status, problem kind).
     async fn answer(router: Router, method: Method, path: &str) -> (StatusCode, String) {
-        let uri = path.replace("{topic}", "orders").replace("{model}", "shop").replace("{key}", "k");
+        let uri =
+            path.replace("{topic}", "orders").replace("{model}", "shop").replace("{key}", "k").replace("{name}", "q");
         let req = Request::builder().method(method).uri(uri).body(Body::empty()).unwrap();
         let response = router.oneshot(req).await.unwrap();
         let status = response.status();

@@ -76,6 +76,8 @@ problem_types! {
     Unauthorized = ("unauthorized", "Unauthorized", UNAUTHORIZED),
     UnknownTopic = ("unknown-topic", "Unknown topic", NOT_FOUND),
     UnknownModel = ("unknown-model", "Unknown model", NOT_FOUND),
+    /// No named query of that name in the model's `[[models.queries]]`.
+    UnknownQuery = ("unknown-query", "Unknown query", NOT_FOUND),
     /// No such document, coverage proven.
     NotFound = ("not-found", "Document not found", NOT_FOUND),
     NoSuchRoute = ("no-such-route", "No such route", NOT_FOUND),
@@ -88,6 +90,8 @@ problem_types! {
     /// `/readyz` only.
     NotReady = ("not-ready", "Not ready", SERVICE_UNAVAILABLE),
     Internal = ("internal", "Internal error", INTERNAL_SERVER_ERROR),
+    /// A named query the database failed to run (its statement, not an outage).
+    QueryFailed = ("query-failed", "Query failed", INTERNAL_SERVER_ERROR),
 }
 
 impl ProblemType {
@@ -195,6 +199,13 @@ pub enum ApiError {
     UnknownTopic(String, String),
     #[error("unknown model {0:?}")]
     UnknownModel(String),
+    #[error("model {model:?} has no query {query:?}")]
+    UnknownQuery { model: String, query: String },
+    /// A named query's statement failed in the database (not an outage). `sqlstate`: the
+    /// database's error code, when it gave one; the message is logged, never answered (it
+    /// can quote data).
+    #[error("query {query:?} of model {model:?} failed (SQLSTATE {sqlstate:?})")]
+    QueryFailed { model: String, query: String, sqlstate: Option<String> },
     #[error("invalid request body: {0}")]
     InvalidBody(String),
     #[error("request body too large")]
@@ -262,6 +273,8 @@ impl ApiError {
             ApiError::Body(BodyError::Invalid { .. }) => P::InvalidBody,
             ApiError::UnknownTopic(..) => P::UnknownTopic,
             ApiError::UnknownModel(_) => P::UnknownModel,
+            ApiError::UnknownQuery { .. } => P::UnknownQuery,
+            ApiError::QueryFailed { .. } => P::QueryFailed,
             ApiError::InvalidBody(_) => P::InvalidBody,
             ApiError::BodyTooLarge { .. } => P::BodyTooLarge,
             ApiError::InvalidQuery { .. } => P::InvalidQuery,
@@ -321,6 +334,18 @@ impl ApiError {
             ApiError::UnknownTopic(topic, why) => p(format!("topic {topic:?} {why}")).with("topic", json!(topic)),
             ApiError::UnknownModel(model) => {
                 p(format!("no model named {model:?} is configured")).with("model", json!(model))
+            }
+            ApiError::UnknownQuery { model, query } => {
+                p(format!("model {model:?} has no query named {query:?}"))
+                    .with("model", json!(model))
+                    .with("query", json!(query))
+            }
+            ApiError::QueryFailed { model, query, sqlstate } => {
+                let code = sqlstate.as_deref().map_or(String::new(), |c| format!(" (SQLSTATE {c})"));
+                p(format!("the database failed to run query {query:?} of model {model:?}{code}; it has been logged"))
+                    .with("model", json!(model))
+                    .with("query", json!(query))
+                    .with("sqlstate", json!(sqlstate))
             }
             ApiError::InvalidBody(d) => p(d),
             ApiError::BodyTooLarge { limit } => p(format!("the request body is larger than {limit} bytes")),

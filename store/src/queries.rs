@@ -15,7 +15,7 @@ use std::pin::Pin;
 
 use anyhow::Context as _;
 use serde_json::Value;
-use sqlx::{Connection as _, PgConnection, Row as _};
+use sqlx::{Connection as _, PgConnection, Postgres, Row as _, Transaction};
 use uuid::Uuid;
 
 use crate::documents::{gated_clock, gated_model, ClockScope, GatedSnapshot};
@@ -39,6 +39,32 @@ pub async fn in_snapshot<T, F>(
 where
     F: for<'c> Fn(&'c mut PgConnection) -> BoxFuture<'c, Result<T, sqlx::Error>> + ?Sized,
 {
+    let (mut tx, snapshot) = begin_with_clock(conn, model, scope).await?;
+    let data = data(&mut tx).await;
+    finish(tx, snapshot, data).await
+}
+
+/// A named query ([`json_rows`]) in one read-only snapshot with `model`'s row and the clock
+/// rows `scope` names; errors as [`in_snapshot`]'s.
+pub async fn named_query(
+    conn: &mut PgConnection,
+    model: &str,
+    scope: &ClockScope,
+    sql: &str,
+    params: &[ParamValue],
+    limit: i64,
+) -> anyhow::Result<GatedSnapshot<Result<Vec<Value>, sqlx::Error>>> {
+    let (mut tx, snapshot) = begin_with_clock(conn, model, scope).await?;
+    let data = json_rows(&mut tx, sql, params, limit).await;
+    finish(tx, snapshot, data).await
+}
+
+/// Begins the read-only snapshot and reads the model's row and the clock rows of `scope`.
+async fn begin_with_clock<'c>(
+    conn: &'c mut PgConnection,
+    model: &str,
+    scope: &ClockScope,
+) -> anyhow::Result<(Transaction<'c, Postgres>, GatedSnapshot<()>)> {
     let mut tx = conn.begin_with(BEGIN_READ_ONLY).await.context("beginning a read-only snapshot")?;
     let (all, owner, received, partitions) = match scope {
         ClockScope::All => (true, 0, Vec::new(), Vec::new()),
@@ -64,13 +90,20 @@ where
     .fetch_one(&mut *tx)
     .await
     .with_context(|| format!("reading the clock of model {model:?}"))?;
-    let model_row = gated_model(&row)?;
-    let clock = gated_clock(&row)?;
-    let data = data(&mut tx).await;
+    let snapshot = GatedSnapshot { model: gated_model(&row)?, clock: gated_clock(&row)?, data: () };
+    Ok((tx, snapshot))
+}
+
+/// Ends the snapshot (a failed data statement rolls it back when `tx` drops) with `data`.
+async fn finish<T>(
+    tx: Transaction<'_, Postgres>,
+    snapshot: GatedSnapshot<()>,
+    data: Result<T, sqlx::Error>,
+) -> anyhow::Result<GatedSnapshot<Result<T, sqlx::Error>>> {
     if data.is_ok() {
         tx.commit().await.context("ending a read-only snapshot")?;
     }
-    Ok(GatedSnapshot { model: model_row, clock, data })
+    Ok(GatedSnapshot { model: snapshot.model, clock: snapshot.clock, data })
 }
 
 /// A named query's parameter value, typed as configured.

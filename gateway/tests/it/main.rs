@@ -9,6 +9,7 @@ mod failover;
 mod fleet;
 mod hostile;
 mod ops;
+mod queries;
 mod retention;
 mod secured;
 mod sessions;

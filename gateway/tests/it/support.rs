@@ -187,10 +187,22 @@ impl Stack {
     /// Creates the topics (`partitions` each) and a gateway with `[gateway]` settings
     /// `gateway`; the projector is not started.
     pub async fn new(prefix: &str, partitions: i32, gateway: &str) -> Stack {
+        Stack::with_config(prefix, partitions, gateway, |_, _| {}).await
+    }
+
+    /// [`Stack::new`] with the configuration changed by `edit` (then validated).
+    pub async fn with_config(
+        prefix: &str,
+        partitions: i32,
+        gateway: &str,
+        edit: impl FnOnce(&Names, &mut Config),
+    ) -> Stack {
         let names = Names::new(prefix);
         create_topics(&[&names.orders, &names.payments], partitions).await;
         let pool = pool().await;
-        let config = config(&names, gateway);
+        let mut config = config(&names, gateway);
+        edit(&names, &mut config);
+        config.validate().unwrap_or_else(|e| panic!("{e:#}"));
         let (state, stop_gateway) = start_gateway(&config).await;
         let router = app(state.clone());
         let admin = admin_app(state.clone());

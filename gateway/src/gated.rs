@@ -1,0 +1,623 @@
+//! Gated reads, for any data: the one implementation of the gate, the wait, the `503` and the
+//! refreshed token that the document routes, the named queries and an embedding program's
+//! own routes all use.
+//!
+//! A gated read proves that the data it serves reflects the session: the data and the clock
+//! rows the core's [`gate`] and [`refresh`] read come from **one snapshot**, the gate runs over
+//! those rows, and only if they cover the session's token is the data served, with the token
+//! refreshed. Otherwise the read waits (woken by the projector's `NOTIFY` through the model's
+//! shared [`crate::feed`], and a re-check timer) until `gateway.read_wait_ms` has passed, then
+//! answers `503 not-yet-covered` with `Retry-After` and every gap. It never serves data the
+//! clock has not proven. At most `max_waiting_reads` reads of a model wait at once; beyond that
+//! an uncovered read is refused `503 overloaded` at once.
+//!
+//! What a read is served by is its [`Scope`]: the task owning one record key (the key is routed
+//! exactly as the producer's partitioner routes it, so the owner is the task that applies every
+//! record of that key), or every task (the data may come from any of them, so every task's
+//! clock must cover the session).
+//!
+//! # Entry points
+//! - [`Gate`]: an axum extractor holding the state and the request's headers; its
+//!   [`Gate::query`] runs a closure's statements in the snapshot (a read-only transaction) and
+//!   [`Gate::read`] any [`Snapshot`].
+//! - [`read`] and [`query`]: the same as functions of the state and the headers.
+//! - [`Snapshot`]: how one attempt reads the clock rows and the data in one snapshot. The
+//!   document routes implement it with a single statement; [`query`] with a
+//!   `REPEATABLE READ, READ ONLY` transaction ([`parsley_store::queries::in_snapshot`]).
+//!
+//! # Example: a custom route with the gateway's semantics
+//!
+//! ```no_run
+//! use axum::extract::Path;
+//! use axum::routing::get;
+//! use axum::{Json, Router};
+//! use parsley_gateway::gated::{Gate, Gated, Scope};
+//! use parsley_gateway::{ApiError, Gateway};
+//! use sqlx::Row as _;
+//!
+//! /// The orders of one customer, from the embedding program's own table, once the
+//! /// projection reflects the caller's session (the customer is the record key).
+//! async fn orders(gate: Gate, Path(customer): Path<String>) -> Result<Gated<Json<Vec<String>>>, ApiError> {
+//!     let key = customer.clone();
+//!     let gated = gate
+//!         .query("shop", Scope::Key(&key), move |conn| {
+//!             let customer = customer.clone();
+//!             Box::pin(async move {
+//!                 let rows = sqlx::query("SELECT id FROM shop.orders WHERE customer = $1 ORDER BY id")
+//!                     .bind(customer)
+//!                     .fetch_all(conn)
+//!                     .await?;
+//!                 rows.iter().map(|r| r.try_get::<String, _>(0)).collect()
+//!             })
+//!         })
+//!         .await?;
+//!     // 200 with the JSON body and the refreshed token in `Parsley-Session`.
+//!     Ok(gated.map(Json))
+//! }
+//!
+//! # async fn embed(gateway: Gateway) {
+//! // The gateway's routes merged with the program's own (the gateway's state serves both).
+//! let app: Router = parsley_gateway::routes(gateway.state().clone())
+//!     .merge(Router::new().route("/shop/customers/{customer}/orders", get(orders)).with_state(gateway.state().clone()));
+//! # let _ = app;
+//! # }
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use axum::extract::{FromRef, FromRequestParts};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use parsley::gate::{gate, refresh, GateGap, ModelShape, Verdict};
+use parsley::murmur2::partition_for_key;
+use parsley::{CausalPast, ChannelId, TopicId};
+use parsley_store::config::ModelConfig;
+use parsley_store::documents::{ClockScope, GatedSnapshot};
+use parsley_store::ordering::{self as store, ModelRow, TaskRow, TaskStatus};
+use serde_json::{json, Value};
+use sqlx::PgConnection;
+
+use crate::app::AppState;
+use crate::database;
+use crate::feed;
+use crate::metrics::Metric;
+use crate::problem::{ApiError, Problem, ProblemType};
+use crate::session::{self, SESSION_HEADER};
+
+/// What a gated read is served by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope<'a> {
+    /// The task that owns this record key: the key's partition under Kafka's default
+    /// partitioner (murmur2), as the gateway's writes and every producer route it. Its clock
+    /// covers the model's channels it applies, and the upstream pairs it has seen.
+    Key(&'a str),
+    /// Every task of the model: data that may come from any key. The read is covered when
+    /// each task's clock covers the session (the meet of all tasks).
+    AllTasks,
+}
+
+/// A covered read: its data and the session's refreshed token. As a response (when the data
+/// is one), the data's response with the token in `Parsley-Session`.
+#[derive(Debug)]
+pub struct Gated<T> {
+    pub data: T,
+    /// The refreshed, sealed token, for the `Parsley-Session` response header.
+    pub token: HeaderValue,
+}
+
+impl<T> Gated<T> {
+    /// The same read with its data transformed (e.g. `gated.map(Json)`).
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Gated<U> {
+        Gated { data: f(self.data), token: self.token }
+    }
+}
+
+impl<T: IntoResponse> IntoResponse for Gated<T> {
+    fn into_response(self) -> Response {
+        let mut response = self.data.into_response();
+        response.headers_mut().insert(SESSION_HEADER, self.token);
+        response
+    }
+}
+
+/// One attempt's read: the model's recorded row, the clock rows `clock` names and the data,
+/// all from one snapshot — so the rows served are the rows the clock describes. The data is
+/// read whether or not the clock covers the session; it is served only once the gate says so.
+/// An attempt may be made several times in one read (after a wait, or with every clock row
+/// when the model's shape changed).
+pub trait Snapshot: Sync {
+    /// What the read serves.
+    type Data: Send;
+
+    /// Reads `model`'s row, the clock rows of `clock` and the data in one snapshot.
+    fn read(
+        &self,
+        state: &AppState,
+        model: &str,
+        clock: &ClockScope,
+    ) -> impl Future<Output = Result<GatedSnapshot<Self::Data>, ApiError>> + Send;
+}
+
+/// A future borrowing a connection, as a data statement's closure returns it.
+pub use parsley_store::queries::BoxFuture;
+
+/// The data statements of [`query`], run in the snapshot's read-only transaction.
+struct InTransaction<F>(F);
+
+impl<T, F> Snapshot for InTransaction<F>
+where
+    T: Send,
+    F: for<'c> Fn(&'c mut PgConnection) -> BoxFuture<'c, Result<T, sqlx::Error>> + Send + Sync,
+{
+    type Data = T;
+
+    async fn read(&self, state: &AppState, model: &str, clock: &ClockScope) -> Result<GatedSnapshot<T>, ApiError> {
+        let retry_after = state.config.settings.retry_after_s;
+        let failed = |e: anyhow::Error| database::failed(e, "the read", retry_after, None);
+        let mut conn = state.pool.acquire().await.map_err(|e| failed(e.into()))?;
+        let snapshot = parsley_store::queries::in_snapshot(&mut conn, model, clock, &self.0).await.map_err(failed)?;
+        let data = snapshot.data.map_err(|e| failed(anyhow::Error::new(e).context("the data statement")))?;
+        Ok(GatedSnapshot { model: snapshot.model, clock: snapshot.clock, data })
+    }
+}
+
+/// A gated read of `model` for the request's session (its `Parsley-Session` header, the
+/// subject from `headers`): `statements` run on a connection inside a `REPEATABLE READ, READ
+/// ONLY` transaction whose snapshot also gives the clock rows, and their result is served
+/// once that clock covers the session — after waiting if need be, else `503
+/// not-yet-covered`. A failed statement is `503 unavailable` when the database did not
+/// answer, `500 internal` otherwise. The closure may run more than once.
+pub async fn query<T, F>(
+    state: &AppState,
+    headers: &HeaderMap,
+    model: &str,
+    scope: Scope<'_>,
+    statements: F,
+) -> Result<Gated<T>, ApiError>
+where
+    T: Send,
+    F: for<'c> Fn(&'c mut PgConnection) -> BoxFuture<'c, Result<T, sqlx::Error>> + Send + Sync,
+{
+    read(state, headers, model, scope, &InTransaction(statements)).await
+}
+
+/// The request's state and headers, for gated reads in a handler: `gate.query(...)` /
+/// `gate.read(...)` are [`query`] / [`read`]. Extracted from any router state the gateway's
+/// [`AppState`] can be taken from ([`FromRef`]).
+#[derive(Clone)]
+pub struct Gate {
+    pub state: AppState,
+    pub headers: HeaderMap,
+}
+
+impl<S> FromRequestParts<S> for Gate
+where
+    AppState: FromRef<S>,
+    S: Send + Sync,
+{
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Gate, Self::Rejection> {
+        Ok(Gate { state: AppState::from_ref(state), headers: parts.headers.clone() })
+    }
+}
+
+impl Gate {
+    /// [`query`] for this request.
+    pub async fn query<T, F>(&self, model: &str, scope: Scope<'_>, statements: F) -> Result<Gated<T>, ApiError>
+    where
+        T: Send,
+        F: for<'c> Fn(&'c mut PgConnection) -> BoxFuture<'c, Result<T, sqlx::Error>> + Send + Sync,
+    {
+        query(&self.state, &self.headers, model, scope, statements).await
+    }
+
+    /// [`read`] for this request.
+    pub async fn read<S: Snapshot>(
+        &self,
+        model: &str,
+        scope: Scope<'_>,
+        snapshot: &S,
+    ) -> Result<Gated<S::Data>, ApiError> {
+        read(&self.state, &self.headers, model, scope, snapshot).await
+    }
+}
+
+/// A covered attempt's result.
+struct Served<T> {
+    data: T,
+    refreshed: CausalPast,
+}
+
+/// An uncovered attempt: the gaps, the model as gated, and whether it has state.
+struct Uncovered {
+    gaps: Vec<GateGap>,
+    shape: Arc<ModelShape>,
+    recorded: bool,
+}
+
+/// Per model, the shape the last gated read's statement found recorded: the read's next
+/// statement picks its clock rows by it, and checks it against the row it returns.
+#[derive(Debug, Default)]
+pub struct Shapes {
+    models: RwLock<BTreeMap<String, Arc<ModelShape>>>,
+}
+
+impl Shapes {
+    fn get(&self, model: &str) -> Option<Arc<ModelShape>> {
+        self.models.read().unwrap_or_else(|e| e.into_inner()).get(model).cloned()
+    }
+
+    fn put(&self, model: &str, shape: Arc<ModelShape>) {
+        self.models.write().unwrap_or_else(|e| e.into_inner()).insert(model.to_string(), shape);
+    }
+}
+
+/// A gated read of `model` for the request's session: `snapshot` read as often as it takes
+/// (see the module's documentation), its data served with the refreshed token once its clock
+/// rows cover the session. `404 unknown-model` for a model not configured; the session's
+/// refusals (`400 token-*`, `403`, `401`) as for every route.
+pub async fn read<S: Snapshot>(
+    state: &AppState,
+    headers: &HeaderMap,
+    model_name: &str,
+    scope: Scope<'_>,
+    snapshot: &S,
+) -> Result<Gated<S::Data>, ApiError> {
+    let model = state
+        .config
+        .shared
+        .models
+        .iter()
+        .find(|m| m.name == model_name)
+        .ok_or_else(|| ApiError::UnknownModel(model_name.to_string()))?;
+    let now = session::unix_now();
+    let caller = session::open_session(state, headers, now)?;
+    // What the client keeps, and what this read must prove: the token less the upstream
+    // pairs found discarded at the first uncovered attempt.
+    let mut token = session::sanitize(state, &caller.past).await?;
+    let mut demand = known_demand(state, &token).await;
+
+    let started = Instant::now();
+    let deadline = started + state.config.settings.read_wait();
+    let mut log_starts_checked = false;
+    // Held while waiting: at most `max_waiting_reads` reads of a model wait at once.
+    let mut waiting = None;
+    // The model's shared re-checks, once the first attempt found the read not covered.
+    let mut feed: Option<feed::Waiting> = None;
+    loop {
+        state.metrics.add(Metric::GateChecksTotal, &[("model", &model.name)], 1.0);
+        match attempt(state, model, scope, snapshot, &demand, &token).await? {
+            Ok(served) => {
+                let waited = started.elapsed();
+                state.metrics.observe(Metric::ReadWaitSeconds, &[("model", &model.name)], waited.as_secs_f64());
+                let waited_label = if waited > Duration::from_millis(1) { "yes" } else { "no" };
+                state.metrics.add(Metric::ReadsTotal, &[("model", &model.name), ("waited", waited_label)], 1.0);
+                let token = session::reseal(state, &caller, served.refreshed, now)?;
+                return Ok(Gated { data: served.data, token });
+            }
+            Err(uncovered) => {
+                // Upstream entries below the log start are pruned from clocks: once the log
+                // start shows it, stop demanding such pairs before calling them gaps (the
+                // token keeps them). This model's received channels are never pruned from
+                // clocks: a gap there is real — the owner is behind or refused.
+                if !log_starts_checked {
+                    log_starts_checked = true;
+                    let discarded = discarded(state, &uncovered).await;
+                    if !discarded.is_empty() {
+                        demand = demand.retain(|c, _| !discarded.iter().any(|d| d.channel == c));
+                        token = token.retain(|c, _| !discarded.iter().any(|d| d.channel == c && d.from_token));
+                        continue;
+                    }
+                }
+                if waiting.is_none() {
+                    waiting = Some(state.wait_slot(&model.name).ok_or_else(|| {
+                        state.metrics.add(Metric::OverloadedTotal, &[("limit", "max_waiting_reads")], 1.0);
+                        ApiError::Overloaded {
+                            detail: format!(
+                                "{} reads of model {:?} are already waiting for the projector (gateway.max_waiting_reads); retry later",
+                                state.config.settings.max_waiting_reads, model.name
+                            ),
+                            retry_after: state.config.settings.retry_after_s,
+                        }
+                    })?);
+                }
+                if Instant::now() >= deadline {
+                    state.metrics.add(Metric::NotCoveredTotal, &[("model", &model.name)], 1.0);
+                    state.metrics.observe(
+                        Metric::ReadWaitSeconds,
+                        &[("model", &model.name)],
+                        started.elapsed().as_secs_f64(),
+                    );
+                    tracing::info!(model = %model.name, gaps = uncovered.gaps.len(), "read not covered in time");
+                    // The tasks' rows only say why: read once, for the answer.
+                    let tasks = load_tasks(state, &model.name).await?;
+                    return Err(not_yet_covered(state, &model.name, uncovered, tasks, started.elapsed()));
+                }
+                // Wait for shared clock rows that cover the read (then attempt: the check and
+                // the data in one snapshot), or for the deadline (then attempt once more,
+                // and answer 503 with what it finds).
+                let rows = &mut feed
+                    .get_or_insert_with(|| {
+                        state.feeds.wait(state, &model.name).expect("every configured model has a feed")
+                    })
+                    .rows;
+                let served = served_tasks(scope, &uncovered.shape);
+                loop {
+                    tokio::select! {
+                        changed = rows.changed() => if changed.is_err() { break },
+                        _ = tokio::time::sleep_until(deadline.into()) => break,
+                    }
+                    let covered = rows
+                        .borrow_and_update()
+                        .as_ref()
+                        .is_some_and(|rows| gate(&demand, &uncovered.shape, rows, &served).is_covered());
+                    if covered {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The tasks a read is served by: the key's owner, or every task.
+fn served_tasks(scope: Scope<'_>, shape: &ModelShape) -> BTreeSet<u32> {
+    match scope {
+        Scope::Key(key) => [partition_for_key(key.as_bytes(), shape.task_count)].into(),
+        Scope::AllTasks => (0..shape.task_count).collect(),
+    }
+}
+
+/// One snapshot: is `demand` covered, and if so the data and `token` refreshed.
+async fn attempt<S: Snapshot>(
+    state: &AppState,
+    model: &ModelConfig,
+    scope: Scope<'_>,
+    snapshot: &S,
+    demand: &CausalPast,
+    token: &CausalPast,
+) -> Result<Result<Served<S::Data>, Uncovered>, ApiError> {
+    let cached = state.shapes.get(&model.name);
+    // No read yet: the broker's description is the likely shape (checked like any other).
+    let mut shape = cached.clone().unwrap_or_else(|| Arc::new(model_shape(state, model, None)));
+    let mut clock = clock_scope(scope, &shape, demand);
+    let snapshot = loop {
+        let snapshot = snapshot.read(state, &model.name, &clock).await?;
+        let recorded = Arc::new(model_shape(state, model, snapshot.model.as_ref()));
+        let stale = recorded != shape;
+        if stale || cached.is_none() {
+            state.shapes.put(&model.name, Arc::clone(&recorded));
+        }
+        shape = recorded;
+        // Rows chosen by the shape this snapshot records (or all of them) are what the gate
+        // needs; rows chosen by a stale shape may not be: read again, every row.
+        if !stale || clock == ClockScope::All {
+            break snapshot;
+        }
+        clock = ClockScope::All;
+    };
+    let served = served_tasks(scope, &shape);
+    let verdict = gate(demand, &shape, &snapshot.clock, &served);
+    #[cfg(feature = "unsafe-ungated-reads")]
+    let verdict = if crate::read::ungated::on() { Verdict::Covered } else { verdict };
+    match verdict {
+        Verdict::Covered => {
+            let refreshed = refresh(token, &shape, &snapshot.clock, &served);
+            Ok(Ok(Served { data: snapshot.data, refreshed }))
+        }
+        Verdict::NotCovered { gaps } => Ok(Err(Uncovered { gaps, shape, recorded: snapshot.model.is_some() })),
+    }
+}
+
+/// The clock rows a read needs: for one key, those its owner's gate and refresh read (see
+/// [`ClockScope::Owner`]); a read served by every task reads every row.
+fn clock_scope(scope: Scope<'_>, shape: &ModelShape, demand: &CausalPast) -> ClockScope {
+    match scope {
+        Scope::Key(key) => ClockScope::Owner {
+            owner: partition_for_key(key.as_bytes(), shape.task_count),
+            received: shape.received_topics.iter().copied().collect(),
+            partitions: demand.iter().map(|(c, _)| c.partition).collect::<BTreeSet<u32>>().into_iter().collect(),
+        },
+        Scope::AllTasks => ClockScope::All,
+    }
+}
+
+/// The model's task rows, for a 503's diagnosis.
+async fn load_tasks(state: &AppState, model: &str) -> Result<Vec<TaskRow>, ApiError> {
+    let retry_after = state.config.settings.retry_after_s;
+    let db = |e: anyhow::Error| database::failed(e, "the read", retry_after, None);
+    let mut conn = state.pool.acquire().await.map_err(|e| db(e.into()))?;
+    store::load_tasks(&mut conn, model).await.map_err(db)
+}
+
+/// The model as the projector recorded it (topic identities and task count); for a model
+/// with no state yet, as the broker describes its topics now.
+fn model_shape(state: &AppState, model: &ModelConfig, recorded: Option<&ModelRow>) -> ModelShape {
+    let mut received_topics = BTreeSet::new();
+    for t in &model.topics {
+        let id = recorded
+            .and_then(|r| r.topics.get(&t.name).copied())
+            .or_else(|| state.facts.cached_topic(&t.name).map(|f| f.id));
+        received_topics.extend(id);
+    }
+    let task_count = recorded.map(|r| r.task_count).unwrap_or_else(|| {
+        model.topics.iter().find_map(|t| state.facts.cached_topic(&t.name)).map_or(1, |f| f.partitions.max(1))
+    });
+    ModelShape { received_topics, task_count }
+}
+
+/// The token less the upstream pairs the cached log starts already show passed (what
+/// [`discarded`] would find at the first uncovered attempt, without the attempt).
+async fn known_demand(state: &AppState, token: &CausalPast) -> CausalPast {
+    let mut passed = Vec::new();
+    for (channel, position) in token.iter() {
+        let Some(log_start) = state.facts.cached_offsets(&channel).and_then(|o| o.log_start) else { continue };
+        if position >= log_start {
+            continue;
+        }
+        if let Ok(Some(name)) = state.facts.topic_name(&channel.topic).await {
+            if session::read_stops_demanding(state.receives(&name), position, Some(log_start)) {
+                passed.push(channel);
+            }
+        }
+    }
+    if passed.is_empty() {
+        token.clone()
+    } else {
+        token.clone().retain(|c, _| !passed.contains(&c))
+    }
+}
+
+/// A pair the read stops demanding, and whether the token drops it too.
+struct Discarded {
+    channel: ChannelId,
+    from_token: bool,
+}
+
+/// Upstream gap channels (ones this model does not receive) whose pair nobody can deliver
+/// any more: the topic no longer resolves (the token drops the pair too), or the pair is
+/// below the log start ([`session::read_stops_demanding`]: clocks prune such entries, so the
+/// read stops demanding it — the token keeps it, since it is stamped on the session's writes
+/// and a receiver that has not read the position must still wait for it). The log start is
+/// the cached one when that already proves the pair passed (log starts only grow), else
+/// re-read from the broker.
+async fn discarded(state: &AppState, uncovered: &Uncovered) -> Vec<Discarded> {
+    let mut out = Vec::new();
+    for gap in &uncovered.gaps {
+        if uncovered.shape.owner_of(&gap.channel).is_some() {
+            continue;
+        }
+        let name = match state.facts.topic_name(&gap.channel.topic).await {
+            Ok(None) => {
+                out.push(Discarded { channel: gap.channel, from_token: true });
+                state.metrics.add(Metric::TokenPairsPrunedTotal, &[("reason", "topic-gone")], 1.0);
+                continue;
+            }
+            Ok(Some(name)) => name,
+            Err(_) => continue,
+        };
+        let received = state.receives(&name);
+        let cached = state.facts.cached_offsets(&gap.channel).and_then(|o| o.log_start);
+        let passed = if session::read_stops_demanding(received, gap.required, cached) {
+            true
+        } else {
+            // Still in the log, or not known: keep demanding it (a 503 names the gap).
+            match state.facts.refresh_offsets(gap.channel, &name).await {
+                Ok(offsets) => session::read_stops_demanding(received, gap.required, offsets.log_start),
+                Err(_) => false,
+            }
+        };
+        if passed {
+            out.push(Discarded { channel: gap.channel, from_token: false });
+        }
+    }
+    out
+}
+
+/// The 503: every gap (topic name, partition, required, recorded) and the status of the
+/// involved tasks that are refused, failing or missing — their diagnosis and last error
+/// only with `gateway.public_diagnostics`.
+fn not_yet_covered(
+    state: &AppState,
+    model: &str,
+    uncovered: Uncovered,
+    task_rows: Vec<TaskRow>,
+    waited: Duration,
+) -> ApiError {
+    let name_of = |id: &TopicId| state.facts.cached_name(id);
+    let mut involved = BTreeSet::new();
+    let gaps: Vec<Value> = uncovered
+        .gaps
+        .iter()
+        .map(|g| {
+            involved.extend(g.tasks.iter().copied());
+            json!({
+                "topic": name_of(&g.channel.topic),
+                "topic_id": g.channel.topic.to_string(),
+                "partition": g.channel.partition,
+                "required": g.required,
+                "recorded": g.recorded,
+                "tasks": g.tasks,
+            })
+        })
+        .collect();
+    let mut tasks = Vec::new();
+    // Tasks nobody runs: their lease passed (or was handed back) and no instance took them.
+    let mut unowned = Vec::new();
+    for t in involved {
+        match task_rows.iter().find(|r| r.task == t) {
+            None => tasks.push(json!({"task": t, "status": "missing"})),
+            Some(row) => match row.status {
+                _ if !row.leased() => {
+                    unowned.push(match row.lease_remaining_ms {
+                        Some(ms) => format!("task {t}'s lease (owner {:?}) expired {} ms ago", row.owner, -ms),
+                        None => format!("task {t} is held by no instance"),
+                    });
+                    tasks.push(json!({
+                        "task": t,
+                        "status": row.status.as_str(),
+                        "owner": row.owner,
+                        "lease": crate::ops::lease_json(row),
+                        "last_step_ms_ago": row.since_step_ms,
+                    }));
+                }
+                TaskStatus::Running => {}
+                TaskStatus::Failing => tasks.push(json!({
+                    "task": t,
+                    "status": "failing",
+                    "failures": row.failures,
+                    "last_error": row.last_error,
+                })),
+                TaskStatus::Refused => tasks.push(json!({
+                    "task": t,
+                    "status": "refused",
+                    "reason": row.refusal.as_ref().map(|r| r.reason.as_str()),
+                    "diagnosis": row.refusal.as_ref().map(|r| r.diagnosis.clone()),
+                    "channel": row.refusal.as_ref().and_then(|r| r.channel).map(|c| json!({
+                        "topic": name_of(&c.topic),
+                        "topic_id": c.topic.to_string(),
+                        "partition": c.partition,
+                    })),
+                    "position": row.refusal.as_ref().and_then(|r| r.position),
+                })),
+            },
+        }
+    }
+    // The free text of a refusal or a failure can quote records and database messages: it
+    // is for the admin listener (`/v1/status`) unless `gateway.public_diagnostics` says
+    // otherwise. Reasons, task numbers and gaps stay.
+    if !state.config.settings.public_diagnostics {
+        for task in tasks.iter_mut().filter_map(Value::as_object_mut) {
+            task.remove("diagnosis");
+            task.remove("last_error");
+        }
+    }
+    let waited_ms = waited.as_millis() as u64;
+    let detail = if uncovered.recorded && !unowned.is_empty() {
+        format!(
+            "the projection of model {model:?} does not yet reflect this session ({} gap(s)) after waiting {waited_ms} ms, \
+             and nobody is taking it further: {} and no instance has taken it over (is a projector instance running?); retry later",
+            gaps.len(),
+            unowned.join(", ")
+        )
+    } else if uncovered.recorded {
+        format!(
+            "the projection of model {model:?} does not yet reflect this session ({} gap(s)) after waiting {waited_ms} ms; retry later",
+            gaps.len()
+        )
+    } else {
+        format!("model {model:?} has no state in the database yet (is its projector running?); waited {waited_ms} ms")
+    };
+    let mut problem = Problem::new(ProblemType::NotYetCovered, detail)
+        .with("model", json!(model))
+        .with("waited_ms", json!(waited_ms))
+        .with("gaps", Value::Array(gaps))
+        .with("tasks", Value::Array(tasks));
+    problem.retry_after = Some(state.config.settings.retry_after_s);
+    ApiError::NotYetCovered(Box::new(problem))
+}
