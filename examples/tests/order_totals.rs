@@ -1,0 +1,114 @@
+//! The order-totals example end to end on the real broker and database: its SQL projection
+//! run by the projector's builder, and the gateway serving the example's named query
+//! `customer_total`. A session writes an order and a payment through the gateway and reads
+//! the query with the token it got back, right away: the totals reflect both writes
+//! (read-your-writes through a named query over the model's own tables).
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use axum::Router;
+use parsley_examples::{example_config, ORDER_TOTALS};
+use parsley_gateway::token::{KeyRing, SecretKey};
+use parsley_gateway::{Gateway, GatewayConfig, SESSION_HEADER};
+use parsley_projector::config::Config;
+use parsley_projector::Projector;
+use parsley_testkit::{create_topics, unique, TIMEOUT};
+use serde_json::{json, Value};
+use tokio::sync::watch;
+use tower::ServiceExt as _;
+
+/// One answer: status, body, and the session token it carries.
+async fn call(
+    router: &Router,
+    method: Method,
+    uri: &str,
+    token: Option<&str>,
+    body: Option<Value>,
+) -> (StatusCode, Value, String) {
+    let mut req = Request::builder().method(method).uri(uri);
+    if let Some(t) = token {
+        req = req.header(SESSION_HEADER, t);
+    }
+    let body = match body {
+        Some(b) => {
+            req = req.header("content-type", "application/json");
+            Body::from(b.to_string())
+        }
+        None => Body::empty(),
+    };
+    let response = router.clone().oneshot(req.body(body).unwrap()).await.unwrap();
+    let status = response.status();
+    let token = response.headers().get(SESSION_HEADER).map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
+    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
+    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null), token)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_reads_its_order_and_payment_through_the_named_query_at_once() {
+    let model = unique("totals-q");
+    let (orders, payments) = (format!("{model}.orders"), format!("{model}.payments"));
+    create_topics(&[&orders, &payments], 2).await;
+    let mut config = example_config(ORDER_TOTALS, &model, &[&orders, &payments]).unwrap();
+    config.projector.metrics_address = String::new();
+    // A read waits for the projector up to 20 s (a busy machine), never serving stale totals.
+    config.gateway = Config::parse("[gateway]\nread_wait_ms = 20000\nresponse_timeout_ms = 30000\n").unwrap().gateway;
+
+    let (stop, shutdown) = watch::channel(false);
+    let projector = tokio::spawn(Projector::builder(config.clone()).shutdown(shutdown.clone()).run());
+    let ring = KeyRing::new(vec![("example".to_string(), SecretKey::from_bytes([7; 32]))]).unwrap();
+    let gateway = Gateway::new(GatewayConfig::with_keys(config, ring).unwrap()).unwrap();
+    let background = gateway.spawn_background(shutdown);
+    let router = gateway.router();
+
+    let customer = format!("ada-{model}");
+    let id = |what: &str| format!("{what}-{model}");
+    let query = format!("/v1/models/{model}/queries/customer_total?customer={customer}");
+
+    // An order, then a payment in the same session: the token carries both.
+    let (status, body, token) = call(
+        &router,
+        Method::POST,
+        &format!("/v1/topics/{orders}/records"),
+        None,
+        Some(json!({"key": customer, "value": {"order": id("o1"), "amount": 12.5}})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (status, body, token) = call(
+        &router,
+        Method::POST,
+        &format!("/v1/topics/{payments}/records"),
+        Some(&token),
+        Some(json!({"key": customer, "value": {"payment": id("p1"), "order": id("o1"), "amount": 5}})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+
+    // Read right away with that token: the totals reflect the order and the payment.
+    let (status, body, token) = call(&router, Method::GET, &query, Some(&token), None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body,
+        json!({"rows": [{"customer": customer, "ordered": 12.5, "paid": 5, "due": 7.5}], "truncated": false})
+    );
+
+    // A second order: the next read shows it too.
+    let (status, body, token) = call(
+        &router,
+        Method::POST,
+        &format!("/v1/topics/{orders}/records"),
+        Some(&token),
+        Some(json!({"key": customer, "value": {"order": id("o2"), "amount": 10}})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (status, body, _) = call(&router, Method::GET, &query, Some(&token), None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["rows"], json!([{"customer": customer, "ordered": 22.5, "paid": 5, "due": 17.5}]));
+
+    stop.send(true).unwrap();
+    tokio::time::timeout(TIMEOUT, projector).await.expect("the projector stops at the signal").unwrap().unwrap();
+    for task in background {
+        let _ = task.await;
+    }
+}
