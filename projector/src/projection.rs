@@ -14,6 +14,10 @@
 //!
 //! Database errors are classified by SQLSTATE class ([`rejects_record`]): a projection that
 //! lets `sqlx::Error` convert with `?` is classified without doing anything.
+//!
+//! [`Projection`] uses `async fn`s and so is not object-safe; [`DynProjection`] is its
+//! object-safe form, implemented for every projection, and [`SharedProjection`] what the
+//! projector keeps of a projection built from its registry.
 
 use std::fmt;
 use std::future::Future;
@@ -24,14 +28,52 @@ use parsley::channel::{ChannelId, Position};
 use parsley::CausalPast;
 use sqlx::PgConnection;
 
-/// The step a delivery belongs to.
+/// A record header: its name and value as bytes (`None`: a header with a null value).
+pub use crate::record::Header;
+
+/// The step a delivery belongs to: the model and its task (partition *i* of every topic
+/// the model receives). A projection that keeps rows of several models in one table keys
+/// them by `model`.
 #[derive(Clone, Copy, Debug)]
 pub struct StepContext<'a> {
     pub model: &'a str,
     pub task: u32,
 }
 
-/// One delivered record, handed to the projection in delivery (causal) order.
+/// One delivered record, handed to the projection in delivery (causal) order: every record
+/// it names as a cause (`causes`) was delivered before it, in this step or an earlier one.
+///
+/// The key, value and headers are the record's bytes as produced; a projection decides what
+/// they must be, and rejects a record that is not ([`ProjectionError::rejected`], naming
+/// [`Delivered::coordinate`], never quoting the payload). [`Delivered::key_str`] and
+/// [`Delivered::value_json`] do the usual checks that way.
+///
+/// ```
+/// use parsley::channel::ChannelId;
+/// use parsley::{CausalPast, TopicId};
+/// use parsley_projector::Delivered;
+///
+/// let causes = CausalPast::default();
+/// let record = Delivered {
+///     topic: "orders",
+///     channel: ChannelId::new(TopicId::from_bytes([1; 16]), 3),
+///     position: 42,
+///     key: Some(b"o-1"),
+///     value: Some(br#"{"status": "placed"}"#),
+///     headers: &[],
+///     timestamp_ms: None,
+///     causes: &causes,
+/// };
+/// assert_eq!(record.coordinate(), "orders/3@42");
+/// assert_eq!(record.key_str().unwrap(), Some("o-1"));
+/// let value: serde_json::Value = record.value_json().unwrap().unwrap();
+/// assert_eq!(value["status"], "placed");
+///
+/// let not_json = Delivered { value: Some(b"secret"), ..record };
+/// let rejected = not_json.value_json::<serde_json::Value>().unwrap_err();
+/// assert!(rejected.is_rejected());
+/// assert!(rejected.to_string().contains("orders/3@42") && !rejected.to_string().contains("secret"));
+/// ```
 #[derive(Clone, Copy, Debug)]
 pub struct Delivered<'a> {
     /// The name of the record's topic.
@@ -44,16 +86,46 @@ pub struct Delivered<'a> {
     pub value: Option<&'a [u8]>,
     /// Application headers, names and values as bytes (a name need not be UTF-8); the
     /// `parsley.causes` header is in `causes`.
-    pub headers: &'a [crate::record::Header],
+    pub headers: &'a [Header],
     pub timestamp_ms: Option<i64>,
     /// The causes the record carried.
     pub causes: &'a CausalPast,
 }
 
-impl Delivered<'_> {
+impl<'a> Delivered<'a> {
     /// `topic/partition@position`, for messages (never the payload).
     pub fn coordinate(&self) -> String {
         format!("{}/{}@{}", self.topic, self.channel.partition, self.position)
+    }
+
+    /// The key as text (`None`: the record has no key); a key that is not UTF-8, or holds a
+    /// NUL character (which Postgres `text` cannot store), is a rejection naming the record.
+    pub fn key_str(&self) -> Result<Option<&'a str>, ProjectionError> {
+        let Some(bytes) = self.key else { return Ok(None) };
+        let key = std::str::from_utf8(bytes)
+            .map_err(|_| ProjectionError::rejected(format!("the key of {} is not UTF-8", self.coordinate())))?;
+        if key.contains('\0') {
+            return Err(ProjectionError::rejected(format!(
+                "the key of {} contains a NUL character, which Postgres text cannot store",
+                self.coordinate()
+            )));
+        }
+        Ok(Some(key))
+    }
+
+    /// The value read as JSON into `T` (`None`: a tombstone); a value that does not read is
+    /// a rejection naming the record and where the reading failed, never quoting the value.
+    pub fn value_json<T: serde::de::DeserializeOwned>(&self) -> Result<Option<T>, ProjectionError> {
+        let Some(bytes) = self.value else { return Ok(None) };
+        serde_json::from_slice(bytes).map(Some).map_err(|e| {
+            ProjectionError::rejected(format!(
+                "the value of {} does not read as JSON of the expected shape ({} bytes; error at line {} column {})",
+                self.coordinate(),
+                bytes.len(),
+                e.line(),
+                e.column()
+            ))
+        })
     }
 }
 
@@ -80,7 +152,22 @@ pub fn withhold_value(message: &str) -> String {
     }
 }
 
-/// Why a projection did not apply a step's records.
+/// Why a projection did not apply a step's records: the one thing that decides what the
+/// task does next (see the module documentation).
+///
+/// ```
+/// use parsley_projector::ProjectionError;
+///
+/// // The record is at fault: refused (or dead-lettered), never retried.
+/// let e = ProjectionError::rejected("the value of orders/0@7 has no \"amount\"");
+/// assert!(e.is_rejected());
+/// // Anything else is retried with backoff; `?` on an `anyhow::Error` gives this.
+/// let e = ProjectionError::from(anyhow::anyhow!("the pricing service timed out"));
+/// assert!(!e.is_rejected());
+/// // A `sqlx::Error` is classified by its SQLSTATE: a constraint or data error rejects.
+/// let e = ProjectionError::database(sqlx::Error::PoolTimedOut, "writing totals");
+/// assert!(!e.is_rejected());
+/// ```
 #[derive(Debug)]
 pub enum ProjectionError {
     /// The record is unacceptable, whatever the retry: the task refuses
@@ -159,6 +246,58 @@ impl From<sqlx::Error> for ProjectionError {
 /// nothing of the step is kept. A rejection from a batch cannot say which record is at
 /// fault: the task retries the records one at a time (each in its own `apply_batch` call)
 /// and refuses at the one rejected alone.
+///
+/// A projection must not commit, roll back or end the transaction it is handed, and what it
+/// writes must depend only on the records (a step can be retried after a failure, and a
+/// restart redelivers what was not committed). Its tables are its own: create them with the
+/// model's `migrations` folder. Register it by name with
+/// [`ProjectorBuilder::projection`](crate::ProjectorBuilder::projection); a model names it
+/// in its `projection` key.
+///
+/// ```
+/// use parsley_projector::{Delivered, Projection, ProjectionError, StepContext};
+/// use sqlx::PgConnection;
+///
+/// /// The last status of each order, in `app.order_status` (model, id, status).
+/// struct OrderStatus;
+///
+/// #[derive(serde::Deserialize)]
+/// struct Order {
+///     status: String,
+/// }
+///
+/// impl Projection for OrderStatus {
+///     async fn apply(
+///         &self,
+///         conn: &mut PgConnection,
+///         step: StepContext<'_>,
+///         record: &Delivered<'_>,
+///     ) -> Result<(), ProjectionError> {
+///         let Some(id) = record.key_str()? else {
+///             return Err(ProjectionError::rejected(format!("{} has no key", record.coordinate())));
+///         };
+///         match record.value_json::<Order>()? {
+///             Some(order) => sqlx::query(
+///                 "INSERT INTO app.order_status (model, id, status) VALUES ($1, $2, $3) \
+///                  ON CONFLICT (model, id) DO UPDATE SET status = EXCLUDED.status",
+///             )
+///             .bind(step.model)
+///             .bind(id)
+///             .bind(order.status)
+///             .execute(conn)
+///             .await
+///             .map_err(|e| ProjectionError::database(e, "writing the order's status"))?,
+///             // A tombstone: the order is gone.
+///             None => sqlx::query("DELETE FROM app.order_status WHERE model = $1 AND id = $2")
+///                 .bind(step.model)
+///                 .bind(id)
+///                 .execute(conn)
+///                 .await?,
+///         };
+///         Ok(())
+///     }
+/// }
+/// ```
 pub trait Projection: Send + Sync + 'static {
     fn apply(
         &self,
