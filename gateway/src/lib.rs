@@ -39,29 +39,51 @@
 //!
 //! See `docs/gateway.md` for the routes, the token format, the gate and the problem types.
 
+// The embedding surface (docs/gateway.md, "Embedding the gateway"): these modules and the
+// re-exports below. The hidden modules are public for the workspace (the binary, the tests,
+// the benchmarks, parsley-check) and may change in any release.
 pub mod app;
+#[doc(hidden)]
 pub mod batch;
+#[doc(hidden)]
 pub mod body;
 pub mod config;
+#[doc(hidden)]
 pub mod cors;
+#[doc(hidden)]
 pub mod database;
+#[doc(hidden)]
 pub mod facts;
+#[doc(hidden)]
 pub mod feed;
 pub mod gated;
+#[doc(hidden)]
 pub mod keys;
+#[doc(hidden)]
 pub mod metrics;
+#[doc(hidden)]
 pub mod notify;
+#[doc(hidden)]
 pub mod openapi;
+#[doc(hidden)]
 pub mod ops;
 pub mod problem;
+#[doc(hidden)]
 pub mod queries;
+#[doc(hidden)]
 pub mod read;
+#[doc(hidden)]
 pub mod server;
+#[doc(hidden)]
 pub mod session;
+#[doc(hidden)]
 pub mod subject;
 pub mod token;
+#[doc(hidden)]
 pub mod trace;
+#[doc(hidden)]
 pub mod widths;
+#[doc(hidden)]
 pub mod write;
 
 pub use app::{admin_app, app, routes, AppState, Gateway, Listeners};
