@@ -209,7 +209,7 @@ impl ProjectorBuilder {
         let pool = loop {
             match connect(&config, false).await {
                 Ok(pool) => break pool,
-                Err(e) if backoff.wait("connecting to Postgres", &e).await => {}
+                Err(e) if backoff.wait("Postgres unavailable", None, &e).await => {}
                 Err(_) => return Ok(()),
             }
         };
@@ -217,7 +217,7 @@ impl ProjectorBuilder {
         loop {
             match migrations::run(&pool).await {
                 Ok(()) => break,
-                Err(e) if backoff.wait("running the migrations", &e).await => {}
+                Err(e) if backoff.wait("migrations failed", None, &e).await => {}
                 Err(_) => return Ok(()),
             }
         }
@@ -232,7 +232,10 @@ impl ProjectorBuilder {
                 match model_migrations::run(&pool, &model.name, files).await {
                     Ok(applied) => break applied,
                     Err(e) if failure::classify(&e) != Failure::Unavailable => return Err(e),
-                    Err(e) if backoff.wait(&format!("model {}: applying its migrations", model.name), &e).await => {}
+                    Err(e)
+                        if backoff
+                            .wait("could not apply the model's migrations; retrying", Some(&model.name), &e)
+                            .await => {}
                     Err(_) => return Ok(()),
                 }
             };
@@ -249,7 +252,7 @@ impl ProjectorBuilder {
                 let projection = Arc::new(Arc::clone(&projection));
                 match ModelProjector::prepare(&config, &model, pool.clone(), projection, Arc::clone(&metrics)).await {
                     Ok(p) => break p,
-                    Err(e) if backoff.wait(&format!("model {}: starting it", model.name), &e).await => {}
+                    Err(e) if backoff.wait("could not start the model; retrying", Some(&model.name), &e).await => {}
                     Err(_) => return Ok(()),
                 }
             };
@@ -352,14 +355,13 @@ impl Backoff {
         Backoff { next: Duration::from_millis(500), shutdown: shutdown.clone() }
     }
 
-    /// Logs that `what` failed with `error` and waits before the next attempt; `false`
-    /// (give up) once shutdown is signalled.
-    async fn wait(&mut self, what: &str, error: &anyhow::Error) -> bool {
+    /// Logs `message` (of `model`, if any) with `error` and waits before the next attempt;
+    /// `false` (give up) once shutdown is signalled.
+    async fn wait(&mut self, message: &str, model: Option<&str>, error: &anyhow::Error) -> bool {
         if *self.shutdown.borrow() {
             return false;
         }
-        tracing::warn!(error = %format!("{error:#}"), retry_in_ms = self.next.as_millis() as u64,
-            "{what} failed; retrying");
+        tracing::warn!(model, error = %format!("{error:#}"), retry_in_ms = self.next.as_millis() as u64, "{message}");
         let wait = self.next;
         self.next = (self.next * 2).min(Duration::from_secs(30));
         let slept = tokio::select! {
@@ -369,4 +371,3 @@ impl Backoff {
         slept && !*self.shutdown.borrow()
     }
 }
-
