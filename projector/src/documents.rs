@@ -6,7 +6,9 @@
 //! A step's deliveries are folded in memory, in delivery order, and written with at most
 //! three statements (read the documents merge patches need, upsert, delete; all in
 //! [`parsley_store::documents`]), so the cost per step does not grow with a statement per
-//! record.
+//! record. A replacing value is checked by a parse that builds nothing and is written as the
+//! record carries it (Postgres parses it into `jsonb`); only merge patches, and the documents
+//! they apply to, are parsed into values.
 //!
 //! A record the table cannot take is *rejected* ([`ProjectionError::Rejected`]), named by
 //! its coordinate, before any statement runs: no key, a key that is not UTF-8, a NUL
@@ -20,6 +22,7 @@ use std::collections::BTreeMap;
 use anyhow::anyhow;
 use parsley::channel::{ChannelId, Position};
 use parsley_store::documents::{self, DocumentWrite};
+use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 use sqlx::PgConnection;
 
@@ -64,9 +67,11 @@ impl DocumentProjection {
 }
 
 /// One record's effect on a document.
-enum Op {
+enum Op<'a> {
     Delete,
-    Replace(Value),
+    /// The record's value, as it came: checked, never parsed into a [`Value`] (only a
+    /// merge patch needs the document's structure).
+    Replace(&'a str),
     Merge(Value),
 }
 
@@ -90,9 +95,9 @@ fn key_of<'a>(record: &Delivered<'a>) -> Result<&'a str, ProjectionError> {
     Ok(key)
 }
 
-fn op_of(apply: Apply, record: &Delivered<'_>) -> Result<Op, ProjectionError> {
+fn op_of<'a>(apply: Apply, record: &Delivered<'a>) -> Result<Op<'a>, ProjectionError> {
     let Some(bytes) = record.value else { return Ok(Op::Delete) };
-    let value: Value = serde_json::from_slice(bytes).map_err(|e| {
+    let not_json = |e: serde_json::Error| {
         ProjectionError::rejected(format!(
             "the value of {} is not JSON ({} bytes; {} at line {} column {}); the document projection needs JSON values",
             record.coordinate(),
@@ -101,18 +106,101 @@ fn op_of(apply: Apply, record: &Delivered<'_>) -> Result<Op, ProjectionError> {
             e.line(),
             e.column()
         ))
-    })?;
-    if contains_nul(&value) {
-        return Err(ProjectionError::rejected(format!(
+    };
+    let has_nul = || {
+        ProjectionError::rejected(format!(
             "the value of {} contains a \\u0000 escape (a NUL character), which Postgres jsonb cannot store",
             record.coordinate()
-        )));
+        ))
+    };
+    match apply {
+        Apply::Replace => {
+            let scan: Scan = serde_json::from_slice(bytes).map_err(not_json)?;
+            if scan.nul {
+                return Err(has_nul());
+            }
+            if scan.null {
+                return Ok(Op::Delete);
+            }
+            // The parser checked every string as UTF-8, and JSON outside strings is ASCII.
+            let text = std::str::from_utf8(bytes)
+                .map_err(|_| anyhow!("{}: a value the JSON parser accepted is not UTF-8", record.coordinate()))?;
+            Ok(Op::Replace(text))
+        }
+        Apply::Merge => {
+            let value: Value = serde_json::from_slice(bytes).map_err(not_json)?;
+            if contains_nul(&value) {
+                return Err(has_nul());
+            }
+            Ok(if value.is_null() { Op::Delete } else { Op::Merge(value) })
+        }
     }
-    Ok(match (apply, value) {
-        (_, Value::Null) => Op::Delete,
-        (Apply::Replace, v) => Op::Replace(v),
-        (Apply::Merge, v) => Op::Merge(v),
-    })
+}
+
+/// What parsing a replacing value found: whether it is `null`, and whether a NUL character
+/// appears in any string or member name. The parse is `serde_json`'s, so it accepts and
+/// rejects exactly what parsing into a [`Value`] does (numbers out of range included), but
+/// it builds nothing.
+#[derive(Default)]
+struct Scan {
+    null: bool,
+    nul: bool,
+}
+
+impl<'de> Deserialize<'de> for Scan {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Scan, D::Error> {
+        deserializer.deserialize_any(ScanVisitor)
+    }
+}
+
+struct ScanVisitor;
+
+impl<'de> Visitor<'de> for ScanVisitor {
+    type Value = Scan;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Scan, E> {
+        Ok(Scan::default())
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Scan, E> {
+        Ok(Scan::default())
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Scan, E> {
+        Ok(Scan::default())
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Scan, E> {
+        Ok(Scan::default())
+    }
+
+    fn visit_str<E>(self, s: &str) -> Result<Scan, E> {
+        Ok(Scan { null: false, nul: s.contains('\0') })
+    }
+
+    fn visit_unit<E>(self) -> Result<Scan, E> {
+        Ok(Scan { null: true, nul: false })
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<Scan, A::Error> {
+        let mut nul = false;
+        while let Some(item) = items.next_element::<Scan>()? {
+            nul |= item.nul;
+        }
+        Ok(Scan { null: false, nul })
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut members: A) -> Result<Scan, A::Error> {
+        let mut nul = false;
+        while let Some((name, value)) = members.next_entry::<Scan, Scan>()? {
+            nul |= name.nul || value.nul;
+        }
+        Ok(Scan { null: false, nul })
+    }
 }
 
 /// Whether a NUL character appears in any string or member name of `value`.
@@ -140,10 +228,35 @@ impl ClassifyName for serde_json::Error {
     }
 }
 
+/// A document while a step folds its records: a replacing value's text until a merge patch
+/// needs its structure.
+enum Doc<'a> {
+    Text(&'a str),
+    Parsed(Value),
+}
+
+impl Doc<'_> {
+    /// The document's structure, for a merge patch.
+    fn into_value(self) -> Result<Value, ProjectionError> {
+        match self {
+            Doc::Parsed(v) => Ok(v),
+            Doc::Text(t) => Ok(serde_json::from_str(t).map_err(|e| anyhow!("re-reading a checked value: {e}"))?),
+        }
+    }
+
+    /// The document as JSON text, for the write.
+    fn into_text(self) -> Result<String, ProjectionError> {
+        match self {
+            Doc::Text(t) => Ok(t.to_string()),
+            Doc::Parsed(v) => Ok(serde_json::to_string(&v).map_err(|e| anyhow!("writing a document as JSON: {e}"))?),
+        }
+    }
+}
+
 /// What a step did to one key, folded.
-struct Folded {
+struct Folded<'a> {
     /// The document after the step (`None`: deleted / absent).
-    doc: Option<Value>,
+    doc: Option<Doc<'a>>,
     /// Records applied since the last delete in this step.
     applied_since_delete: i64,
     /// A delete happened in this step: the stored row goes, the version restarts.
@@ -171,7 +284,7 @@ impl Projection for DocumentProjection {
             return Ok(());
         }
         // Parse every record first: a bad one is rejected before any statement runs.
-        let mut ops: Vec<(&str, Op, (ChannelId, Position))> = Vec::with_capacity(records.len());
+        let mut ops: Vec<(&str, Op<'_>, (ChannelId, Position))> = Vec::with_capacity(records.len());
         for r in records {
             // Not the record's fault: the projection was built for other topics.
             let apply = *self
@@ -195,10 +308,10 @@ impl Projection for DocumentProjection {
             stored.extend(rows);
         }
 
-        let mut folded: BTreeMap<&str, Folded> = BTreeMap::new();
+        let mut folded: BTreeMap<&str, Folded<'_>> = BTreeMap::new();
         for (key, op, at) in ops {
             let f = folded.entry(key).or_insert_with(|| Folded {
-                doc: stored.remove(key),
+                doc: stored.remove(key).map(Doc::Parsed),
                 applied_since_delete: 0,
                 reset: false,
                 last: at,
@@ -210,19 +323,19 @@ impl Projection for DocumentProjection {
                     f.reset = true;
                     f.applied_since_delete = 0;
                 }
-                Op::Replace(v) => {
-                    f.doc = Some(v);
+                Op::Replace(text) => {
+                    f.doc = Some(Doc::Text(text));
                     f.applied_since_delete += 1;
                 }
                 Op::Merge(patch) => {
-                    let mut doc = f.doc.take().unwrap_or(Value::Null);
+                    let mut doc = f.doc.take().map(Doc::into_value).transpose()?.unwrap_or(Value::Null);
                     merge_patch(&mut doc, &patch);
                     if doc.is_null() {
                         f.doc = None;
                         f.reset = true;
                         f.applied_since_delete = 0;
                     } else {
-                        f.doc = Some(doc);
+                        f.doc = Some(Doc::Parsed(doc));
                         f.applied_since_delete += 1;
                     }
                 }
@@ -240,7 +353,7 @@ impl Projection for DocumentProjection {
                 let (channel, position) = f.last;
                 writes.push(DocumentWrite {
                     key: key.to_string(),
-                    doc,
+                    doc: doc.into_text()?,
                     channel,
                     position,
                     applied: f.applied_since_delete,
@@ -306,15 +419,32 @@ mod tests {
         }
     }
 
-    /// The rejection of `(key, value)`, or `None` when the document projection takes it.
+    /// The rejection of `(key, value)`, or `None` when the document projection takes it;
+    /// the same whether the value replaces the document (checked, not parsed) or is merged
+    /// into it (parsed).
     fn rejection(key: Option<&[u8]>, value: Option<&[u8]>) -> Option<String> {
         let causes = parsley::CausalPast::new();
         let r = record(&causes, key, value);
-        match key_of(&r).and_then(|_| op_of(Apply::Replace, &r)) {
-            Ok(_) => None,
-            Err(e @ ProjectionError::Rejected { .. }) => Some(e.to_string()),
-            Err(e) => panic!("expected a rejection, got {e}"),
-        }
+        let [replace, merge] =
+            [Apply::Replace, Apply::Merge].map(|apply| match key_of(&r).and_then(|_| op_of(apply, &r)) {
+                Ok(_) => None,
+                Err(e @ ProjectionError::Rejected { .. }) => Some(e.to_string()),
+                Err(e) => panic!("expected a rejection, got {e}"),
+            });
+        assert_eq!(replace, merge, "{key:?} {value:?}");
+        replace
+    }
+
+    /// A replacing value is written as it came; `null` deletes, like a tombstone.
+    #[test]
+    fn a_replacing_value_is_kept_as_its_text() {
+        let causes = parsley::CausalPast::new();
+        let text = r#"{ "n": 1e2, "s": "\u00e9", "a": [1.5, null] }"#;
+        let r = record(&causes, Some(b"k"), Some(text.as_bytes()));
+        assert!(matches!(op_of(Apply::Replace, &r), Ok(Op::Replace(t)) if t == text));
+        let r = record(&causes, Some(b"k"), Some(b" null "));
+        assert!(matches!(op_of(Apply::Replace, &r), Ok(Op::Delete)));
+        assert!(matches!(op_of(Apply::Merge, &r), Ok(Op::Delete)));
     }
 
     #[test]
@@ -327,7 +457,7 @@ mod tests {
     #[test]
     fn records_the_table_cannot_take_are_rejected_before_any_statement() {
         type Case<'a> = (Option<&'a [u8]>, Option<&'a [u8]>, &'a str);
-        let cases: [Case<'_>; 8] = [
+        let cases: [Case<'_>; 10] = [
             (None, Some(b"{}"), "has no key"),
             (Some(b"\xff\xfe"), Some(b"{}"), "not UTF-8"),
             (Some(b"a\0b"), Some(b"{}"), "NUL character"),
@@ -336,6 +466,8 @@ mod tests {
             (Some(b"k"), Some(br#"[[{"deep":["\u0000"]}]]"#), "\\u0000"),
             (Some(b"k"), Some(b"{\"a\":\"x\0y\"}"), "not JSON"),
             (Some(b"k"), Some(br#""\ud800""#), "not JSON"),
+            (Some(b"k"), Some(b"[1e400]"), "not JSON"),
+            (Some(b"k"), Some(b"{\"a\":1} x"), "not JSON"),
         ];
         for (key, value, expected) in cases {
             let err = rejection(key, value).unwrap_or_else(|| panic!("{key:?} {value:?} was accepted"));

@@ -13,7 +13,10 @@ use anyhow::{ensure, Context as _};
 use parsley::channel::{ChannelId, Position, TopicId};
 use parsley::gate::ClockRow;
 use serde_json::Value;
-use sqlx::postgres::PgRow;
+use sqlx::encode::IsNull;
+use sqlx::error::BoxDynError;
+use sqlx::postgres::types::Oid;
+use sqlx::postgres::{PgArgumentBuffer, PgHasArrayType, PgRow, PgTypeInfo, Postgres};
 use sqlx::{PgConnection, Row as _};
 use uuid::Uuid;
 
@@ -33,7 +36,9 @@ pub struct Document {
 #[derive(Clone, Debug, PartialEq)]
 pub struct DocumentWrite {
     pub key: String,
-    pub doc: Value,
+    /// The document as JSON text, valid and free of `\u0000` escapes (the projection checked
+    /// it): sent to Postgres as it is, which parses it into `jsonb` once.
+    pub doc: String,
     pub channel: ChannelId,
     pub position: Position,
     pub applied: i64,
@@ -63,6 +68,36 @@ pub async fn delete(conn: &mut PgConnection, model: &str, keys: &[String]) -> Re
     Ok(())
 }
 
+/// JSON text bound as `jsonb` without a parse on this side: `jsonb`'s binary input is a
+/// version byte (1) followed by the JSON text, which Postgres parses as it parses any `jsonb`
+/// input. (Binding a `serde_json::Value` would serialize a parsed document back to text.)
+struct JsonbText<'a>(&'a str);
+
+impl sqlx::Type<Postgres> for JsonbText<'_> {
+    fn type_info() -> PgTypeInfo {
+        PgTypeInfo::with_oid(Oid(JSONB_OID))
+    }
+}
+
+impl PgHasArrayType for JsonbText<'_> {
+    fn array_type_info() -> PgTypeInfo {
+        PgTypeInfo::with_oid(Oid(JSONB_ARRAY_OID))
+    }
+}
+
+impl sqlx::Encode<'_, Postgres> for JsonbText<'_> {
+    fn encode_by_ref(&self, buf: &mut PgArgumentBuffer) -> Result<IsNull, BoxDynError> {
+        buf.push(JSONB_VERSION);
+        buf.extend_from_slice(self.0.as_bytes());
+        Ok(IsNull::No)
+    }
+}
+
+/// The `jsonb` type's OID, its array type's, and the version of its binary format.
+const JSONB_OID: u32 = 3802;
+const JSONB_ARRAY_OID: u32 = 3807;
+const JSONB_VERSION: u8 = 1;
+
 /// Writes `writes` (one statement): a new key is inserted with `applied` as its version, an
 /// existing one replaced and its version increased by `applied`.
 pub async fn write(
@@ -73,7 +108,7 @@ pub async fn write(
 ) -> Result<(), sqlx::Error> {
     let n = writes.len();
     let mut keys: Vec<String> = Vec::with_capacity(n);
-    let mut docs: Vec<Value> = Vec::with_capacity(n);
+    let mut docs: Vec<String> = Vec::with_capacity(n);
     let mut topics: Vec<Uuid> = Vec::with_capacity(n);
     let mut partitions: Vec<i32> = Vec::with_capacity(n);
     let mut positions: Vec<i64> = Vec::with_capacity(n);
@@ -99,7 +134,7 @@ pub async fn write(
     .bind(model)
     .bind(task as i32)
     .bind(&keys)
-    .bind(&docs)
+    .bind(docs.iter().map(|d| JsonbText(d.as_str())).collect::<Vec<_>>())
     .bind(&topics)
     .bind(&partitions)
     .bind(&positions)
