@@ -35,12 +35,17 @@
 //! server's processes working for the run's database (its backends and autovacuum workers;
 //! the harness's own progress connection is left out), and of the whole server (which
 //! includes the WAL writer, the checkpointer and anything else running on the machine) —
-//! plus the client process's CPU and the server's WAL bytes per record.
+//! plus the client process's CPU and the server's WAL bytes per record; records per
+//! committed transaction (`rec/xact`: every transaction of the run's database, reads and
+//! lease heartbeats included) and per writing step (`rec/step`: from the rows written to the
+//! positions table, one per channel a step read); rows written per record.
 //!
 //! Other knobs: `BENCH_RECORDS` (default 200000; 1000000 for the long run),
 //! `BENCH_STEP_RECORDS` (default 2000), `BENCH_TASKS` (partition counts, comma-separated,
 //! default `4`), `BENCH_INSTANCES` (default 1), `BENCH_ROUNDS` (default 1; rounds alternate
-//! the variants' order), `BENCH_KEEP_LOGS=1` (keep the processes' logs in the temp dir).
+//! the variants' order), `BENCH_KEEP_LOGS=1` (keep the processes' logs in the temp dir),
+//! `BENCH_LOG` (the launched processes' `RUST_LOG`, default `warn`; e.g.
+//! `parsley::stage=debug` logs every step's size).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -131,10 +136,15 @@ struct Measured {
     server_cpu: f64,
     client_cpu: f64,
     wal_bytes: f64,
-    /// Transactions committed in the run's database (the harness's own left out), and rows
-    /// inserted, updated and deleted: read after the run stopped.
+    /// Transactions committed in the run's database (the harness's own left out) — every
+    /// one, reads and heartbeats included — and rows inserted, updated and deleted: read
+    /// after the run stopped.
     commits: f64,
     rows_written: f64,
+    /// Rows written to the positions table (`parsley.channels`, the naive loop's offsets):
+    /// every writing step writes one per channel it read, so steps are about this over the
+    /// topic count.
+    position_writes: f64,
 }
 
 struct Bench {
@@ -230,7 +240,7 @@ async fn measure_all(
                         "baseline" => bench.run_binary(&produced, baseline.expect("checked"), "baseline").await?,
                         _ => bench.run_binary(&produced, &projector, "projector").await?,
                     };
-                    print_row(workload.name, partitions, variant, bench.records, &m);
+                    print_row(workload.name, partitions, produced.topics.len(), variant, bench.records, &m);
                     results.entry(variant.as_str()).or_default().push(m);
                 }
             }
@@ -243,15 +253,15 @@ async fn measure_all(
 
 /// The measured columns' headings, two lines.
 const COLUMNS: (&str, &str) = (
-    "launch s  launch/s  steady/s   db cpu   steady   server   client  wal B/r rec/xact rows/rec",
-    "                             s/1e5    s/1e5    s/1e5    s/1e5                           ",
+    "launch s  launch/s  steady/s   db cpu   steady   server   client  wal B/r rec/xact rec/step rows/rec",
+    "                             s/1e5    s/1e5    s/1e5    s/1e5                                    ",
 );
 
-fn print_row(workload: &str, tasks: u32, variant: &str, records: usize, m: &Measured) {
+fn print_row(workload: &str, tasks: u32, topics: usize, variant: &str, records: usize, m: &Measured) {
     let per = |cpu: f64, n: f64| cpu / n * 1e5;
     let n = records as f64;
     println!(
-        "{workload:<14} {tasks:>5} {variant:<10} {:>8.1} {:>9.0} {:>9.0} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.0} {:>8.0} {:>8.2}",
+        "{workload:<14} {tasks:>5} {variant:<10} {:>8.1} {:>9.0} {:>9.0} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.0} {:>8.0} {:>8.0} {:>8.2}",
         m.seconds,
         n / m.seconds,
         m.steady_per_s,
@@ -261,6 +271,7 @@ fn print_row(workload: &str, tasks: u32, variant: &str, records: usize, m: &Meas
         per(m.client_cpu, n),
         m.wal_bytes / n,
         n / m.commits.max(1.0),
+        n * topics as f64 / m.position_writes.max(1.0),
         m.rows_written / n,
     );
 }
@@ -475,12 +486,24 @@ impl Bench {
         Ok(name)
     }
 
+    /// Drops a run's database. `WITH (FORCE)` ends its sessions, but it refuses (SQLSTATE
+    /// 42501) while an autovacuum worker — a process this role may not signal — is working
+    /// in it: that is retried for a while, as the worker soon ends.
     async fn drop_database(&self, name: &str) -> anyhow::Result<()> {
         let mut admin = self.admin_connection().await?;
-        sqlx::query(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
-            .execute(&mut admin)
-            .await
-            .with_context(|| format!("dropping database {name}"))?;
+        let mut attempts = 0;
+        loop {
+            let dropped =
+                sqlx::query(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")).execute(&mut admin).await;
+            match dropped {
+                Ok(_) => break,
+                Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42501") && attempts < 40 => {
+                    attempts += 1;
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(e) => return Err(e).with_context(|| format!("dropping database {name}")),
+            }
+        }
         self.databases.lock().expect("databases").retain(|d| d != name);
         Ok(())
     }
@@ -616,7 +639,7 @@ impl Bench {
                 .arg(&config)
                 .env("PARSLEY_DATABASE_URL", &url)
                 .env("PARSLEY_OWNER", format!("bench-{i}"))
-                .env("RUST_LOG", "warn")
+                .env("RUST_LOG", std::env::var("BENCH_LOG").unwrap_or_else(|_| "warn".to_string()))
                 .stdout(Stdio::null())
                 .stderr(log)
                 .spawn()
@@ -877,6 +900,16 @@ impl Progress {
             m.commits = (commits - self.queries) as f64;
             m.rows_written = rows as f64;
         }
+        let positions: Result<f64, _> = sqlx::query_scalar(
+            "SELECT coalesce(sum(n_tup_ins + n_tup_upd), 0)::float8 FROM pg_stat_user_tables
+             WHERE (schemaname, relname) IN (('parsley', 'channels'), ('public', 'bench_naive_offsets'))",
+        )
+        .fetch_one(&mut self.conn)
+        .await;
+        self.queries += 1;
+        if let Ok(writes) = positions {
+            m.position_writes = writes;
+        }
     }
 
     async fn wal_lsn(&mut self) -> f64 {
@@ -933,6 +966,7 @@ impl Progress {
             wal_bytes,
             commits: 0.0,
             rows_written: 0.0,
+            position_writes: 0.0,
         })
     }
 }
