@@ -207,10 +207,15 @@ fn clients(state: AppState, fallback: bool) -> Router {
     let clients = clients.layer(middleware::from_fn_with_state(state.clone(), limit_in_flight));
     let router = Router::new().route("/healthz", get(ops::healthz)).merge(clients);
     let router = if fallback { router.fallback(no_route) } else { router };
-    finish(router, &state)
-        .layer(DefaultBodyLimit::max(max_body))
-        .layer(middleware::from_fn_with_state(state.clone(), crate::cors::cors))
-        .with_state(state)
+    let router = finish(router, &state).layer(DefaultBodyLimit::max(max_body));
+    // Without an allowed origin the CORS layer would only pass every request through: it is
+    // left out, and costs nothing per request.
+    let router = if state.config.settings.cors_allowed_origins.is_empty() {
+        router
+    } else {
+        router.layer(middleware::from_fn_with_state(state.clone(), crate::cors::cors))
+    };
+    router.with_state(state)
 }
 
 /// The operators' router (the admin listener, `gateway.admin_listen`): `/v1/status`,
@@ -313,8 +318,8 @@ async fn no_route(uri: Uri) -> ApiError {
 /// Metrics per route and status, problem counts, and the response timeout (answered with a
 /// problem document rather than a bare status).
 async fn observe(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let route =
-        req.extensions().get::<MatchedPath>().map_or_else(|| "unmatched".to_string(), |m| m.as_str().to_string());
+    let matched = req.extensions().get::<MatchedPath>().cloned();
+    let route = matched.as_ref().map_or("unmatched", MatchedPath::as_str);
     let started = Instant::now();
     let response = match tokio::time::timeout(state.config.settings.response_timeout(), next.run(req)).await {
         Ok(r) => r,
@@ -326,8 +331,8 @@ async fn observe(State(state): State<AppState>, req: Request, next: Next) -> Res
         }
     };
     let status = response.status();
-    state.metrics.add(Metric::RequestsTotal, &[("route", &route), ("status", status.as_str())], 1.0);
-    state.metrics.observe(Metric::RequestSeconds, &[("route", &route)], started.elapsed().as_secs_f64());
+    state.metrics.add(Metric::RequestsTotal, &[("route", route), ("status", status.as_str())], 1.0);
+    state.metrics.observe(Metric::RequestSeconds, &[("route", route)], started.elapsed().as_secs_f64());
     if let Some(kind) = problem_kind(&response) {
         state.metrics.add(Metric::ProblemsTotal, &[("type", &kind)], 1.0);
     }

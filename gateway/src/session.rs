@@ -36,6 +36,18 @@ pub struct Caller {
     /// When the session began (`None`: it begins with this request).
     pub issued_at: Option<u64>,
     pub past: CausalPast,
+    /// The token as the request carried it, when a re-seal of the same past could give it
+    /// back unchanged: sealed with the key that seals now, bound to exactly the caller's
+    /// subject. See [`reseal`].
+    pub sealed: Option<Sealed>,
+}
+
+/// A request's token as it came, with what [`reseal`] compares before handing it back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sealed {
+    pub value: HeaderValue,
+    pub key_id: String,
+    pub expires_at: u64,
 }
 
 /// Establishes the caller's subject and opens the session token, if any.
@@ -49,7 +61,7 @@ pub fn open_session(state: &AppState, headers: &HeaderMap, now: u64) -> Result<C
     let subject = caller_subject(state, headers, now)?;
     let mut values = headers.get_all(SESSION_HEADER).iter();
     let Some(value) = values.next() else {
-        return Ok(Caller { subject, issued_at: None, past: CausalPast::new() });
+        return Ok(Caller { subject, issued_at: None, past: CausalPast::new(), sealed: None });
     };
     if values.next().is_some() {
         return Err(TokenError::Malformed("more than one Parsley-Session header".into()).into());
@@ -57,8 +69,12 @@ pub fn open_session(state: &AppState, headers: &HeaderMap, now: u64) -> Result<C
     let text = value.to_str().map_err(|_| TokenError::Malformed("not base64url without padding".into()))?;
     let settings = &state.config.settings;
     let ring = state.config.keys.current();
-    let session = token::open_with(&ring, text, now, subject.as_deref(), &settings.limits(), &settings.validity())?;
-    Ok(Caller { subject, issued_at: Some(session.issued_at), past: session.past })
+    let (session, key_id) =
+        token::open_keyed(&ring, text, now, subject.as_deref(), &settings.limits(), &settings.validity())?;
+    // An unbound token opened by a caller with a subject comes back bound: sealed anew.
+    let sealed =
+        (session.subject == subject).then(|| Sealed { value: value.clone(), key_id, expires_at: session.expires_at });
+    Ok(Caller { subject, issued_at: Some(session.issued_at), past: session.past, sealed })
 }
 
 /// The request's subject: verified from its bearer JWT, or as its subject header says.
@@ -178,8 +194,23 @@ pub fn kafka_unavailable(state: &AppState, e: anyhow::Error) -> ApiError {
 /// issued when the session began (the maximum age counts from there), expiring
 /// `token_ttl_s` from now. A past that outgrew the limits the next request would check is refused here, so
 /// the gateway never hands out a token it would not accept.
+///
+/// When that token would say exactly what the request's token says — the same past, subject
+/// and start, the same sealing key, and the same expiry (the request's token was sealed
+/// `token_ttl_s` before this second ends: expiry counts in whole seconds) — the request's token
+/// is handed back as it came instead of being sealed again: the same envelope under another
+/// nonce would tell the client nothing more. A read repeated within the second it was last
+/// answered costs no encryption.
 pub fn reseal(state: &AppState, caller: &Caller, past: CausalPast, now: u64) -> Result<HeaderValue, ApiError> {
     let settings = &state.config.settings;
+    if let Some(sealed) = &caller.sealed {
+        if sealed.expires_at == now.saturating_add(settings.token_ttl_s)
+            && past == caller.past
+            && sealed.key_id == state.config.keys.current().sealing_key_id()
+        {
+            return Ok(sealed.value.clone());
+        }
+    }
     if past.len() > settings.token_max_entries {
         return Err(ApiError::SessionTooLarge {
             detail: format!(
@@ -254,5 +285,107 @@ mod tests {
             (false, 11, Some(10), false),
             (false, 3, None, false),
         ]);
+    }
+}
+
+#[cfg(test)]
+mod reseal_tests {
+    //! What [`reseal`] hands back: the request's own token only when sealing again would
+    //! say exactly the same; a new token otherwise. No infrastructure: nothing here talks
+    //! to Kafka or Postgres.
+
+    use axum::http::HeaderMap;
+    use parsley::{CausalPast, ChannelId, TopicId};
+    use parsley_store::config::Config;
+
+    use super::*;
+    use crate::config::GatewayConfig;
+    use crate::token::{KeyRing, SecretKey, TokenLimits, Validity};
+
+    const FILE: &str = r#"
+[kafka]
+bootstrap = "127.0.0.1:1"
+[database]
+url = "postgres://nobody:secret@127.0.0.1:1/none"
+[[models]]
+name = "shop"
+topics = [{ name = "orders" }]
+[gateway]
+subject_header = "x-subject"
+token_ttl_s = 600
+"#;
+
+    fn key(b: u8) -> SecretKey {
+        SecretKey::from_bytes([b; 32])
+    }
+
+    fn state(ring: KeyRing) -> AppState {
+        AppState::new(GatewayConfig::with_keys(Config::parse(FILE).unwrap(), ring).unwrap()).unwrap()
+    }
+
+    fn past(position: i64) -> CausalPast {
+        CausalPast::from_pairs([(ChannelId::new(TopicId::from_bytes([7; 16]), 0), position)])
+    }
+
+    fn headers(token: &str, subject: Option<&str>) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(SESSION_HEADER, HeaderValue::from_str(token).unwrap());
+        if let Some(s) = subject {
+            h.insert("x-subject", HeaderValue::from_str(s).unwrap());
+        }
+        h
+    }
+
+    /// The session a token handed out says, opened as the next request would.
+    fn opened(state: &AppState, token: &HeaderValue, subject: Option<&str>, now: u64) -> token::Session {
+        let ring = state.config.keys.current();
+        let validity = Validity { max_age_s: None, clock_skew_s: 0 };
+        token::open_with(&ring, token.to_str().unwrap(), now, subject, &TokenLimits::default(), &validity).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_token_that_would_be_sealed_the_same_is_handed_back_as_it_came() {
+        let s = state(KeyRing::new(vec![("k1".into(), key(1))]).unwrap());
+        let now = unix_now();
+        let session =
+            Session { issued_at: now - 100, expires_at: now + 600, subject: Some("alice".into()), past: past(5) };
+        let sent = token::seal(&s.config.keys.current(), &session);
+        let caller = open_session(&s, &headers(&sent, Some("alice")), now).unwrap();
+
+        // The same past in the second it was sealed: the very token.
+        assert_eq!(reseal(&s, &caller, past(5), now).unwrap(), sent.as_str());
+        // A grown past, or a second later (a later expiry): sealed anew, the start kept.
+        for (p, at) in [(past(6), now), (past(5), now + 1)] {
+            let back = reseal(&s, &caller, p.clone(), at).unwrap();
+            assert_ne!(back, sent.as_str());
+            let again = opened(&s, &back, Some("alice"), at);
+            assert_eq!(
+                again,
+                Session { issued_at: now - 100, expires_at: at + 600, subject: Some("alice".into()), past: p }
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_token_a_reseal_would_change_is_sealed_anew() {
+        let now = unix_now();
+        // An unbound token comes back bound to the caller's subject.
+        let s = state(KeyRing::new(vec![("k1".into(), key(1))]).unwrap());
+        let unbound = Session { issued_at: now, expires_at: now + 600, subject: None, past: past(5) };
+        let sent = token::seal(&s.config.keys.current(), &unbound);
+        let caller = open_session(&s, &headers(&sent, Some("bob")), now).unwrap();
+        let back = reseal(&s, &caller, past(5), now).unwrap();
+        assert_ne!(back, sent.as_str());
+        assert_eq!(opened(&s, &back, Some("bob"), now).subject.as_deref(), Some("bob"));
+
+        // A token sealed with a key that now only opens comes back sealed with the one that seals.
+        let s = state(KeyRing::new(vec![("new".into(), key(2)), ("old".into(), key(1))]).unwrap());
+        let old = KeyRing::new(vec![("old".into(), key(1))]).unwrap();
+        let sent = token::seal(&old, &unbound);
+        let caller = open_session(&s, &headers(&sent, None), now).unwrap();
+        let back = reseal(&s, &caller, past(5), now).unwrap();
+        assert_ne!(back, sent.as_str());
+        assert!(token::open(&old, back.to_str().unwrap(), now, None, &TokenLimits::default()).is_err());
+        assert_eq!(opened(&s, &back, None, now), unbound);
     }
 }

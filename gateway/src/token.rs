@@ -346,6 +346,20 @@ pub fn open_with(
     limits: &TokenLimits,
     validity: &Validity,
 ) -> Result<Session, TokenError> {
+    open_keyed(ring, token, now, subject, limits, validity).map(|(session, _)| session)
+}
+
+/// [`open_with`], also naming the key that sealed the token: a token sealed with the sealing
+/// key in use, whose session a re-seal would leave as it is, can be handed back as it came
+/// (`session::reseal`).
+pub fn open_keyed(
+    ring: &KeyRing,
+    token: &str,
+    now: u64,
+    subject: Option<&str>,
+    limits: &TokenLimits,
+    validity: &Validity,
+) -> Result<(Session, String), TokenError> {
     if token.len() > limits.max_encoded_len {
         return Err(TokenError::TooLarge { limit: limits.max_encoded_len });
     }
@@ -409,7 +423,7 @@ pub fn open_with(
     if past.len() > limits.max_entries {
         return Err(TokenError::TooManyEntries { count: past.len(), limit: limits.max_entries });
     }
-    Ok(Session { issued_at, expires_at, subject: bound, past })
+    Ok((Session { issued_at, expires_at, subject: bound, past }, key_id.to_string()))
 }
 
 #[cfg(test)]
