@@ -64,10 +64,7 @@ pub fn config(model: &str, topics: &[(&str, Apply)]) -> Config {
         migrations: None,
         options: Default::default(),
         queries: Vec::new(),
-        topics: topics
-            .iter()
-            .map(|(n, a)| TopicConfig { apply: *a, ..TopicConfig::named(*n) })
-            .collect(),
+        topics: topics.iter().map(|(n, a)| TopicConfig { apply: *a, ..TopicConfig::named(*n) }).collect(),
         initial_position: InitialPosition::Earliest,
         max_step_records: 500,
         max_step_ms: 150,
