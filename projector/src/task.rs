@@ -493,9 +493,12 @@ impl<P: Projection> TaskRunner<P> {
         if store::count_skips(&mut tx, &plan.name, self.task).await? != self.skips_read {
             anyhow::bail!("a record was skipped while the task was restoring; restoring again");
         }
-        store::apply_changes(&mut tx, &plan.name, self.task, &start.changes, start.notify).await?;
+        store::apply_changes(&mut tx, &plan.name, self.task, &start.changes).await?;
         if start.write_running {
             store::record_running(&mut tx, &plan.name, self.task).await?;
+        }
+        if start.notify {
+            store::notify(&mut tx, &plan.name, Some(self.task)).await?;
         }
         tx.commit().await.context("committing the start transaction")?;
         self.host.committed();
@@ -911,10 +914,12 @@ impl<P: Projection> TaskRunner<P> {
             return Ok(false);
         }
         let (skipped, dead_lettered) = self.project(&mut tx, plan, deliveries, commit.careful).await?;
-        let notify = store::clock_changed(&commit.changes) || commit.notify;
-        store::apply_changes(&mut tx, &plan.name, self.task, &commit.changes, notify).await?;
+        let clock_changed = store::apply_changes(&mut tx, &plan.name, self.task, &commit.changes).await?;
         if commit.write_running {
             store::record_running(&mut tx, &plan.name, self.task).await?;
+        }
+        if clock_changed || commit.notify {
+            store::notify(&mut tx, &plan.name, Some(self.task)).await?;
         }
         tx.commit().await.context("committing a step")?;
         tracing::debug!(target: "parsley::stage", stage = "committed", model = %plan.name, task = self.task,

@@ -314,6 +314,34 @@ impl Past {
             Past::Clock => "SELECT topic_id, partition, position FROM parsley.clock WHERE model = $1 AND task = $2",
         }
     }
+
+    fn upsert(self) -> &'static str {
+        match self {
+            Past::Frontier => {
+                "INSERT INTO parsley.frontier (model, task, topic_id, partition, position)
+                 SELECT $1, $2, * FROM UNNEST($3::uuid[], $4::int4[], $5::int8[])
+                 ON CONFLICT (model, task, topic_id, partition) DO UPDATE SET position = EXCLUDED.position"
+            }
+            Past::Clock => {
+                "INSERT INTO parsley.clock (model, task, topic_id, partition, position)
+                 SELECT $1, $2, * FROM UNNEST($3::uuid[], $4::int4[], $5::int8[])
+                 ON CONFLICT (model, task, topic_id, partition) DO UPDATE SET position = EXCLUDED.position"
+            }
+        }
+    }
+
+    fn delete(self) -> &'static str {
+        match self {
+            Past::Frontier => {
+                "DELETE FROM parsley.frontier t USING UNNEST($3::uuid[], $4::int4[]) AS d(topic_id, partition)
+                 WHERE t.model = $1 AND t.task = $2 AND t.topic_id = d.topic_id AND t.partition = d.partition"
+            }
+            Past::Clock => {
+                "DELETE FROM parsley.clock t USING UNNEST($3::uuid[], $4::int4[]) AS d(topic_id, partition)
+                 WHERE t.model = $1 AND t.task = $2 AND t.topic_id = d.topic_id AND t.partition = d.partition"
+            }
+        }
+    }
 }
 
 async fn load_past(conn: &mut PgConnection, past: Past, model: &str, task: u32) -> anyhow::Result<CausalPast> {
@@ -346,129 +374,154 @@ fn split_pairs(pairs: &[(ChannelId, Position)]) -> (Vec<Uuid>, Vec<i32>, Vec<i64
     (topics, partitions, positions)
 }
 
-/// Whether `changes` change the clock (the delivered past): a step that does announces it
-/// (`NOTIFY`), so waiting reads re-check.
-pub fn clock_changed(changes: &StepChanges<RecordData>) -> bool {
-    !changes.clock_upserts.is_empty() || !changes.clock_removed.is_empty()
-}
-
-/// Writes one step's ordering-state changes — held records in and out, `fed_up_to`, channels
-/// that left, frontier and clock upserts and prunes — and, when `notify` is set, the
-/// [`notify`] of the task's change, in **one statement** (one round trip): each change is a
-/// data-modifying `WITH` part over arrays, empty when the step has none of it. Runs inside
-/// the step's transaction, after [`crate::leases::lock_and_renew`]; a refusal the step found
-/// is recorded by a second statement ([`record_refusal`]).
-///
-/// The parts of one statement all see the rows as they were before it and must not touch a
-/// row twice; the engine's net changes never do (a record both held and delivered in the
-/// step appears in neither list, and a channel is either upserted or removed from each
-/// table), so the statement writes exactly what the parts written one after the other
-/// would. The `NOTIFY` is delivered when the transaction commits, wherever it is issued.
+/// Writes one step's ordering-state changes. Runs inside the step's transaction, after
+/// [`crate::leases::lock_and_renew`]. Returns whether the clock (delivered past) changed.
 pub async fn apply_changes(
     conn: &mut PgConnection,
     model: &str,
     task: u32,
     changes: &StepChanges<RecordData>,
-    notify: bool,
-) -> anyhow::Result<()> {
-    let n = changes.held_inserted.len();
-    let mut held_topics = Vec::with_capacity(n);
-    let mut held_partitions = Vec::with_capacity(n);
-    let mut held_positions = Vec::with_capacity(n);
-    let mut keys: Vec<Option<Vec<u8>>> = Vec::with_capacity(n);
-    let mut values: Vec<Option<Vec<u8>>> = Vec::with_capacity(n);
-    let mut headers = Vec::with_capacity(n);
-    let mut timestamps: Vec<Option<i64>> = Vec::with_capacity(n);
-    let mut causes = Vec::with_capacity(n);
-    for r in &changes.held_inserted {
-        held_topics.push(uuid_of(&r.channel.topic));
-        held_partitions.push(r.channel.partition as i32);
-        held_positions.push(r.position);
-        keys.push(r.payload.key.clone());
-        values.push(r.payload.value.clone());
-        headers.push(encode_headers(&r.payload.headers));
-        timestamps.push(r.payload.timestamp_ms);
-        causes.push(r.causes.encode());
+) -> anyhow::Result<bool> {
+    let task_i = task as i32;
+    if !changes.held_removed.is_empty() {
+        let (topics, partitions, positions) = split_pairs(&changes.held_removed);
+        sqlx::query(
+            "DELETE FROM parsley.held h
+             USING UNNEST($3::uuid[], $4::int4[], $5::int8[]) AS d(topic_id, partition, position)
+             WHERE h.model = $1 AND h.task = $2
+               AND h.topic_id = d.topic_id AND h.partition = d.partition AND h.position = d.position",
+        )
+        .bind(model)
+        .bind(task_i)
+        .bind(&topics)
+        .bind(&partitions)
+        .bind(&positions)
+        .execute(&mut *conn)
+        .await
+        .context("deleting delivered held records")?;
     }
-    let held_out = split_pairs(&changes.held_removed);
-    let fed = split_pairs(&changes.fed_up_to);
-    let channels_out = split_channels(changes.channels_removed.iter().copied());
-    let frontier_in = split_pairs(&changes.frontier_upserts);
-    let frontier_out = split_channels(changes.frontier_removed.iter().copied());
-    let clock_in = split_pairs(&changes.clock_upserts);
-    let clock_out = split_channels(changes.clock_removed.iter().copied());
-    sqlx::query(
-        "WITH held_out AS (
-           DELETE FROM parsley.held h
-           USING UNNEST($3::uuid[], $4::int4[], $5::int8[]) AS d(topic_id, partition, position)
-           WHERE h.model = $1 AND h.task = $2
-             AND h.topic_id = d.topic_id AND h.partition = d.partition AND h.position = d.position
-         ), held_in AS (
-           INSERT INTO parsley.held
-             (model, task, topic_id, partition, position, record_key, record_value, headers, timestamp_ms, causes)
-           SELECT $1, $2, * FROM UNNEST($6::uuid[], $7::int4[], $8::int8[], $9::bytea[], $10::bytea[],
-                                        $11::bytea[], $12::int8[], $13::bytea[])
-         ), fed AS (
-           INSERT INTO parsley.channels (model, task, topic_id, partition, fed_up_to)
-           SELECT $1, $2, * FROM UNNEST($14::uuid[], $15::int4[], $16::int8[])
-           ON CONFLICT (model, task, topic_id, partition) DO UPDATE SET fed_up_to = EXCLUDED.fed_up_to
-         ), channels_out AS (
-           DELETE FROM parsley.channels c USING UNNEST($17::uuid[], $18::int4[]) AS d(topic_id, partition)
-           WHERE c.model = $1 AND c.task = $2 AND c.topic_id = d.topic_id AND c.partition = d.partition
-         ), frontier_in AS (
-           INSERT INTO parsley.frontier (model, task, topic_id, partition, position)
-           SELECT $1, $2, * FROM UNNEST($19::uuid[], $20::int4[], $21::int8[])
-           ON CONFLICT (model, task, topic_id, partition) DO UPDATE SET position = EXCLUDED.position
-         ), frontier_out AS (
-           DELETE FROM parsley.frontier t USING UNNEST($22::uuid[], $23::int4[]) AS d(topic_id, partition)
-           WHERE t.model = $1 AND t.task = $2 AND t.topic_id = d.topic_id AND t.partition = d.partition
-         ), clock_in AS (
-           INSERT INTO parsley.clock (model, task, topic_id, partition, position)
-           SELECT $1, $2, * FROM UNNEST($24::uuid[], $25::int4[], $26::int8[])
-           ON CONFLICT (model, task, topic_id, partition) DO UPDATE SET position = EXCLUDED.position
-         ), clock_out AS (
-           DELETE FROM parsley.clock t USING UNNEST($27::uuid[], $28::int4[]) AS d(topic_id, partition)
-           WHERE t.model = $1 AND t.task = $2 AND t.topic_id = d.topic_id AND t.partition = d.partition
-         )
-         SELECT pg_notify($29, $30) WHERE $31",
-    )
-    .bind(model)
-    .bind(task as i32)
-    .bind(&held_out.0)
-    .bind(&held_out.1)
-    .bind(&held_out.2)
-    .bind(&held_topics)
-    .bind(&held_partitions)
-    .bind(&held_positions)
-    .bind(&keys)
-    .bind(&values)
-    .bind(&headers)
-    .bind(&timestamps)
-    .bind(&causes)
-    .bind(&fed.0)
-    .bind(&fed.1)
-    .bind(&fed.2)
-    .bind(&channels_out.0)
-    .bind(&channels_out.1)
-    .bind(&frontier_in.0)
-    .bind(&frontier_in.1)
-    .bind(&frontier_in.2)
-    .bind(&frontier_out.0)
-    .bind(&frontier_out.1)
-    .bind(&clock_in.0)
-    .bind(&clock_in.1)
-    .bind(&clock_in.2)
-    .bind(&clock_out.0)
-    .bind(&clock_out.1)
-    .bind(CLOCK_NOTIFY_CHANNEL)
-    .bind(notify_payload(model, Some(task)))
-    .bind(notify)
-    .execute(&mut *conn)
-    .await
-    .with_context(|| format!("writing the step's ordering state of task {model}/{task}"))?;
+    if !changes.held_inserted.is_empty() {
+        let n = changes.held_inserted.len();
+        let mut topics = Vec::with_capacity(n);
+        let mut partitions = Vec::with_capacity(n);
+        let mut positions = Vec::with_capacity(n);
+        let mut keys: Vec<Option<Vec<u8>>> = Vec::with_capacity(n);
+        let mut values: Vec<Option<Vec<u8>>> = Vec::with_capacity(n);
+        let mut headers = Vec::with_capacity(n);
+        let mut timestamps: Vec<Option<i64>> = Vec::with_capacity(n);
+        let mut causes = Vec::with_capacity(n);
+        for r in &changes.held_inserted {
+            topics.push(uuid_of(&r.channel.topic));
+            partitions.push(r.channel.partition as i32);
+            positions.push(r.position);
+            keys.push(r.payload.key.clone());
+            values.push(r.payload.value.clone());
+            headers.push(encode_headers(&r.payload.headers));
+            timestamps.push(r.payload.timestamp_ms);
+            causes.push(r.causes.encode());
+        }
+        sqlx::query(
+            "INSERT INTO parsley.held
+               (model, task, topic_id, partition, position, record_key, record_value, headers, timestamp_ms, causes)
+             SELECT $1, $2, * FROM UNNEST($3::uuid[], $4::int4[], $5::int8[], $6::bytea[], $7::bytea[],
+                                          $8::bytea[], $9::int8[], $10::bytea[])",
+        )
+        .bind(model)
+        .bind(task_i)
+        .bind(&topics)
+        .bind(&partitions)
+        .bind(&positions)
+        .bind(&keys)
+        .bind(&values)
+        .bind(&headers)
+        .bind(&timestamps)
+        .bind(&causes)
+        .execute(&mut *conn)
+        .await
+        .context("inserting held records")?;
+    }
+    if !changes.fed_up_to.is_empty() {
+        let (topics, partitions, positions) = split_pairs(&changes.fed_up_to);
+        sqlx::query(
+            "INSERT INTO parsley.channels (model, task, topic_id, partition, fed_up_to)
+             SELECT $1, $2, * FROM UNNEST($3::uuid[], $4::int4[], $5::int8[])
+             ON CONFLICT (model, task, topic_id, partition) DO UPDATE SET fed_up_to = EXCLUDED.fed_up_to",
+        )
+        .bind(model)
+        .bind(task_i)
+        .bind(&topics)
+        .bind(&partitions)
+        .bind(&positions)
+        .execute(&mut *conn)
+        .await
+        .context("writing fed_up_to")?;
+    }
+    if !changes.channels_removed.is_empty() {
+        let (topics, partitions) = split_channels(changes.channels_removed.iter().copied());
+        sqlx::query(
+            "DELETE FROM parsley.channels c USING UNNEST($3::uuid[], $4::int4[]) AS d(topic_id, partition)
+             WHERE c.model = $1 AND c.task = $2 AND c.topic_id = d.topic_id AND c.partition = d.partition",
+        )
+        .bind(model)
+        .bind(task_i)
+        .bind(&topics)
+        .bind(&partitions)
+        .execute(&mut *conn)
+        .await
+        .context("deleting channels that left the received set")?;
+    }
+    upsert_past(conn, Past::Frontier, model, task_i, &changes.frontier_upserts).await?;
+    remove_past(conn, Past::Frontier, model, task_i, &changes.frontier_removed).await?;
+    upsert_past(conn, Past::Clock, model, task_i, &changes.clock_upserts).await?;
+    remove_past(conn, Past::Clock, model, task_i, &changes.clock_removed).await?;
     if let Some(refusal) = &changes.refusal {
         record_refusal(conn, model, task, refusal).await?;
     }
+    Ok(!changes.clock_upserts.is_empty() || !changes.clock_removed.is_empty())
+}
+
+async fn upsert_past(
+    conn: &mut PgConnection,
+    past: Past,
+    model: &str,
+    task: i32,
+    pairs: &[(ChannelId, Position)],
+) -> anyhow::Result<()> {
+    if pairs.is_empty() {
+        return Ok(());
+    }
+    let (topics, partitions, positions) = split_pairs(pairs);
+    sqlx::query(past.upsert())
+        .bind(model)
+        .bind(task)
+        .bind(&topics)
+        .bind(&partitions)
+        .bind(&positions)
+        .execute(&mut *conn)
+        .await
+        .with_context(|| format!("writing {}", past.table()))?;
+    Ok(())
+}
+
+async fn remove_past(
+    conn: &mut PgConnection,
+    past: Past,
+    model: &str,
+    task: i32,
+    channels: &[ChannelId],
+) -> anyhow::Result<()> {
+    if channels.is_empty() {
+        return Ok(());
+    }
+    let (topics, partitions) = split_channels(channels.iter().copied());
+    sqlx::query(past.delete())
+        .bind(model)
+        .bind(task)
+        .bind(&topics)
+        .bind(&partitions)
+        .execute(&mut *conn)
+        .await
+        .with_context(|| format!("pruning {}", past.table()))?;
     Ok(())
 }
 
@@ -572,21 +625,17 @@ pub async fn record_failure(pool: &PgPool, model: &str, task: u32, epoch: i64, e
 /// `NOTIFY parsley_clock, '<model>:<task>'` (or `'<model>'` for a model-wide change),
 /// delivered to listeners exactly when the surrounding transaction commits.
 pub async fn notify(conn: &mut PgConnection, model: &str, task: Option<u32>) -> anyhow::Result<()> {
+    let payload = match task {
+        Some(t) => format!("{model}:{t}"),
+        None => model.to_string(),
+    };
     sqlx::query("SELECT pg_notify($1, $2)")
         .bind(CLOCK_NOTIFY_CHANNEL)
-        .bind(notify_payload(model, task))
+        .bind(payload)
         .execute(&mut *conn)
         .await
         .context("notifying the clock change")?;
     Ok(())
-}
-
-/// The payload of a clock `NOTIFY`: `<model>:<task>`, or `<model>` for a model-wide change.
-fn notify_payload(model: &str, task: Option<u32>) -> String {
-    match task {
-        Some(t) => format!("{model}:{t}"),
-        None => model.to_string(),
-    }
 }
 
 /// Every clock row of a model (what the gateway's gate reads).

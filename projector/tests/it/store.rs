@@ -40,7 +40,7 @@ async fn commit(pool: &PgPool, model: &str, task: u32, engine: &mut Engine<Recor
         .await
         .expect("task row");
     assert!(leases::lock_and_renew(&mut tx, model, task, epoch, Duration::from_secs(5)).await.unwrap());
-    store::apply_changes(&mut tx, model, task, &changes, store::clock_changed(&changes)).await.unwrap();
+    store::apply_changes(&mut tx, model, task, &changes).await.unwrap();
     tx.commit().await.unwrap();
 }
 
