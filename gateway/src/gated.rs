@@ -126,7 +126,9 @@ impl<T: IntoResponse> IntoResponse for Gated<T> {
 
 /// One attempt's read: the model's recorded row, the clock rows `clock` names and the data,
 /// all from one snapshot — so the rows served are the rows the clock describes. The data is
-/// read whether or not the clock covers the session; it is served only once the gate says so.
+/// read whether or not the clock covers the session; it is served only once the gate says so
+/// (a snapshot whose data statement may fail before the clock covers — a table the
+/// projector creates at start — carries the failure in its `Data`, as [`query`] does).
 /// An attempt may be made several times in one read (after a wait, or with every clock row
 /// when the model's shape changed).
 pub trait Snapshot: Sync {
@@ -148,19 +150,28 @@ pub use parsley_store::queries::BoxFuture;
 /// The data statements of [`query`], run in the snapshot's read-only transaction.
 struct InTransaction<F>(F);
 
+/// A data statement's failure is kept in the snapshot, not returned from it: it matters only
+/// if the clock covers the session. In a snapshot that does not, the projector may not even
+/// have created the tables the statements read yet (a model's migrations run at its start),
+/// and the read waits for the clock like any other.
 impl<T, F> Snapshot for InTransaction<F>
 where
     T: Send,
     F: for<'c> Fn(&'c mut PgConnection) -> BoxFuture<'c, Result<T, sqlx::Error>> + Send + Sync,
 {
-    type Data = T;
+    type Data = Result<T, ApiError>;
 
-    async fn read(&self, state: &AppState, model: &str, clock: &ClockScope) -> Result<GatedSnapshot<T>, ApiError> {
+    async fn read(
+        &self,
+        state: &AppState,
+        model: &str,
+        clock: &ClockScope,
+    ) -> Result<GatedSnapshot<Result<T, ApiError>>, ApiError> {
         let retry_after = state.config.settings.retry_after_s;
         let failed = |e: anyhow::Error| database::failed(e, "the read", retry_after, None);
         let mut conn = state.pool.acquire().await.map_err(|e| failed(e.into()))?;
         let snapshot = parsley_store::queries::in_snapshot(&mut conn, model, clock, &self.0).await.map_err(failed)?;
-        let data = snapshot.data.map_err(|e| failed(anyhow::Error::new(e).context("the data statement")))?;
+        let data = snapshot.data.map_err(|e| failed(anyhow::Error::new(e).context("the data statement")));
         Ok(GatedSnapshot { model: snapshot.model, clock: snapshot.clock, data })
     }
 }
@@ -182,7 +193,8 @@ where
     T: Send,
     F: for<'c> Fn(&'c mut PgConnection) -> BoxFuture<'c, Result<T, sqlx::Error>> + Send + Sync,
 {
-    read(state, headers, model, scope, &InTransaction(statements)).await
+    let gated = read(state, headers, model, scope, &InTransaction(statements)).await?;
+    Ok(Gated { data: gated.data?, token: gated.token })
 }
 
 /// The request's state and headers, for gated reads in a handler: `gate.query(...)` /

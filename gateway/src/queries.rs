@@ -33,7 +33,7 @@ use serde_json::{json, Value};
 
 use crate::app::AppState;
 use crate::database;
-use crate::gated::{self, Scope, Snapshot};
+use crate::gated::{self, Gated, Scope, Snapshot};
 use crate::problem::ApiError;
 use crate::read::{check_key, parse_query};
 
@@ -62,6 +62,7 @@ pub async fn get_query(
     let scope = prepared.key.as_deref().map_or(Scope::AllTasks, Scope::Key);
     let named = NamedQuery { model: &model.name, query, prepared: &prepared };
     let gated = gated::read(&state, &headers, &model.name, scope, &named).await?;
+    let gated = Gated { data: gated.data?, token: gated.token };
     let max_rows = query.max_rows as usize;
     Ok(gated
         .map(|mut rows| {
@@ -169,22 +170,25 @@ struct NamedQuery<'a> {
     prepared: &'a Prepared,
 }
 
+/// The query's failure is kept in the snapshot (see `gated`'s `InTransaction`): it is the
+/// answer only if the clock covers the session; before that, the tables it reads may not
+/// exist yet, and the read waits.
 impl Snapshot for NamedQuery<'_> {
-    type Data = Vec<Value>;
+    type Data = Result<Vec<Value>, ApiError>;
 
     async fn read(
         &self,
         state: &AppState,
         model: &str,
         clock: &ClockScope,
-    ) -> Result<GatedSnapshot<Vec<Value>>, ApiError> {
+    ) -> Result<GatedSnapshot<Result<Vec<Value>, ApiError>>, ApiError> {
         let retry_after = state.config.settings.retry_after_s;
         let failed = |e: anyhow::Error| database::failed(e, "the query", retry_after, None);
         let mut conn = state.pool.acquire().await.map_err(|e| failed(e.into()))?;
         let limit = i64::from(self.query.max_rows) + 1;
         let p = self.prepared;
         let snapshot = queries::named_query(&mut conn, model, clock, &p.sql, &p.params, limit).await.map_err(failed)?;
-        let rows = snapshot.data.map_err(|e| self.failed(e, retry_after))?;
+        let rows = snapshot.data.map_err(|e| self.failed(e, retry_after));
         Ok(GatedSnapshot { model: snapshot.model, clock: snapshot.clock, data: rows })
     }
 }

@@ -25,6 +25,11 @@ fn sequence(n: &Names) -> String {
     format!("seq_{}", n.model.replace(['-', '.'], "_"))
 }
 
+/// A table no one creates, as a model's own table is before its migrations have run.
+fn unmade_table(n: &Names) -> String {
+    format!("unmade_{}", n.model.replace(['-', '.'], "_"))
+}
+
 /// The model's queries, over its documents (`projection.documents`).
 fn with_queries(n: &Names, c: &mut Config) {
     use ParamType::*;
@@ -75,6 +80,7 @@ fn with_queries(n: &Names, c: &mut Config) {
         ),
         q("as-int", "SELECT (:v)::int AS n".into(), &[("v", Text)], None, 10),
         q("writes", format!("SELECT nextval('{}') AS n", sequence(n)), &[], None, 10),
+        q("unmade", format!("SELECT * FROM {}", unmade_table(n)), &[], None, 10),
     ];
 }
 
@@ -110,6 +116,15 @@ async fn named_queries_are_gated_like_documents() {
     assert_not_yet_covered(&r);
     assert!(started.elapsed() >= Duration::from_millis(800), "it waited read_wait_ms first");
     assert_eq!(r.json["model"], json!(m));
+
+    // A query whose table does not exist yet (a model's own tables are made by its migrations
+    // when the projector starts): a session the clock does not cover waits for the clock like
+    // any other read; only a covered one gets the database's failure.
+    let r = query(&s.router, &m, "unmade", Some(&w.token())).await;
+    assert_not_yet_covered(&r);
+    let r = query(&s.router, &m, "unmade", None).await;
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{}", r.json);
+    assert_eq!((&r.json["query"], &r.json["sqlstate"]), (&json!("unmade"), &json!("42P01")), "{}", r.json);
 
     // A read waiting through a gateway with a long wait is served once the projector commits.
     let read = {
