@@ -82,6 +82,12 @@ export interface Page<T = Json> {
   next: string | null;
 }
 
+export interface QueryResult<R = Record<string, Json>> {
+  rows: R[];
+  /** True when the query had more rows than its `max_rows`: only the first are here. */
+  truncated: boolean;
+}
+
 export interface ListOptions {
   /** 1 to 1000 (default 100). */
   limit?: number;
@@ -102,6 +108,13 @@ export declare class Session {
   /** The document, once the projection reflects this session; null when there is none. */
   read<T = Json>(model: string, key: string, options?: { signal?: AbortSignal }): Promise<Document<T> | null>;
   list<T = Json>(model: string, options?: ListOptions): Promise<Page<T>>;
+  /** A named query's rows, once the projection reflects this session. */
+  query<R = Record<string, Json>>(
+    model: string,
+    name: string,
+    params?: Record<string, string | number | boolean>,
+    options?: { signal?: AbortSignal },
+  ): Promise<QueryResult<R>>;
 }
 
 /** Every problem the gateway answers with (the last segment of its `type`). */
@@ -130,6 +143,8 @@ export type ProblemKind =
   | "unauthorized"
   | "unknown-topic"
   | "unknown-model"
+  | "unknown-query"
+  | "query-failed"
   | "not-found"
   | "no-such-route"
   | "not-yet-covered"

@@ -155,6 +155,20 @@ export class Session {
     return json;
   }
 
+  /**
+   * Runs the model's named query (`[[models.queries]]` in the gateway's configuration) once the
+   * projection reflects this session: `{ rows, truncated }`, each row an object by column name.
+   * `params` are sent as given (strings, numbers, booleans; JSON parameters as JSON text).
+   */
+  async query(model, name, params = {}, options = {}) {
+    const query = new URLSearchParams();
+    for (const [k, v] of Object.entries(params)) query.set(k, String(v));
+    const q = query.toString();
+    const path = `/v1/models/${segment(model)}/queries/${segment(name)}${q ? `?${q}` : ""}`;
+    const { json } = await this.#request("GET", path, { signal: options.signal });
+    return json;
+  }
+
   async #headers() {
     const extra = typeof this.headers === "function" ? await this.headers() : this.headers;
     return { ...extra };

@@ -27,6 +27,12 @@ test("read your writes: a write, then the session's read returns it", async () =
   const doc = await s.read(model, key);
   assert.deepEqual(doc, { key, document: { total: 30, items: ["a"] }, version: 1 });
   assert.equal(await s.read(model, unique("absent")), null);
+  // The model's named query `order` (config/api.toml), gated on the key's owner like the read.
+  const other = new Session({ baseUrl });
+  await other.write(orders, key, { total: 31 });
+  const { rows, truncated } = await other.query(model, "order", { id: key });
+  assert.deepEqual(rows, [{ key, doc: { total: 31 }, version: 2 }]);
+  assert.equal(truncated, false);
 });
 
 test("a batch is written in one transaction and read back merged", async () => {
@@ -100,6 +106,7 @@ test("problems are typed errors", async () => {
   assert.deepEqual([kind, status, problem.field, problem.reason], ["invalid-body", 400, "value.a", "nul"]);
   assert.deepEqual((await kindOf(s.write("no.such.topic", "k", 1))).slice(0, 2), ["unknown-topic", 404]);
   assert.deepEqual((await kindOf(s.read("nope", "k"))).slice(0, 2), ["unknown-model", 404]);
+  assert.deepEqual((await kindOf(s.query(model, "nope"))).slice(0, 2), ["unknown-query", 404]);
   assert.deepEqual((await kindOf(s.list(model, { limit: 0 }))).slice(0, 2), ["invalid-query", 400]);
   const key = unique("reused");
   await s.write(orders, key, 1, { idempotencyKey: key });

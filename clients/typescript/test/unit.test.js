@@ -104,6 +104,15 @@ test("a missing document is null, with the refreshed token kept", async () => {
   assert.equal(await s.token(), "t9");
 });
 
+test("a named query's parameters are percent-encoded, its rows returned", async () => {
+  const rows = { rows: [{ customer: "ada b", due: 7.5 }], truncated: false };
+  const { fetch, calls } = scripted([{ status: 200, body: rows, headers: { "Parsley-Session": "t2" } }]);
+  const s = new Session({ baseUrl: "http://gw", fetch });
+  assert.deepEqual(await s.query("totals", "customer_total", { customer: "ada b", min: 2 }), rows);
+  assert.equal(calls[0].url, "http://gw/v1/models/totals/queries/customer_total?customer=ada+b&min=2");
+  assert.equal(await s.token(), "t2");
+});
+
 test("keys and cursors are percent-encoded", async () => {
   const { fetch, calls } = scripted([{ status: 200, body: { documents: [], next: null } }]);
   const s = new Session({ baseUrl: "http://gw", fetch });
