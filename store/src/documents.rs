@@ -191,6 +191,20 @@ macro_rules! gated_model_and_clock {
     };
 }
 
+/// The binds `$2..$5` of the gated statements' clock filter for `scope`: every row, or the
+/// owner's, the rows of channels the model does not receive, and the partitions' own tasks.
+pub(crate) fn scope_binds(scope: &ClockScope) -> (bool, i32, Vec<Uuid>, Vec<i32>) {
+    match scope {
+        ClockScope::All => (true, 0, Vec::new(), Vec::new()),
+        ClockScope::Owner { owner, received, partitions } => (
+            false,
+            *owner as i32,
+            received.iter().map(uuid_of).collect(),
+            partitions.iter().map(|p| *p as i32).collect(),
+        ),
+    }
+}
+
 /// One document and the clock rows `scope` names, in one statement (one snapshot even at
 /// `READ COMMITTED`; no transaction around it).
 pub async fn gated_document(
@@ -199,15 +213,7 @@ pub async fn gated_document(
     key: &str,
     scope: &ClockScope,
 ) -> anyhow::Result<GatedSnapshot<Option<Document>>> {
-    let (all, owner, received, partitions) = match scope {
-        ClockScope::All => (true, 0, Vec::new(), Vec::new()),
-        ClockScope::Owner { owner, received, partitions } => (
-            false,
-            *owner as i32,
-            received.iter().map(uuid_of).collect::<Vec<Uuid>>(),
-            partitions.iter().map(|p| *p as i32).collect::<Vec<i32>>(),
-        ),
-    };
+    let (all, owner, received, partitions) = scope_binds(scope);
     let row = sqlx::query(concat!(
         gated_model_and_clock!(
             "($2 OR c.task = $3 OR NOT (c.topic_id = ANY($4)) OR (c.task = c.partition AND c.task = ANY($5)))"

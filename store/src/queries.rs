@@ -16,10 +16,8 @@ use std::pin::Pin;
 use anyhow::Context as _;
 use serde_json::Value;
 use sqlx::{Connection as _, PgConnection, Postgres, Row as _, Transaction};
-use uuid::Uuid;
 
-use crate::documents::{gated_clock, gated_model, ClockScope, GatedSnapshot};
-use crate::ordering::uuid_of;
+use crate::documents::{gated_clock, gated_model, scope_binds, ClockScope, GatedSnapshot};
 
 /// A future borrowing a connection: what a data statement's closure returns.
 pub type BoxFuture<'c, T> = Pin<Box<dyn Future<Output = T> + Send + 'c>>;
@@ -66,15 +64,7 @@ async fn begin_with_clock<'c>(
     scope: &ClockScope,
 ) -> anyhow::Result<(Transaction<'c, Postgres>, GatedSnapshot<()>)> {
     let mut tx = conn.begin_with(BEGIN_READ_ONLY).await.context("beginning a read-only snapshot")?;
-    let (all, owner, received, partitions) = match scope {
-        ClockScope::All => (true, 0, Vec::new(), Vec::new()),
-        ClockScope::Owner { owner, received, partitions } => (
-            false,
-            *owner as i32,
-            received.iter().map(uuid_of).collect::<Vec<Uuid>>(),
-            partitions.iter().map(|p| *p as i32).collect::<Vec<i32>>(),
-        ),
-    };
+    let (all, owner, received, partitions) = scope_binds(scope);
     // The document reads' model-and-clock statement with no data (`d` has no columns).
     let row = sqlx::query(concat!(
         gated_model_and_clock!(
