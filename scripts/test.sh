@@ -17,6 +17,18 @@ if ! command -v cc >/dev/null 2>&1 || ! command -v make >/dev/null 2>&1; then
     apt_install build-essential
 fi
 
+# A one-shot build (CI) gains nothing from incremental compilation, whose caches were a third
+# of the build's disk use; a developer's repeated `make test` keeps them.
+if [ -n "${CI:-}" ]; then
+    export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+fi
+# The workspace's test build needs about 3 GiB under target/ (no incremental caches); say so
+# before a full disk turns into a compiler's "IO failure on output stream".
+free_kib="$(df -Pk "$PARSLEY_ROOT" | awk 'NR == 2 { print $4 }')"
+if [ -n "$free_kib" ] && [ "$free_kib" -lt $((4 * 1024 * 1024)) ]; then
+    warn "only $((free_kib / 1024)) MiB free on the disk holding $PARSLEY_ROOT: the test build needs about 3 GiB (target/)"
+fi
+
 phase() { printf '\n==== %s ====\n' "$*"; }
 
 t0="$(now_s)"
