@@ -15,6 +15,16 @@ up:
 down:
 	@bash scripts/up.sh down
 
+# Run one of examples/ by hand (NAME=order-totals, the default, or NAME=custom-projection): its
+# topics created when missing, its projector and a gateway on its parsley.toml left running in
+# the background, curl examples printed; `make example-down` stops them (docs/projections.md).
+.PHONY: example example-down
+example:
+	@bash scripts/example.sh up $(or $(NAME),order-totals)
+
+example-down:
+	@bash scripts/example.sh down
+
 # Start the local stack, then build and run the whole workspace test suite.
 test:
 	@bash scripts/test.sh

@@ -134,3 +134,42 @@ alive() {
     state="$(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)" || return 1
     [ -n "$state" ] && [ "$state" != Z ]
 }
+
+# running_binary PIDFILE BINARY: prints the pid if the file names a live process of BINARY
+# (a pid reused by another program is not it).
+running_binary() {
+    local pidfile="$1" binary="$2" pid
+    [ -s "$pidfile" ] || return 1
+    pid="$(cat "$pidfile")"
+    alive "$pid" || return 1
+    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$binary" || return 1
+    echo "$pid"
+}
+
+# stop_binary TAG PIDFILE BINARY [TIMEOUT_S]: stops the BINARY process the file names, if it
+# runs (terminate), and removes the file.
+stop_binary() {
+    local tag="$1" pidfile="$2" binary="$3" timeout="${4:-20}" pid
+    if pid="$(running_binary "$pidfile" "$binary")"; then
+        terminate "$tag" "$binary" "$pid" "$timeout"
+        printf '[%s] stopped %s (pid %s)\n' "$tag" "$binary" "$pid"
+    fi
+    rm -f "$pidfile"
+}
+
+# kept_secret FILE BYTES: a random secret kept in FILE (mode 600), made once.
+kept_secret() {
+    local file="$1" bytes="$2"
+    if [ ! -s "$file" ]; then
+        (umask 077 && head -c "$bytes" /dev/urandom | base64 | tr -d '\n/+=' >"$file")
+    fi
+}
+
+# token_keys_file FILE KEY_ID: a gateway token key ring of one random key (KEY_ID:base64),
+# kept in FILE (mode 600), made once, so tokens stay valid across restarts.
+token_keys_file() {
+    local file="$1" id="$2"
+    if [ ! -s "$file" ]; then
+        (umask 077 && printf '%s:%s\n' "$id" "$(head -c 32 /dev/urandom | base64 | tr -d '\n')" >"$file")
+    fi
+}

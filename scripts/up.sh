@@ -30,33 +30,10 @@ ADMIN_URL="http://127.0.0.1:9091"
 up_say() { printf '[up] %s\n' "$*"; }
 up_fail() { fail_showing up "$1" "$LOG_DIR/up-projector.log" "$LOG_DIR/up-gateway.log"; }
 
-# running PIDFILE NAME: prints the pid if the file names a live parsley-NAME process.
-running() {
-    local pidfile="$1" name="$2" pid
-    [ -s "$pidfile" ] || return 1
-    pid="$(cat "$pidfile")"
-    alive "$pid" || return 1
-    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "parsley-$name" || return 1
-    echo "$pid"
-}
-
-# stop PIDFILE NAME: stops the parsley-NAME the file names, if it runs (lib.sh's terminate).
-stop() {
-    local pidfile="$1" name="$2" pid
-    if pid="$(running "$pidfile" "$name")"; then
-        terminate up "parsley-$name" "$pid" "$STOP_TIMEOUT"
-        up_say "stopped parsley-$name (pid $pid)"
-    fi
-    rm -f "$pidfile"
-}
-
-# secret FILE BYTES: a random secret kept in FILE (mode 600), made once.
-secret() {
-    local file="$1" bytes="$2"
-    if [ ! -s "$file" ]; then
-        (umask 077 && head -c "$bytes" /dev/urandom | base64 | tr -d '\n/+=' >"$file")
-    fi
-}
+# running PIDFILE NAME / stop PIDFILE NAME: lib.sh's running_binary / stop_binary for
+# parsley-NAME.
+running() { running_binary "$1" "parsley-$2"; }
+stop() { stop_binary up "$1" "parsley-$2" "$STOP_TIMEOUT"; }
 
 cmd_up() {
     if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
@@ -86,10 +63,8 @@ cmd_up() {
         up_fail "preparing the topics and the database failed (log: $LOG_DIR/up-prepare.log)"
 
     local keys="$RUN_DIR/up-token-keys" admin="$RUN_DIR/up-admin-token"
-    if [ ! -s "$keys" ]; then
-        (umask 077 && printf 'local:%s\n' "$(head -c 32 /dev/urandom | base64 | tr -d '\n')" >"$keys")
-    fi
-    secret "$admin" 24
+    token_keys_file "$keys" local
+    kept_secret "$admin" 24
 
     local owner
     owner="local-$(hostname)-$$"

@@ -51,6 +51,9 @@ pub(crate) mod documents;
 pub(crate) mod sql;
 
 #[doc(hidden)]
+pub mod create_topics;
+
+#[doc(hidden)]
 pub mod kafka;
 #[doc(hidden)]
 pub mod metrics;

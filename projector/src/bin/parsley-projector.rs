@@ -1,7 +1,7 @@
 //! The projector binary: `run` the configured models until SIGINT/SIGTERM (the library's
 //! [`Projector`] with the built-in projections), print their `status` from the database,
-//! `skip` the record a task is refused at, or apply the schema `migrate`ions (the project's
-//! and every model's own).
+//! `skip` the record a task is refused at, `create-topics` missing from the cluster, or apply
+//! the schema `migrate`ions (the project's and every model's own).
 
 use std::path::PathBuf;
 
@@ -10,6 +10,7 @@ use parsley_infra::cli::{self, Arg, ArgAction, Command};
 use parsley_infra::process;
 use parsley_projector::builder::{apply_model_migrations, connect};
 use parsley_projector::config::Config;
+use parsley_projector::create_topics::{create_topics, Outcome};
 use parsley_projector::skip::{self, SkipRequest};
 use parsley_projector::store::RecordFound;
 use parsley_projector::{migrations, status, Projector};
@@ -22,7 +23,8 @@ Environment overrides: every key as PARSLEY_<SECTION>__<KEY> (e.g. PARSLEY_DATAB
 PARSLEY_MODELS__0__MAX_STEP_MS), and PARSLEY_KAFKA_BOOTSTRAP, PARSLEY_DATABASE_URL (or
 DATABASE_URL), PARSLEY_METRICS_ADDRESS, PARSLEY_OWNER. Logs: RUST_LOG (default info).";
 
-/// The command line: `run`, `status`, `skip` and `migrate`, each taking `--config PATH`.
+/// The command line: `run`, `status`, `skip`, `create-topics` and `migrate`, each taking
+/// `--config PATH`.
 fn command() -> Command {
     let models =
         |help: &'static str| Arg::new("model").long("model").value_name("NAME").action(ArgAction::Append).help(help);
@@ -58,6 +60,25 @@ fn command() -> Command {
                 .arg(skip_option("by", "WHO", "who skips it (recorded; default the OS user)")),
         )
         .subcommand(
+            Command::new("create-topics")
+                .about("create the configured models' missing topics (co-partitioned) and exit; nothing is deleted")
+                .arg(models("a model whose topics to create (repeatable; default: every configured model)"))
+                .arg(
+                    Arg::new("partitions")
+                        .long("partitions")
+                        .value_name("N")
+                        .default_value("4")
+                        .help("partitions of each created topic"),
+                )
+                .arg(
+                    Arg::new("replication")
+                        .long("replication")
+                        .value_name("R")
+                        .default_value("1")
+                        .help("replicas of each created topic"),
+                ),
+        )
+        .subcommand(
             Command::new("migrate")
                 .about("bring the database schema up to date (the project's and each model's migrations) and exit"),
         )
@@ -69,6 +90,8 @@ struct Args {
     models: Vec<String>,
     /// `skip`'s options, by name (`--topic`, `--partition`, `--position`, `--reason`, `--by`).
     skip: Vec<(String, String)>,
+    /// `create-topics`' `--partitions` and `--replication`, as given.
+    create: Option<(String, String)>,
 }
 
 const SKIP_OPTIONS: [&str; 5] = ["topic", "partition", "position", "reason", "by"];
@@ -88,7 +111,13 @@ fn parse_args() -> Args {
             _ => None,
         })
         .collect();
-    Args { command: command.to_string(), config, models, skip }
+    let create = sub
+        .try_get_one::<String>("partitions")
+        .ok()
+        .flatten()
+        .cloned()
+        .zip(sub.try_get_one::<String>("replication").ok().flatten().cloned());
+    Args { command: command.to_string(), config, models, skip, create }
 }
 
 /// `skip`'s request from its options; the recorded "who" is `--by`, else the OS user.
@@ -141,6 +170,20 @@ async fn main_async(args: Args) -> anyhow::Result<()> {
                 request.partition,
                 done.refusal_reason.as_deref().unwrap_or("?"),
             );
+            Ok(())
+        }
+        "create-topics" => {
+            let (partitions, replication) = args.create.clone().unwrap_or_default();
+            let count = |name: &str, v: &str| {
+                v.parse::<u32>().with_context(|| format!("--{name} {v:?} is not a positive whole number"))
+            };
+            let (partitions, replication) = (count("partitions", &partitions)?, count("replication", &replication)?);
+            for (topic, outcome) in create_topics(&config, &args.models, partitions, replication).await? {
+                match outcome {
+                    Outcome::Created(p) => println!("created topic {topic} ({p} partitions)"),
+                    Outcome::Existed(p) => println!("topic {topic} exists ({p} partitions): left as it is"),
+                }
+            }
             Ok(())
         }
         "migrate" => {

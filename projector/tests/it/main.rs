@@ -5,6 +5,7 @@
 
 mod causal;
 mod clock;
+mod create_topics;
 mod fencing;
 mod leases;
 mod library;
