@@ -68,11 +68,7 @@ cmd_up() {
     cargo build -q -p parsley-projector -p parsley-gateway -p parsley-examples
     local bin="${CARGO_TARGET_DIR:-$PARSLEY_ROOT/target}/debug"
 
-    export PARSLEY_CONFIG="$config"
-    export PARSLEY_KAFKA_BOOTSTRAP="$KAFKA_BOOTSTRAP"
-    export PARSLEY_DATABASE_URL="postgres://$PG_USER:$PG_PASSWORD@$PG_HOST:$PG_PORT/$DATABASE"
-    unset PARSLEY_TOKEN_KEYS DATABASE_URL
-    export NO_COLOR=1
+    local_binaries_env "$config" "$DATABASE"
 
     PGPASSWORD="$PG_PASSWORD" psql -X -q -h "$PG_HOST" -p "$PG_PORT" -U "$PG_USER" -d "$PG_DB" -v ON_ERROR_STOP=1 \
         >"$LOG_DIR/example-prepare.log" 2>&1 <<SQL ||

@@ -173,3 +173,14 @@ token_keys_file() {
         (umask 077 && printf '%s:%s\n' "$id" "$(head -c 32 /dev/urandom | base64 | tr -d '\n')" >"$file")
     fi
 }
+
+# local_binaries_env CONFIG DATABASE: the environment a projector and a gateway started by hand
+# run in (make up, make example): CONFIG, the local broker, DATABASE on the local server, no
+# token keys or DATABASE_URL inherited from the caller's shell, no colours in the logs.
+local_binaries_env() {
+    export PARSLEY_CONFIG="$1"
+    export PARSLEY_KAFKA_BOOTSTRAP="$KAFKA_BOOTSTRAP"
+    export PARSLEY_DATABASE_URL="postgres://$PG_USER:$PG_PASSWORD@$PG_HOST:$PG_PORT/$2"
+    unset PARSLEY_TOKEN_KEYS DATABASE_URL
+    export NO_COLOR=1
+}

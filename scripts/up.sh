@@ -54,11 +54,7 @@ cmd_up() {
     cargo build -q -p parsley-projector -p parsley-gateway -p parsley-demo
     local bin="${CARGO_TARGET_DIR:-$PARSLEY_ROOT/target}/debug"
 
-    export PARSLEY_CONFIG="$CONFIG"
-    export PARSLEY_KAFKA_BOOTSTRAP="$KAFKA_BOOTSTRAP"
-    export PARSLEY_DATABASE_URL="postgres://$PG_USER:$PG_PASSWORD@$PG_HOST:$PG_PORT/$DATABASE"
-    unset PARSLEY_TOKEN_KEYS DATABASE_URL
-    export NO_COLOR=1
+    local_binaries_env "$CONFIG" "$DATABASE"
     "$bin/parsley-demo" prepare --run local >"$LOG_DIR/up-prepare.log" 2>&1 ||
         up_fail "preparing the topics and the database failed (log: $LOG_DIR/up-prepare.log)"
 
