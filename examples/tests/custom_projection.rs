@@ -3,54 +3,28 @@
 //! records of two co-partitioned topics — a payment held behind the order it names, then
 //! both written in causal order — and stops cleanly at SIGTERM.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use parsley::channel::{ChannelId, TopicId};
 use parsley::CausalPast;
 use parsley_examples::{example_toml, CUSTOM_PROJECTION};
-use parsley_testkit::{bootstrap, create_topics, database_url, produce, producer, unique, TIMEOUT};
+use parsley_testkit::{bootstrap, create_topics, database_url, produce, producer, unique, Spawned, TIMEOUT};
 use sqlx::PgPool;
 
-/// The running binary; killed if a test fails before stopping it.
-struct Binary(Child);
-
-impl Binary {
-    fn spawn(config: &std::path::Path) -> Binary {
-        let child = Command::new(env!("CARGO_BIN_EXE_custom-projection"))
-            .arg("--config")
-            .arg(config)
-            .env("PARSLEY_DATABASE_URL", database_url())
-            .env("PARSLEY_KAFKA_BOOTSTRAP", bootstrap())
-            .env("PARSLEY_METRICS_ADDRESS", "")
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("spawning custom-projection");
-        Binary(child)
-    }
-
-    /// SIGTERM: finishes the step in progress and exits cleanly.
-    fn terminate(mut self) {
-        let status = Command::new("kill").args(["-TERM", &self.0.id().to_string()]).status().unwrap();
-        assert!(status.success());
-        let deadline = Instant::now() + TIMEOUT;
-        loop {
-            if let Some(status) = self.0.try_wait().unwrap() {
-                assert!(status.success(), "custom-projection exited with {status} after SIGTERM");
-                return;
-            }
-            assert!(Instant::now() < deadline, "custom-projection did not stop after SIGTERM");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Binary {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+/// The example's binary on `config`; killed if a test fails before stopping it.
+fn spawn(config: &std::path::Path) -> Spawned {
+    let child = Command::new(env!("CARGO_BIN_EXE_custom-projection"))
+        .arg("--config")
+        .arg(config)
+        .env("PARSLEY_DATABASE_URL", database_url())
+        .env("PARSLEY_KAFKA_BOOTSTRAP", bootstrap())
+        .env("PARSLEY_METRICS_ADDRESS", "")
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("spawning custom-projection");
+    Spawned::new("custom-projection", child)
 }
 
 /// `(topic, key, status, causes)` of the model's rows, in the order they were written.
@@ -81,7 +55,7 @@ async fn the_embedding_binary_projects_records_into_its_own_table_in_causal_orde
     produce(&p, &payments, 1, "o-2", Some(br#"{"status": "paid"}"#), Some(&causes)).await;
     produce(&p, &orders, 0, "o-1", Some(br#"{"status": "placed"}"#), None).await;
 
-    let binary = Binary::spawn(&config);
+    let binary = spawn(&config);
     let deadline = Instant::now() + TIMEOUT;
     while events(&pool, &model).await.is_empty() {
         assert!(Instant::now() < deadline, "timed out: {:?}", events(&pool, &model).await);

@@ -4,6 +4,7 @@
 //! They panic with a clear message, as a test should, instead of returning errors. The
 //! workspace's own invariants (`tests/invariants.rs`) are checked here too.
 
+use std::process::{Child, Command};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -151,5 +152,46 @@ pub async fn produce(
             }
             Err((e, _)) => panic!("producing to {topic}/{partition}: {e}"),
         }
+    }
+}
+
+/// A process a test started: SIGKILLed and reaped when dropped, so a test that fails before
+/// stopping it leaves nothing running. `name` is what messages call it.
+pub struct Spawned {
+    pub child: Child,
+    name: &'static str,
+}
+
+impl Spawned {
+    pub fn new(name: &'static str, child: Child) -> Spawned {
+        Spawned { child, name }
+    }
+
+    /// SIGKILL: no chance to finish what it was doing.
+    pub fn kill_9(mut self) {
+        self.child.kill().unwrap_or_else(|e| panic!("kill -9 of {}: {e}", self.name));
+        self.child.wait().unwrap_or_else(|e| panic!("reaping {}: {e}", self.name));
+    }
+
+    /// SIGTERM, then waits up to [`TIMEOUT`] for a clean exit (status 0).
+    pub fn terminate(mut self) {
+        let status = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
+        assert!(status.success(), "kill -TERM of {} failed", self.name);
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                assert!(status.success(), "{} exited with {status} after SIGTERM", self.name);
+                return;
+            }
+            assert!(Instant::now() < deadline, "{} did not stop after SIGTERM", self.name);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }

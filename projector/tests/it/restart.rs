@@ -2,10 +2,11 @@
 //! future dropped and the connections closed before the commit), and after `kill -9` of the
 //! binary under load. Nothing is lost, nothing is delivered twice.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use parsley_testkit::Spawned;
 use rdkafka::producer::Producer as _;
 use serde_json::json;
 use sqlx::Row as _;
@@ -91,14 +92,15 @@ async fn a_crash_inside_a_step_loses_nothing_and_repeats_nothing() {
     assert_eq!(document(&pool, &n.model, "o1").await, Some((json!({"status": "placed", "paid": true}), 2)));
 }
 
-struct Binary(Child);
+/// `parsley-projector run --config <path>` on the services, or on `database` and `kafka`.
+struct Binary;
 
 impl Binary {
-    fn spawn(config_path: &std::path::Path) -> Binary {
+    fn spawn(config_path: &std::path::Path) -> Spawned {
         Binary::spawn_with(config_path, &database_url(), &bootstrap(), Stdio::inherit())
     }
 
-    fn spawn_with(config_path: &std::path::Path, database: &str, kafka: &str, stderr: Stdio) -> Binary {
+    fn spawn_with(config_path: &std::path::Path, database: &str, kafka: &str, stderr: Stdio) -> Spawned {
         let child = Command::new(env!("CARGO_BIN_EXE_parsley-projector"))
             .args(["run", "--config"])
             .arg(config_path)
@@ -110,35 +112,7 @@ impl Binary {
             .stderr(stderr)
             .spawn()
             .expect("spawning parsley-projector");
-        Binary(child)
-    }
-
-    /// SIGKILL: no chance to finish the step in progress.
-    fn kill_9(mut self) {
-        self.0.kill().expect("kill -9");
-        self.0.wait().expect("reaping the killed projector");
-    }
-
-    /// SIGTERM: finishes the step in progress and exits cleanly.
-    fn terminate(mut self) {
-        let status = Command::new("kill").args(["-TERM", &self.0.id().to_string()]).status().unwrap();
-        assert!(status.success());
-        let deadline = Instant::now() + TIMEOUT;
-        loop {
-            if let Some(status) = self.0.try_wait().unwrap() {
-                assert!(status.success(), "the projector exited with {status} after SIGTERM");
-                return;
-            }
-            assert!(Instant::now() < deadline, "the projector did not stop after SIGTERM");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Binary {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        Spawned::new("the projector", child)
     }
 }
 
@@ -196,7 +170,7 @@ async fn kill_9_of_the_binary_under_load_loses_and_repeats_nothing() {
 
     let binary = Binary::spawn(&path);
     // Up (its membership registered, so its shutdown handling too) before it may be stopped.
-    let pid = binary.0.id();
+    let pid = binary.child.id();
     let deadline = Instant::now() + TIMEOUT;
     loop {
         let joined: i64 =
@@ -261,10 +235,10 @@ async fn unreachable_services_are_retried_and_reported() {
     for (database, kafka, expected) in cases {
         let mut binary = Binary::spawn_with(&path, &database, &kafka, Stdio::piped());
         tokio::time::sleep(Duration::from_secs(4)).await;
-        assert!(binary.0.try_wait().unwrap().is_none(), "the projector exited instead of retrying ({expected})");
-        binary.0.kill().unwrap();
+        assert!(binary.child.try_wait().unwrap().is_none(), "the projector exited instead of retrying ({expected})");
+        binary.child.kill().unwrap();
         let output =
-            std::mem::replace(&mut binary.0, Command::new("true").spawn().unwrap()).wait_with_output().unwrap();
+            std::mem::replace(&mut binary.child, Command::new("true").spawn().unwrap()).wait_with_output().unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(stderr.matches(expected).count() >= 2, "expected repeated {expected:?} in:\n{stderr}");
         assert!(!stderr.contains("secret-password"), "the database password leaked into the logs:\n{stderr}");
