@@ -180,24 +180,7 @@ async fn every_parameter_is_bound_and_statements_run_in_delivery_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_check_constraint_refuses_projection_rejected_naming_the_statement() {
-    let n = Names::new("sql-check");
-    let s = schema("sqlcheck");
-    create_topics(&[&n.orders], 1).await;
-    let pool = pool().await;
-    let dir = migrations_folder(
-        &s,
-        &[(
-            "1_create_orders.sql",
-            format!(
-                "CREATE SCHEMA {s}; CREATE TABLE {s}.orders (id text PRIMARY KEY, amount numeric CHECK (amount >= 0));"
-            ),
-        )],
-    );
-    let config = sql_config(
-        &n.model,
-        &dir,
-        &[(&n.orders, vec![format!("INSERT INTO {s}.orders VALUES (:key, (:value->>'amount')::numeric)")], vec![])],
-    );
+    let (n, s, pool, config) = orders_with_a_check("sql-check", "sqlcheck").await;
     let p = producer();
     produce(&p, &n.orders, 0, "o1", Some(br#"{"amount": 5}"#), None).await;
     let bad_at = produce(&p, &n.orders, 0, "o2", Some(br#"{"amount": -1}"#), None).await;
@@ -220,24 +203,7 @@ async fn a_check_constraint_refuses_projection_rejected_naming_the_statement() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rejected_records_are_dead_lettered_and_the_rest_applied() {
-    let n = Names::new("sql-dead");
-    let s = schema("sqldead");
-    create_topics(&[&n.orders], 1).await;
-    let pool = pool().await;
-    let dir = migrations_folder(
-        &s,
-        &[(
-            "1_create_orders.sql",
-            format!(
-                "CREATE SCHEMA {s}; CREATE TABLE {s}.orders (id text PRIMARY KEY, amount numeric CHECK (amount >= 0));"
-            ),
-        )],
-    );
-    let mut config = sql_config(
-        &n.model,
-        &dir,
-        &[(&n.orders, vec![format!("INSERT INTO {s}.orders VALUES (:key, (:value->>'amount')::numeric)")], vec![])],
-    );
+    let (n, s, pool, mut config) = orders_with_a_check("sql-dead", "sqldead").await;
     config.models[0].on_rejected = OnRejected::DeadLetter;
     let p = producer();
     produce(&p, &n.orders, 0, "o1", Some(br#"{"amount": 5}"#), None).await;
@@ -260,6 +226,30 @@ async fn rejected_records_are_dead_lettered_and_the_rest_applied() {
     assert_eq!(dead[1].0, not_json_at);
     assert!(dead[1].1.contains("not JSON") && !dead[1].1.contains("not json"), "{}", dead[1].1);
     assert_eq!(report(&pool, &n.model).await.task(0).unwrap().status, TaskStatus::Running);
+}
+
+/// A SQL model over one topic of one partition inserting into `<schema>.orders`, whose
+/// `amount` must not be negative: its names, schema, pool and configuration.
+async fn orders_with_a_check(prefix: &str, schema_prefix: &str) -> (Names, String, PgPool, Config) {
+    let n = Names::new(prefix);
+    let s = schema(schema_prefix);
+    create_topics(&[&n.orders], 1).await;
+    let pool = pool().await;
+    let dir = migrations_folder(
+        &s,
+        &[(
+            "1_create_orders.sql",
+            format!(
+                "CREATE SCHEMA {s}; CREATE TABLE {s}.orders (id text PRIMARY KEY, amount numeric CHECK (amount >= 0));"
+            ),
+        )],
+    );
+    let config = sql_config(
+        &n.model,
+        &dir,
+        &[(&n.orders, vec![format!("INSERT INTO {s}.orders VALUES (:key, (:value->>'amount')::numeric)")], vec![])],
+    );
+    (n, s, pool, config)
 }
 
 /// The project's migrations as recorded: (version, checksum) of every row.
