@@ -76,7 +76,7 @@ use parsley::gate::{gate, refresh, GateGap, ModelShape, Verdict};
 use parsley::murmur2::partition_for_key;
 use parsley::{CausalPast, ChannelId, TopicId};
 use parsley_store::config::ModelConfig;
-use parsley_store::documents::{ClockScope, GatedSnapshot};
+use parsley_store::documents::{ClockScope, GateInputs, GatedSnapshot, RecordedModel, ShapeId};
 use parsley_store::ordering::{self as store, ModelRow, TaskRow, TaskStatus};
 use serde_json::{json, Value};
 use sqlx::PgConnection;
@@ -124,23 +124,25 @@ impl<T: IntoResponse> IntoResponse for Gated<T> {
     }
 }
 
-/// One attempt's read: the model's recorded row, the clock rows `clock` names and the data,
+/// One attempt's read: the model's recorded row, the clock rows `inputs` names and the data,
 /// all from one snapshot — so the rows served are the rows the clock describes. The data is
 /// read whether or not the clock covers the session; it is served only once the gate says so
 /// (a snapshot whose data statement may fail before the clock covers — a table the
 /// projector creates at start — carries the failure in its `Data`, as [`query`] does).
 /// An attempt may be made several times in one read (after a wait, or with every clock row
-/// when the model's shape changed).
+/// when the model's shape changed). The store's gated statements take `inputs` as they are
+/// (`parsley_store::documents::gated_document`, `parsley_store::queries::in_snapshot`).
 pub trait Snapshot: Sync {
     /// What the read serves.
     type Data: Send;
 
-    /// Reads `model`'s row, the clock rows of `clock` and the data in one snapshot.
+    /// Reads `model`'s row (as `inputs` asks), the clock rows `inputs` names and the data in
+    /// one snapshot.
     fn read(
         &self,
         state: &AppState,
         model: &str,
-        clock: &ClockScope,
+        inputs: &GateInputs,
     ) -> impl Future<Output = Result<GatedSnapshot<Self::Data>, ApiError>> + Send;
 }
 
@@ -165,12 +167,12 @@ where
         &self,
         state: &AppState,
         model: &str,
-        clock: &ClockScope,
+        inputs: &GateInputs,
     ) -> Result<GatedSnapshot<Result<T, ApiError>>, ApiError> {
         let retry_after = state.config.settings.retry_after_s;
         let failed = |e: anyhow::Error| database::failed(e, "the read", retry_after, None);
         let mut conn = state.pool.acquire().await.map_err(|e| failed(e.into()))?;
-        let snapshot = parsley_store::queries::in_snapshot(&mut conn, model, clock, &self.0).await.map_err(failed)?;
+        let snapshot = parsley_store::queries::in_snapshot(&mut conn, model, inputs, &self.0).await.map_err(failed)?;
         let data = snapshot.data.map_err(|e| failed(anyhow::Error::new(e).context("the data statement")));
         Ok(GatedSnapshot { model: snapshot.model, clock: snapshot.clock, data })
     }
@@ -248,24 +250,37 @@ struct Served<T> {
 /// An uncovered attempt: the gaps, the model as gated, and whether it has state.
 struct Uncovered {
     gaps: Vec<GateGap>,
-    shape: Arc<ModelShape>,
+    shape: ModelShape,
     recorded: bool,
 }
 
-/// Per model, the shape the last gated read's statement found recorded: the read's next
-/// statement picks its clock rows by it, and checks it against the row it returns.
+/// A model's row as a gated statement last read it, and the shape it was recorded under.
+#[derive(Debug)]
+struct Recorded {
+    shape: ShapeId,
+    row: ModelRow,
+}
+
+/// Per model, the row the last gated statement that read it found recorded: the next
+/// statement picks its clock rows by it, and has its topic identities read again only if the
+/// recorded shape is no longer this one — in its own snapshot, so a changed shape is seen by
+/// the very read that follows the change.
 #[derive(Debug, Default)]
 pub struct Shapes {
-    models: RwLock<BTreeMap<String, Arc<ModelShape>>>,
+    models: RwLock<BTreeMap<String, Arc<Recorded>>>,
 }
 
 impl Shapes {
-    fn get(&self, model: &str) -> Option<Arc<ModelShape>> {
+    fn get(&self, model: &str) -> Option<Arc<Recorded>> {
         self.models.read().unwrap_or_else(|e| e.into_inner()).get(model).cloned()
     }
 
-    fn put(&self, model: &str, shape: Arc<ModelShape>) {
-        self.models.write().unwrap_or_else(|e| e.into_inner()).insert(model.to_string(), shape);
+    fn put(&self, model: &str, recorded: Option<Arc<Recorded>>) {
+        let mut models = self.models.write().unwrap_or_else(|e| e.into_inner());
+        match recorded {
+            Some(r) => models.insert(model.to_string(), r),
+            None => models.remove(model),
+        };
     }
 }
 
@@ -394,21 +409,28 @@ async fn attempt<S: Snapshot>(
     demand: &CausalPast,
     token: &CausalPast,
 ) -> Result<Result<Served<S::Data>, Uncovered>, ApiError> {
-    let cached = state.shapes.get(&model.name);
-    // No read yet: the broker's description is the likely shape (checked like any other).
-    let mut shape = cached.clone().unwrap_or_else(|| Arc::new(model_shape(state, model, None)));
+    // The row the rows are chosen by: the cached one (none yet: the broker's description is
+    // the likely shape, checked like any other).
+    let mut known = state.shapes.get(&model.name);
+    let mut shape = model_shape(state, model, known.as_deref().map(|k| &k.row));
     let mut clock = clock_scope(scope, &shape, demand);
     let snapshot = loop {
-        let snapshot = snapshot.read(state, &model.name, &clock).await?;
-        let recorded = Arc::new(model_shape(state, model, snapshot.model.as_ref()));
-        let stale = recorded != shape;
-        if stale || cached.is_none() {
-            state.shapes.put(&model.name, Arc::clone(&recorded));
+        let inputs = GateInputs { clock, cached: known.as_ref().map(|k| k.shape) };
+        let snapshot = snapshot.read(state, &model.name, &inputs).await?;
+        let recorded = match &snapshot.model {
+            RecordedModel::Unchanged => known.clone(),
+            RecordedModel::Absent => None,
+            RecordedModel::Read { shape, row } => Some(Arc::new(Recorded { shape: *shape, row: row.clone() })),
+        };
+        if !matches!(snapshot.model, RecordedModel::Unchanged) {
+            state.shapes.put(&model.name, recorded.clone());
         }
-        shape = recorded;
+        let recorded_shape = model_shape(state, model, recorded.as_deref().map(|r| &r.row));
+        let stale = recorded_shape != shape;
+        (known, shape) = (recorded, recorded_shape);
         // Rows chosen by the shape this snapshot records (or all of them) are what the gate
         // needs; rows chosen by a stale shape may not be: read again, every row.
-        if !stale || clock == ClockScope::All {
+        if !stale || inputs.clock == ClockScope::All {
             break snapshot;
         }
         clock = ClockScope::All;
@@ -422,7 +444,7 @@ async fn attempt<S: Snapshot>(
             let refreshed = refresh(token, &shape, &snapshot.clock, &served);
             Ok(Ok(Served { data: snapshot.data, refreshed }))
         }
-        Verdict::NotCovered { gaps } => Ok(Err(Uncovered { gaps, shape, recorded: snapshot.model.is_some() })),
+        Verdict::NotCovered { gaps } => Ok(Err(Uncovered { gaps, shape, recorded: snapshot.model.is_recorded() })),
     }
 }
 

@@ -25,7 +25,7 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use parsley_store::config::{ParamType, QueryConfig};
-use parsley_store::documents::{ClockScope, GatedSnapshot};
+use parsley_store::documents::{GateInputs, GatedSnapshot};
 use parsley_store::failure::{classify_sqlx, Failure};
 use parsley_store::queries::{self, ParamValue};
 use parsley_store::sql_params;
@@ -180,14 +180,15 @@ impl Snapshot for NamedQuery<'_> {
         &self,
         state: &AppState,
         model: &str,
-        clock: &ClockScope,
+        inputs: &GateInputs,
     ) -> Result<GatedSnapshot<Result<Vec<Value>, ApiError>>, ApiError> {
         let retry_after = state.config.settings.retry_after_s;
         let failed = |e: anyhow::Error| database::failed(e, "the query", retry_after, None);
         let mut conn = state.pool.acquire().await.map_err(|e| failed(e.into()))?;
         let limit = i64::from(self.query.max_rows) + 1;
         let p = self.prepared;
-        let snapshot = queries::named_query(&mut conn, model, clock, &p.sql, &p.params, limit).await.map_err(failed)?;
+        let snapshot =
+            queries::named_query(&mut conn, model, inputs, &p.sql, &p.params, limit).await.map_err(failed)?;
         let rows = snapshot.data.map_err(|e| self.failed(e, retry_after));
         Ok(GatedSnapshot { model: snapshot.model, clock: snapshot.clock, data: rows })
     }

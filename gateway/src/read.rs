@@ -10,11 +10,12 @@
 //! programs' own routes; this module is the documents' [`Snapshot`] and their answers.
 //!
 //! Which clock rows a single-key read fetches depends on the model's shape (its width names
-//! the key's owner, its received topics tell upstream channels apart), so the shape is
-//! cached per model ([`crate::gated::Shapes`]). It is never trusted past a change: every
-//! statement also returns the model's recorded row, and when the shape that row gives is
-//! not the one the rows were chosen by, the cache takes the new shape and the attempt is
-//! made again with every clock row of the model.
+//! the key's owner, its received topics tell upstream channels apart), so the model's row is
+//! cached per model ([`crate::gated::Shapes`]) with the shape identity it was recorded under.
+//! It is never trusted past a change: every statement also returns the model's recorded
+//! shape identity, and the row and topic identities when that is not the cached one; when the
+//! shape they give is not the one the rows were chosen by, the cache takes the new row and
+//! the attempt is made again with every clock row of the model.
 //!
 //! A key or cursor no document can have (NUL, not UTF-8 after percent-decoding, longer than
 //! `max_key_bytes`) is refused before the database is asked; a database error is an outage
@@ -28,7 +29,7 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use parsley_store::documents::{self, ClockScope, Document, GatedSnapshot};
+use parsley_store::documents::{self, Document, GateInputs, GatedSnapshot};
 use serde_json::{json, Value};
 
 use crate::app::AppState;
@@ -200,8 +201,8 @@ struct Documents<'a>(&'a Target);
 impl Snapshot for Documents<'_> {
     type Data = Data;
 
-    async fn read(&self, state: &AppState, model: &str, clock: &ClockScope) -> Result<GatedSnapshot<Data>, ApiError> {
-        read_snapshot(state, model, self.0, clock).await
+    async fn read(&self, state: &AppState, model: &str, inputs: &GateInputs) -> Result<GatedSnapshot<Data>, ApiError> {
+        read_snapshot(state, model, self.0, inputs).await
     }
 }
 
@@ -235,12 +236,13 @@ enum Data {
     },
 }
 
-/// The model's row, the clock rows of `scope` and the data, in one statement.
+/// The model's row, the clock rows `inputs` names and the data, in one statement (a page
+/// reads every clock row).
 async fn read_snapshot(
     state: &AppState,
     model: &str,
     target: &Target,
-    scope: &ClockScope,
+    inputs: &GateInputs,
 ) -> Result<GatedSnapshot<Data>, ApiError> {
     let retry_after = state.config.settings.retry_after_s;
     let failed = |e: anyhow::Error| {
@@ -257,11 +259,11 @@ async fn read_snapshot(
     let mut conn = state.pool.acquire().await.map_err(|e| failed(e.into()))?;
     match target {
         Target::One { key } => {
-            let s = documents::gated_document(&mut conn, model, key, scope).await.map_err(failed)?;
+            let s = documents::gated_document(&mut conn, model, key, inputs).await.map_err(failed)?;
             Ok(GatedSnapshot { model: s.model, clock: s.clock, data: Data::One(s.data) })
         }
         Target::Page { after, limit } => {
-            let s = documents::gated_page(&mut conn, model, after.as_deref(), i64::from(*limit) + 1)
+            let s = documents::gated_page(&mut conn, model, inputs.cached, after.as_deref(), i64::from(*limit) + 1)
                 .await
                 .map_err(failed)?;
             Ok(GatedSnapshot { model: s.model, clock: s.clock, data: Data::Page { documents: s.data, limit: *limit } })

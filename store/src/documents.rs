@@ -4,7 +4,10 @@
 //!
 //! A gated read is one statement ([`gated_document`], [`gated_page`]): the model's row, the
 //! clock rows the gate needs and the documents, in one snapshot (a single statement is one
-//! snapshot even at `READ COMMITTED`) and one round trip, prepared once per connection.
+//! snapshot even at `READ COMMITTED`) and one round trip, prepared once per connection. The
+//! model's topic identities come back only when its recorded shape is not the one the caller
+//! has cached ([`GateInputs::cached`], `parsley.models.shape_id`, which triggers renew on
+//! every change of the width, the format or a topic identity).
 //!
 //! The step's statements return the sqlx error itself, so the projection can tell a value the
 //! table refused from an outage (`ProjectionError::database` in the projector).
@@ -150,10 +153,44 @@ pub async fn write(
 /// the session; the caller serves it only once the gate says so.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GatedSnapshot<T> {
-    /// The model's recorded width and topic identities (`None`: no state yet).
-    pub model: Option<ModelRow>,
+    /// The model's recorded width and topic identities, or that they are the cached ones.
+    pub model: RecordedModel,
     pub clock: Vec<ClockRow>,
     pub data: T,
+}
+
+/// The identity of a model's recorded shape (`parsley.models.shape_id`): a new random value
+/// whenever the model's width, its format or any of its topic identities change, set by
+/// triggers (migration `20261203000000`), so one value always means one shape — also across
+/// a model deleted and recorded again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ShapeId(pub(crate) Uuid);
+
+/// The model as a gated statement found it recorded, in the statement's snapshot.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RecordedModel {
+    /// The model has no row: no state yet.
+    Absent,
+    /// The model's recorded shape is still [`GateInputs::cached`]: its row was not read again.
+    Unchanged,
+    /// The model's row and topic identities, recorded under `shape`.
+    Read { shape: ShapeId, row: ModelRow },
+}
+
+impl RecordedModel {
+    /// Whether the model has state (a row) in the snapshot.
+    pub fn is_recorded(&self) -> bool {
+        !matches!(self, RecordedModel::Absent)
+    }
+}
+
+/// What a gated statement reads besides its data: the clock rows `clock` names, and the
+/// model's row — with its topic identities only if its recorded shape is not `cached`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GateInputs {
+    pub clock: ClockScope,
+    /// The shape the caller holds (`None`: none, read the row in full).
+    pub cached: Option<ShapeId>,
 }
 
 /// Which clock rows a gated single-key read fetches.
@@ -172,16 +209,21 @@ pub enum ClockScope {
 }
 
 /// The columns every gated read's statement starts with, and its shared joins: the model
-/// row, its topic identities and the clock rows as parallel arrays (one result row).
+/// row, its topic identities and the clock rows as parallel arrays (one result row). Binds
+/// `$1` the model, `$2` the cached shape (`NULL`: none). The topic identities are read only
+/// when the recorded shape is not the cached one: the condition refers to no row of
+/// `parsley.topics`, so Postgres makes it a one-time filter and skips the scan (and the
+/// aggregate sees no rows) when the shape is unchanged.
 macro_rules! gated_model_and_clock {
     ($clock_filter:literal) => {
         concat!(
-            "SELECT m.task_count, m.format_version, t.names, t.ids,
+            "SELECT m.task_count, m.format_version, m.shape_id, t.names, t.ids,
                     c.tasks, c.topic_ids, c.partitions, c.positions, d.*
              FROM (SELECT $1::text AS model) AS q
              LEFT JOIN parsley.models m ON m.model = q.model
              CROSS JOIN LATERAL (SELECT array_agg(topic_name) AS names, array_agg(topic_id) AS ids
-                                 FROM parsley.topics WHERE model = q.model) AS t
+                                 FROM parsley.topics
+                                 WHERE model = q.model AND m.shape_id IS DISTINCT FROM $2::uuid) AS t
              CROSS JOIN LATERAL (SELECT array_agg(task) AS tasks, array_agg(topic_id) AS topic_ids,
                                         array_agg(partition) AS partitions, array_agg(position) AS positions
                                  FROM parsley.clock c WHERE c.model = q.model AND ",
@@ -191,7 +233,7 @@ macro_rules! gated_model_and_clock {
     };
 }
 
-/// The binds `$2..$5` of the gated statements' clock filter for `scope`: every row, or the
+/// The binds `$3..$6` of the gated statements' clock filter for `scope`: every row, or the
 /// owner's, the rows of channels the model does not receive, and the partitions' own tasks.
 pub(crate) fn scope_binds(scope: &ClockScope) -> (bool, i32, Vec<Uuid>, Vec<i32>) {
     match scope {
@@ -205,23 +247,24 @@ pub(crate) fn scope_binds(scope: &ClockScope) -> (bool, i32, Vec<Uuid>, Vec<i32>
     }
 }
 
-/// One document and the clock rows `scope` names, in one statement (one snapshot even at
-/// `READ COMMITTED`; no transaction around it).
+/// One document, the model's row (as [`GateInputs`] asks) and the clock rows it names, in one
+/// statement (one snapshot even at `READ COMMITTED`; no transaction around it).
 pub async fn gated_document(
     conn: &mut PgConnection,
     model: &str,
     key: &str,
-    scope: &ClockScope,
+    inputs: &GateInputs,
 ) -> anyhow::Result<GatedSnapshot<Option<Document>>> {
-    let (all, owner, received, partitions) = scope_binds(scope);
+    let (all, owner, received, partitions) = scope_binds(&inputs.clock);
     let row = sqlx::query(concat!(
         gated_model_and_clock!(
-            "($2 OR c.task = $3 OR NOT (c.topic_id = ANY($4)) OR (c.task = c.partition AND c.task = ANY($5)))"
+            "($3 OR c.task = $4 OR NOT (c.topic_id = ANY($5)) OR (c.task = c.partition AND c.task = ANY($6)))"
         ),
         "LEFT JOIN LATERAL (SELECT doc, version FROM projection.documents
-                            WHERE model = q.model AND key = $6) AS d ON true"
+                            WHERE model = q.model AND key = $7) AS d ON true"
     ))
     .bind(model)
+    .bind(inputs.cached.map(|s| s.0))
     .bind(all)
     .bind(owner)
     .bind(&received)
@@ -235,14 +278,16 @@ pub async fn gated_document(
         None => None,
         Some(doc) => Some(Document { key: key.to_string(), doc, version: row.try_get("version")? }),
     };
-    Ok(GatedSnapshot { model: gated_model(&row)?, clock: gated_clock(&row)?, data })
+    Ok(GatedSnapshot { model: gated_model(&row, inputs.cached)?, clock: gated_clock(&row)?, data })
 }
 
-/// At most `limit` documents in key order (those after `after` when given) and every clock
-/// row of the model, in one statement (one snapshot even at `READ COMMITTED`).
+/// At most `limit` documents in key order (those after `after` when given), the model's row
+/// (its topic identities unless its shape is still `cached`) and every clock row of the
+/// model, in one statement (one snapshot even at `READ COMMITTED`).
 pub async fn gated_page(
     conn: &mut PgConnection,
     model: &str,
+    cached: Option<ShapeId>,
     after: Option<&str>,
     limit: i64,
 ) -> anyhow::Result<GatedSnapshot<Vec<Document>>> {
@@ -251,10 +296,11 @@ pub async fn gated_page(
         "CROSS JOIN LATERAL (SELECT array_agg(p.key ORDER BY p.key) AS keys, array_agg(p.doc ORDER BY p.key) AS docs,
                                     array_agg(p.version ORDER BY p.key) AS versions
                              FROM (SELECT key, doc, version FROM projection.documents
-                                   WHERE model = q.model AND ($2::text IS NULL OR key > $2)
-                                   ORDER BY key LIMIT $3) AS p) AS d"
+                                   WHERE model = q.model AND ($3::text IS NULL OR key > $3)
+                                   ORDER BY key LIMIT $4) AS p) AS d"
     ))
     .bind(model)
+    .bind(cached.map(|s| s.0))
     .bind(after)
     .bind(limit)
     .fetch_one(&mut *conn)
@@ -266,21 +312,27 @@ pub async fn gated_page(
     let versions: Vec<i64> = row.try_get::<Option<_>, _>("versions")?.unwrap_or_default();
     ensure!(keys.len() == docs.len() && keys.len() == versions.len(), "a page's columns differ in length");
     let data = keys.into_iter().zip(docs).zip(versions).map(|((key, doc), version)| Document { key, doc, version });
-    Ok(GatedSnapshot { model: gated_model(&row)?, clock: gated_clock(&row)?, data: data.collect() })
+    Ok(GatedSnapshot { model: gated_model(&row, cached)?, clock: gated_clock(&row)?, data: data.collect() })
 }
 
-/// The model row of a gated read's result (`None`: the model has no state).
-pub(crate) fn gated_model(row: &PgRow) -> anyhow::Result<Option<ModelRow>> {
-    let Some(task_count) = row.try_get::<Option<i32>, _>("task_count")? else { return Ok(None) };
+/// The model of a gated read's result, whose statement was asked for the topic identities
+/// unless the shape is still `cached`.
+pub(crate) fn gated_model(row: &PgRow, cached: Option<ShapeId>) -> anyhow::Result<RecordedModel> {
+    let Some(task_count) = row.try_get::<Option<i32>, _>("task_count")? else { return Ok(RecordedModel::Absent) };
+    let shape = ShapeId(row.try_get("shape_id")?);
+    if cached == Some(shape) {
+        return Ok(RecordedModel::Unchanged);
+    }
     let task_count = u32::try_from(task_count).with_context(|| format!("a model records {task_count} tasks"))?;
     let names: Vec<String> = row.try_get::<Option<_>, _>("names")?.unwrap_or_default();
     let ids: Vec<Uuid> = row.try_get::<Option<_>, _>("ids")?.unwrap_or_default();
     ensure!(names.len() == ids.len(), "a model's topic names and identities differ in number");
-    Ok(Some(ModelRow {
+    let row = ModelRow {
         task_count,
         format_version: row.try_get("format_version")?,
         topics: names.into_iter().zip(ids.iter().map(topic_of)).collect(),
-    }))
+    };
+    Ok(RecordedModel::Read { shape, row })
 }
 
 /// The clock rows of a gated read's result.

@@ -32,6 +32,7 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         include_str!("../migrations/20261201000000_drop_unread_document_index.sql"),
     ),
     ("20261202000000_add_model_migrations.sql", include_str!("../migrations/20261202000000_add_model_migrations.sql")),
+    ("20261203000000_add_model_shape_ids.sql", include_str!("../migrations/20261203000000_add_model_shape_ids.sql")),
 ];
 
 #[derive(Debug)]

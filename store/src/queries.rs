@@ -4,7 +4,7 @@
 //!
 //! [`in_snapshot`] opens a `REPEATABLE READ, READ ONLY` transaction: its first statement
 //! fixes the snapshot, so the model's row and clock rows (the same statement the document
-//! reads start with, [`crate::documents::ClockScope`]) and the caller's data statements all
+//! reads start with, [`crate::documents::GateInputs`]) and the caller's data statements all
 //! see the same committed state, and nothing in it can write. [`json_rows`] is a named
 //! query's data statement: the configured SQL (its `:name` parameters already turned into
 //! `$1..$n` by [`crate::sql_params`]) as a subquery, each row as a JSON object (`to_jsonb`),
@@ -17,7 +17,7 @@ use anyhow::Context as _;
 use serde_json::Value;
 use sqlx::{Connection as _, PgConnection, Postgres, Row as _, Transaction};
 
-use crate::documents::{gated_clock, gated_model, scope_binds, ClockScope, GatedSnapshot};
+use crate::documents::{gated_clock, gated_model, scope_binds, GateInputs, GatedSnapshot};
 
 /// A future borrowing a connection: what a data statement's closure returns.
 pub type BoxFuture<'c, T> = Pin<Box<dyn Future<Output = T> + Send + 'c>>;
@@ -25,54 +25,55 @@ pub type BoxFuture<'c, T> = Pin<Box<dyn Future<Output = T> + Send + 'c>>;
 /// How the snapshot's transaction begins.
 const BEGIN_READ_ONLY: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY";
 
-/// `model`'s row and the clock rows `scope` names, then `data`'s statements, in one
+/// `model`'s row and the clock rows `inputs` names, then `data`'s statements, in one
 /// read-only snapshot. The outer error is the transaction's or the clock statement's; the
 /// data's own error is returned as the snapshot's data (the transaction is rolled back).
 pub async fn in_snapshot<T, F>(
     conn: &mut PgConnection,
     model: &str,
-    scope: &ClockScope,
+    inputs: &GateInputs,
     data: &F,
 ) -> anyhow::Result<GatedSnapshot<Result<T, sqlx::Error>>>
 where
     F: for<'c> Fn(&'c mut PgConnection) -> BoxFuture<'c, Result<T, sqlx::Error>> + ?Sized,
 {
-    let (mut tx, snapshot) = begin_with_clock(conn, model, scope).await?;
+    let (mut tx, snapshot) = begin_with_clock(conn, model, inputs).await?;
     let data = data(&mut tx).await;
     finish(tx, snapshot, data).await
 }
 
 /// A named query ([`json_rows`]) in one read-only snapshot with `model`'s row and the clock
-/// rows `scope` names; errors as [`in_snapshot`]'s.
+/// rows `inputs` names; errors as [`in_snapshot`]'s.
 pub async fn named_query(
     conn: &mut PgConnection,
     model: &str,
-    scope: &ClockScope,
+    inputs: &GateInputs,
     sql: &str,
     params: &[ParamValue],
     limit: i64,
 ) -> anyhow::Result<GatedSnapshot<Result<Vec<Value>, sqlx::Error>>> {
-    let (mut tx, snapshot) = begin_with_clock(conn, model, scope).await?;
+    let (mut tx, snapshot) = begin_with_clock(conn, model, inputs).await?;
     let data = json_rows(&mut tx, sql, params, limit).await;
     finish(tx, snapshot, data).await
 }
 
-/// Begins the read-only snapshot and reads the model's row and the clock rows of `scope`.
+/// Begins the read-only snapshot and reads the model's row and the clock rows `inputs` name.
 async fn begin_with_clock<'c>(
     conn: &'c mut PgConnection,
     model: &str,
-    scope: &ClockScope,
+    inputs: &GateInputs,
 ) -> anyhow::Result<(Transaction<'c, Postgres>, GatedSnapshot<()>)> {
     let mut tx = conn.begin_with(BEGIN_READ_ONLY).await.context("beginning a read-only snapshot")?;
-    let (all, owner, received, partitions) = scope_binds(scope);
+    let (all, owner, received, partitions) = scope_binds(&inputs.clock);
     // The document reads' model-and-clock statement with no data (`d` has no columns).
     let row = sqlx::query(concat!(
         gated_model_and_clock!(
-            "($2 OR c.task = $3 OR NOT (c.topic_id = ANY($4)) OR (c.task = c.partition AND c.task = ANY($5)))"
+            "($3 OR c.task = $4 OR NOT (c.topic_id = ANY($5)) OR (c.task = c.partition AND c.task = ANY($6)))"
         ),
         "CROSS JOIN (SELECT) AS d"
     ))
     .bind(model)
+    .bind(inputs.cached.map(|s| s.0))
     .bind(all)
     .bind(owner)
     .bind(&received)
@@ -80,7 +81,7 @@ async fn begin_with_clock<'c>(
     .fetch_one(&mut *tx)
     .await
     .with_context(|| format!("reading the clock of model {model:?}"))?;
-    let snapshot = GatedSnapshot { model: gated_model(&row)?, clock: gated_clock(&row)?, data: () };
+    let snapshot = GatedSnapshot { model: gated_model(&row, inputs.cached)?, clock: gated_clock(&row)?, data: () };
     Ok((tx, snapshot))
 }
 

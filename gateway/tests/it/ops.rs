@@ -181,7 +181,7 @@ async fn with_an_admin_token_the_main_listener_serves_admin_routes_to_its_bearer
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gate_reads_the_clock_and_the_data_in_one_statement() {
     use parsley::{ChannelId, TopicId};
-    use parsley_store::documents::{gated_document, gated_page, ClockScope};
+    use parsley_store::documents::{gated_document, gated_page, ClockScope, GateInputs, RecordedModel};
 
     let pool = pool().await;
     let model = unique("one-statement");
@@ -239,16 +239,22 @@ async fn the_gate_reads_the_clock_and_the_data_in_one_statement() {
     let mut conn = pool.acquire().await.unwrap();
     let isolation: String = sqlx::query_scalar("SHOW transaction_isolation").fetch_one(&mut *conn).await.unwrap();
     assert_eq!(isolation, "read committed", "no transaction gives the snapshot: the statement does");
-    let scope = ClockScope::Owner { owner: 0, received: vec![topic], partitions: vec![0] };
+    let clock = ClockScope::Owner { owner: 0, received: vec![topic], partitions: vec![0] };
+    let mut inputs = GateInputs { clock, cached: None };
     let mut seen = std::collections::BTreeSet::new();
     for round in 0..600 {
         let (position, n) = if round % 2 == 0 {
-            let read = gated_document(&mut conn, &model, "k", &scope).await.unwrap();
+            let read = gated_document(&mut conn, &model, "k", &inputs).await.unwrap();
+            // The first read learns the shape; the rest are asked with it, as the gateway does.
+            if let RecordedModel::Read { shape, .. } = read.model {
+                assert_eq!(round, 0, "the shape did not change");
+                inputs.cached = Some(shape);
+            }
             let doc = read.data.expect("the document exists");
             (read.clock.iter().find(|r| r.channel == channel).map(|r| r.position), doc.doc["n"].as_i64())
         } else {
-            let read = gated_page(&mut conn, &model, None, 10).await.unwrap();
-            assert_eq!(read.model.as_ref().map(|m| m.task_count), Some(1));
+            let read = gated_page(&mut conn, &model, inputs.cached, None, 10).await.unwrap();
+            assert_eq!(read.model, RecordedModel::Unchanged);
             (read.clock.iter().find(|r| r.channel == channel).map(|r| r.position), read.data[0].doc["n"].as_i64())
         };
         assert_eq!(position, n, "round {round}: the clock and the document come from one snapshot");
@@ -261,6 +267,113 @@ async fn the_gate_reads_the_clock_and_the_data_in_one_statement() {
         "the writer committed while the reads ran ({} values seen, {written} written)",
         seen.len()
     );
+}
+
+/// The model's shape identity (`parsley.models.shape_id`) is renewed by every change of the
+/// width, the format or a topic identity — whoever writes it — and a gated statement asked
+/// with the current one answers that the shape is unchanged without reading the topic
+/// identities again; asked with any earlier one (or none), it reads the row in full. The
+/// document, the page and the named queries' statements alike.
+#[tokio::test]
+async fn a_gated_statement_reads_the_model_s_row_again_only_when_its_shape_changed() {
+    use parsley::TopicId;
+    use parsley_store::documents::{gated_document, gated_page, ClockScope, GateInputs, RecordedModel, ShapeId};
+    use parsley_store::ordering::register_model;
+    use parsley_store::queries::in_snapshot;
+
+    let pool = pool().await;
+    let model = unique("shape-id");
+    let (orders, payments) = (TopicId::from_bytes([3; 16]), TopicId::from_bytes([4; 16]));
+    let mut conn = pool.acquire().await.unwrap();
+    // What the three statements say of the model, asked with `cached`.
+    async fn recorded(conn: &mut sqlx::PgConnection, model: &str, cached: Option<ShapeId>) -> RecordedModel {
+        let inputs = GateInputs { clock: ClockScope::All, cached };
+        let one = gated_document(&mut *conn, model, "k", &inputs).await.unwrap().model;
+        let page = gated_page(&mut *conn, model, cached, None, 10).await.unwrap().model;
+        fn nothing(_: &mut sqlx::PgConnection) -> parsley_store::queries::BoxFuture<'_, Result<(), sqlx::Error>> {
+            Box::pin(async { Ok(()) })
+        }
+        let query = in_snapshot(&mut *conn, model, &inputs, &nothing).await.unwrap().model;
+        assert_eq!((&page, &query), (&one, &one), "the statements agree");
+        one
+    }
+    // The shape as read in full (asked with none), checked to be unchanged when asked with it.
+    async fn current(conn: &mut sqlx::PgConnection, model: &str) -> (ShapeId, parsley_store::ordering::ModelRow) {
+        let RecordedModel::Read { shape, row } = recorded(&mut *conn, model, None).await else {
+            panic!("model {model} has a row")
+        };
+        assert_eq!(recorded(&mut *conn, model, Some(shape)).await, RecordedModel::Unchanged);
+        (shape, row)
+    }
+    async fn sql(pool: &sqlx::PgPool, statement: &str, model: &str) {
+        sqlx::query(statement).bind(model).execute(pool).await.unwrap();
+    }
+
+    assert_eq!(recorded(&mut conn, &model, None).await, RecordedModel::Absent, "no state yet");
+    register_model(&pool, &model, 2, &[("orders".to_string(), orders)]).await.unwrap();
+    let (first, row) = current(&mut conn, &model).await;
+    assert_eq!((row.task_count, row.topics.get("orders")), (2, Some(&orders)));
+    let mut seen = vec![first];
+    // Asked with the last shape seen: the row in full, under a shape never seen before.
+    async fn changed(
+        conn: &mut sqlx::PgConnection,
+        model: &str,
+        seen: &mut Vec<ShapeId>,
+        why: &str,
+    ) -> parsley_store::ordering::ModelRow {
+        let before = *seen.last().unwrap();
+        let RecordedModel::Read { shape, row } = recorded(&mut *conn, model, Some(before)).await else {
+            panic!("{why}: the row is read again")
+        };
+        assert!(!seen.contains(&shape), "{why}: a new shape identity");
+        assert_eq!(current(&mut *conn, model).await, (shape, row.clone()), "{why}");
+        seen.push(shape);
+        row
+    }
+
+    // Recording the model again as it is changes nothing.
+    register_model(&pool, &model, 2, &[("orders".to_string(), orders)]).await.unwrap();
+    assert_eq!(recorded(&mut conn, &model, Some(first)).await, RecordedModel::Unchanged);
+    sql(&pool, "UPDATE parsley.topics SET recorded_at = now() WHERE model = $1", &model).await;
+    assert_eq!(recorded(&mut conn, &model, Some(first)).await, RecordedModel::Unchanged);
+
+    register_model(&pool, &model, 2, &[("payments".to_string(), payments)]).await.unwrap();
+    let row = changed(&mut conn, &model, &mut seen, "a topic recorded").await;
+    assert_eq!(row.topics.get("payments"), Some(&payments));
+    sql(
+        &pool,
+        "UPDATE parsley.topics SET topic_id = gen_random_uuid() WHERE model = $1 AND topic_name = 'orders'",
+        &model,
+    )
+    .await;
+    let row = changed(&mut conn, &model, &mut seen, "a topic identity changed").await;
+    assert!(row.topics.get("orders").is_some_and(|id| *id != orders), "{row:?}");
+    sql(&pool, "DELETE FROM parsley.topics WHERE model = $1 AND topic_name = 'payments'", &model).await;
+    let row = changed(&mut conn, &model, &mut seen, "a topic removed").await;
+    assert_eq!(row.topics.len(), 1, "{row:?}");
+    sql(&pool, "UPDATE parsley.models SET task_count = 3 WHERE model = $1", &model).await;
+    assert_eq!(changed(&mut conn, &model, &mut seen, "the width changed").await.task_count, 3);
+    sql(&pool, "UPDATE parsley.models SET format_version = format_version + 1 WHERE model = $1", &model).await;
+    changed(&mut conn, &model, &mut seen, "the format changed").await;
+    // Truncated (other tests share the table: inside a transaction rolled back).
+    {
+        let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+        sqlx::query("TRUNCATE parsley.topics").execute(&mut *tx).await.unwrap();
+        let inputs = GateInputs { clock: ClockScope::All, cached: seen.last().copied() };
+        let RecordedModel::Read { shape, row } = gated_document(&mut tx, &model, "k", &inputs).await.unwrap().model
+        else {
+            panic!("truncated topics: the row is read again")
+        };
+        assert!(!seen.contains(&shape) && row.topics.is_empty(), "{row:?}");
+        tx.rollback().await.unwrap();
+    }
+    // A rebuild: the model deleted and recorded again as it first was.
+    sql(&pool, "DELETE FROM parsley.topics WHERE model = $1", &model).await;
+    sql(&pool, "DELETE FROM parsley.models WHERE model = $1", &model).await;
+    assert_eq!(recorded(&mut conn, &model, seen.last().copied()).await, RecordedModel::Absent);
+    register_model(&pool, &model, 2, &[("orders".to_string(), orders)]).await.unwrap();
+    let row = changed(&mut conn, &model, &mut seen, "the model recorded again").await;
+    assert_eq!((row.task_count, row.topics.get("orders")), (2, Some(&orders)));
 }
 
 /// The status read's transaction (`/v1/status`) is one snapshot: the statement that opens

@@ -212,6 +212,86 @@ async fn concurrent_sessions_see_their_writes_and_never_go_back() {
 
 /// A record the projection cannot apply stops its task — failing (retried) or refused
 /// (`PROJECTION_REJECTED`), never skipped — and a read blocked by it names the task and why.
+/// The model's shape as the gateway caches it is never used past a change: a gateway that
+/// served a session (its cache filled), then sees the model's recorded topic identity or
+/// width change, answers the very next read — single key or page — by the new shape, exactly
+/// as the core's gate does over it, and by the old one again once it is put back.
+///
+/// Two tasks; the session wrote a key on partition 0 and reads a key of task 1. Under the
+/// recorded identity the pair is received and owned by task 0, which applied it: covered.
+/// Under another identity (a topic recreated under the model) it is an upstream pair that
+/// task 1 never saw: not covered. Under width 1 a pair on partition 1 has no task: not
+/// covered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_model_shape_is_used_by_the_very_next_read() {
+    use parsley::murmur2::partition_for_key;
+
+    let mut s = Stack::new("shape-change", 2, "read_wait_ms = 300").await;
+    let orders = s.names.orders.clone();
+    let key_on = |p: u32| (0..).map(|i| format!("k{i}")).find(|k| partition_for_key(k.as_bytes(), 2) == p).unwrap();
+    let (k0, k1) = (key_on(0), key_on(1));
+    s.start_projector().await;
+    let w1 = s.write(&orders, &k1, json!(1), None).await;
+    let w0 = s.write(&orders, &k0, json!(0), None).await;
+    assert_eq!((w0.json["partition"].clone(), w1.json["partition"].clone()), (json!(0), json!(1)));
+    let (on_0, on_1) = (w0.token(), w1.token());
+    // Covered once the projector applied both (each read waits at most 300 ms).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while s.read(&k1, Some(&on_0)).await.status != StatusCode::OK
+        || s.read(&k1, Some(&on_1)).await.status != StatusCode::OK
+    {
+        assert!(Instant::now() < deadline, "the projector never applied the writes");
+    }
+    s.stop_projector().await;
+    let set_identity = async |id: &str| {
+        sqlx::query(&format!("UPDATE parsley.topics SET topic_id = {id} WHERE model = $1 AND topic_name = $2"))
+            .bind(&s.names.model)
+            .bind(&orders)
+            .execute(&s.pool)
+            .await
+            .unwrap()
+    };
+    let recorded: uuid::Uuid =
+        sqlx::query_scalar("SELECT topic_id FROM parsley.topics WHERE model = $1 AND topic_name = $2")
+            .bind(&s.names.model)
+            .bind(&orders)
+            .fetch_one(&s.pool)
+            .await
+            .unwrap();
+    let put_back = format!("'{recorded}'::uuid");
+    let not_covered = |r: &Reply, what: &str, tasks: Value| {
+        assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{what}: {}", r.json);
+        assert_eq!(r.problem_type(), "https://parsley.dev/problems/not-yet-covered", "{what}");
+        assert_eq!(r.json["gaps"].as_array().map(|g| g.len()), Some(1), "{what}: {}", r.json);
+        assert_eq!(r.json["gaps"][0]["tasks"], tasks, "{what}: {}", r.json);
+    };
+
+    // Another identity: the page (every task) and then the key (task 1) see it at once.
+    set_identity("gen_random_uuid()").await;
+    not_covered(&s.list("", Some(&on_0)).await, "a page after the identity changed", json!([0, 1]));
+    set_identity(&put_back).await;
+    assert_eq!(s.list("", Some(&on_0)).await.status, StatusCode::OK, "the identity put back");
+    assert_eq!(s.read(&k1, Some(&on_0)).await.status, StatusCode::OK, "the identity put back");
+    set_identity("gen_random_uuid()").await;
+    not_covered(&s.read(&k1, Some(&on_0)).await, "a key after the identity changed", json!([1]));
+    set_identity(&put_back).await;
+    assert_eq!(s.read(&k1, Some(&on_0)).await.status, StatusCode::OK, "the identity put back");
+
+    // Another width: a pair on partition 1 has no task of width 1.
+    let set_width = async |n: i32| {
+        sqlx::query("UPDATE parsley.models SET task_count = $2 WHERE model = $1")
+            .bind(&s.names.model)
+            .bind(n)
+            .execute(&s.pool)
+            .await
+            .unwrap()
+    };
+    set_width(1).await;
+    not_covered(&s.read(&k1, Some(&on_1)).await, "a key after the width changed", json!([1]));
+    set_width(2).await;
+    assert_eq!(s.read(&k1, Some(&on_1)).await.status, StatusCode::OK, "the width put back");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_503_names_the_stopped_task_that_blocks_the_session() {
     use rdkafka::producer::{FutureProducer, FutureRecord};
