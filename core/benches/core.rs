@@ -108,5 +108,44 @@ fn release(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, codec_and_decide, release);
+/// The projector's common step, as its throughput benchmark feeds it: one received channel,
+/// 2 000 records in order, each carrying six pairs on an upstream topic of 16 partitions and
+/// a payload of the projector's size (96 bytes), every one deliverable at once; then the
+/// step's changes taken. Per-record slope of what the engine adds to a step.
+fn step(c: &mut Criterion) {
+    const RECORDS: usize = 2_000;
+    let upstream = TopicId::from_bytes([0x42; 16]);
+    let headers: Vec<Vec<u8>> = (0..RECORDS)
+        .map(|i| {
+            let pairs =
+                (0..6u32).map(|j| (ChannelId::new(upstream, (i as u32 + j * 5) % 16), (i / 4 + j as usize) as i64));
+            CausalPast::from_pairs(pairs).encode()
+        })
+        .collect();
+    let mut group = c.benchmark_group("step");
+    group.throughput(Throughput::Elements(RECORDS as u64));
+    group.bench_function("upstream_6", |b| {
+        b.iter_batched(
+            || {
+                let mut e: Engine<[u64; 12]> = Engine::new(EngineConfig::default(), [EFFECTS]);
+                e.seed(EFFECTS, -1).unwrap();
+                e
+            },
+            |mut e| {
+                let mut delivered = Vec::with_capacity(RECORDS);
+                for (i, header) in headers.iter().enumerate() {
+                    match e.receive(EFFECTS, i as i64, &[Some(header)], [i as u64; 12]).unwrap() {
+                        Receipt::Accepted { deliveries } => delivered.extend(deliveries),
+                        Receipt::Duplicate => unreachable!(),
+                    }
+                }
+                (delivered, e.take_changes())
+            },
+            criterion::BatchSize::LargeInput,
+        )
+    });
+    group.finish();
+}
+
+criterion_group!(benches, codec_and_decide, release, step);
 criterion_main!(benches);

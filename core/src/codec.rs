@@ -126,8 +126,11 @@ pub fn decode(bytes: &[u8], budget: usize) -> Result<CausalPast, DecodeError> {
     }
     let mut r = Reader { bytes, at: 1 };
     let topic_count = r.varint("topic count")?;
-    // Never trust a count for allocation: each group needs at least 26 bytes.
-    let mut pairs = Vec::with_capacity((topic_count as usize).min(r.remaining() / 26 + 1));
+    // Never trust a count for allocation, but size it once: each group takes at least 17
+    // bytes (its topic ID and count) and each pair at least 9 (a partition and its
+    // position), so the bytes left bound the pairs — exactly, when the varints are one byte.
+    let groups_at_least = (topic_count as usize).saturating_mul(17);
+    let mut pairs = Vec::with_capacity(r.remaining().saturating_sub(groups_at_least) / 9);
     let mut previous_topic: Option<TopicId> = None;
     for _ in 0..topic_count {
         let topic_offset = r.at;

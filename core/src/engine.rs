@@ -234,6 +234,8 @@ pub struct Engine<P> {
     channels: BTreeMap<ChannelId, ChannelState<P>>,
     /// Kept beside `channels` so the decision unit gets a plain set.
     received: BTreeSet<ChannelId>,
+    /// `received` in drain order, as a list the drain walks without collecting it each pass.
+    drain_order: Vec<ChannelId>,
     frontier: CausalPast,
     delivered: CausalPast,
     refusal: Option<Refusal>,
@@ -242,6 +244,8 @@ pub struct Engine<P> {
     weigh: fn(&P) -> usize,
     /// The weight of every held record.
     held_bytes: usize,
+    /// How many records are held, over every channel.
+    held_records: usize,
     #[cfg(feature = "sim")]
     sabotage: EngineSabotage,
 }
@@ -260,6 +264,7 @@ impl<P: Clone> Engine<P> {
                 .iter()
                 .map(|&c| (c, ChannelState { fed_up_to: None, fed_this_execution: None, held: VecDeque::new() }))
                 .collect(),
+            drain_order: received.iter().copied().collect(),
             received,
             frontier: CausalPast::new(),
             delivered: CausalPast::new(),
@@ -267,6 +272,7 @@ impl<P: Clone> Engine<P> {
             pending: Pending::default(),
             weigh: weightless::<P>,
             held_bytes: 0,
+            held_records: 0,
             #[cfg(feature = "sim")]
             sabotage: EngineSabotage::None,
         }
@@ -408,6 +414,7 @@ impl<P: Clone> Engine<P> {
                 ));
             }
             ch.held.push_back(record);
+            engine.held_records += 1;
         }
         for (channel, fed) in state.fed_up_to {
             match engine.channels.get_mut(&channel) {
@@ -678,15 +685,35 @@ impl<P: Clone> Engine<P> {
         let merge = self.sabotage != EngineSabotage::SkipReceiptMerge;
         #[cfg(not(feature = "sim"))]
         let merge = true;
-        for (c, p) in causes.iter().filter(|_| merge) {
-            if self.frontier.get(&c).is_none_or(|f| f < p) {
-                self.frontier.merge_in_place(c, p);
-                self.pending.frontier.insert(c);
-            }
+        if merge {
+            let touched = &mut self.pending.frontier;
+            self.frontier.raise_all(&causes, |c| {
+                touched.insert(c);
+            });
         }
         let record = HeldRecord { channel, position, causes, payload };
+        #[cfg(feature = "sim")]
+        let direct = self.sabotage == EngineSabotage::None;
+        #[cfg(not(feature = "sim"))]
+        let direct = true;
+        // Nothing held on any channel: the drain would offer this record alone, and no other
+        // head exists for it to release. Decided here, a deliverable record never enters the
+        // queue (nor the step's held rows, nor the held weight) — the drain's outcome,
+        // without its queueing. Its own channel's cause is below `position` (checked above),
+        // so the channel's settled position cannot block it.
+        if direct
+            && self.held_records == 0
+            && decide(&record.causes, &self.received, |c| self.channels.get(c).and_then(|s| s.settled()))
+                .is_deliverable()
+        {
+            self.advance_pasts(&record);
+            let _ = self.check_held_limits(Some((channel, position)));
+            return Ok(Receipt::Accepted { deliveries: vec![record] });
+        }
+        let ch = self.channels.get_mut(&channel).expect("received channel");
         self.held_bytes += (self.weigh)(&record.payload) + codec::encoded_len(&record.causes);
         ch.held.push_back(record);
+        self.held_records += 1;
         self.pending.held_inserted.insert((channel, position));
         // Appending behind a head changes no settled position: nothing new can deliver.
         let deliveries = if was_empty { self.drain_inner() } else { Vec::new() };
@@ -736,8 +763,8 @@ impl<P: Clone> Engine<P> {
         let mut deliveries = Vec::new();
         loop {
             let before = deliveries.len();
-            let channels: Vec<ChannelId> = self.received.iter().copied().collect();
-            for channel in channels {
+            for i in 0..self.drain_order.len() {
+                let channel = self.drain_order[i];
                 while let Some(head) = self.channels[&channel].held.front() {
                     let decision =
                         decide(&head.causes, &self.received, |c| self.channels.get(c).and_then(|s| s.settled()));
@@ -746,6 +773,7 @@ impl<P: Clone> Engine<P> {
                         EngineSabotage::IgnoreCauses => Decision::Deliverable,
                         EngineSabotage::NoFifoHold if !decision.is_deliverable() => {
                             if let Some(record) = self.sabotage_overtake_head(channel) {
+                                self.held_records -= 1;
                                 self.deliver(&record);
                                 deliveries.push(record);
                             }
@@ -758,6 +786,7 @@ impl<P: Clone> Engine<P> {
                     }
                     let record =
                         self.channels.get_mut(&channel).expect("received channel").held.pop_front().expect("head");
+                    self.held_records -= 1;
                     self.deliver(&record);
                     deliveries.push(record);
                 }
@@ -777,32 +806,36 @@ impl<P: Clone> Engine<P> {
         self.channels.get_mut(&channel)?.held.remove(i)
     }
 
+    /// Delivers a record taken off its channel's queue.
     fn deliver(&mut self, record: &HeldRecord<P>) {
         self.held_bytes = self.held_bytes.saturating_sub(self.weight_of(record));
         let key = (record.channel, record.position);
         if !self.pending.held_inserted.remove(&key) {
             self.pending.held_removed.insert(key);
         }
-        if self.frontier.get(&record.channel).is_none_or(|f| f < record.position) {
-            self.frontier.merge_in_place(record.channel, record.position);
+        self.advance_pasts(record);
+    }
+
+    /// What delivering `record` does to the pasts: the frontier takes its position; the
+    /// delivered past takes its position and its causes.
+    fn advance_pasts(&mut self, record: &HeldRecord<P>) {
+        if self.frontier.raise(record.channel, record.position) {
             self.pending.frontier.insert(record.channel);
         }
         #[cfg(feature = "sim")]
         if self.sabotage == EngineSabotage::SkipReceiptMerge {
-            for (c, p) in record.causes.iter() {
-                if self.frontier.get(&c).is_none_or(|f| f < p) {
-                    self.frontier.merge_in_place(c, p);
-                    self.pending.frontier.insert(c);
-                }
-            }
+            let touched = &mut self.pending.frontier;
+            self.frontier.raise_all(&record.causes, |c| {
+                touched.insert(c);
+            });
         }
-        let own = std::iter::once((record.channel, record.position));
-        for (c, p) in own.chain(record.causes.iter()) {
-            if self.delivered.get(&c).is_none_or(|d| d < p) {
-                self.delivered.merge_in_place(c, p);
-                self.pending.clock.insert(c);
-            }
+        let touched = &mut self.pending.clock;
+        if self.delivered.raise(record.channel, record.position) {
+            touched.insert(record.channel);
         }
+        self.delivered.raise_all(&record.causes, |c| {
+            touched.insert(c);
+        });
     }
 
     /// Drops the pairs that can no longer matter — the only rule that ever drops a pair:

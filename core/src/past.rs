@@ -144,14 +144,64 @@ impl CausalPast {
     }
 
     pub(crate) fn merge_in_place(&mut self, channel: ChannelId, position: Position) {
-        assert!(position >= 0, "a causal past names offsets >= 0");
-        match self.pairs.binary_search_by(|(c, _)| c.cmp(&channel)) {
-            Ok(i) => {
-                if self.pairs[i].1 < position {
-                    self.pairs[i].1 = position;
-                }
+        self.raise(channel, position);
+    }
+
+    /// Merges `(channel, position)` in (pointwise maximum) with one search; true when it
+    /// changed this past (the channel was new, or below `position`).
+    pub(crate) fn raise(&mut self, channel: ChannelId, position: Position) -> bool {
+        self.raise_from(0, channel, position).1
+    }
+
+    /// Merges `other` in (pointwise maximum), calling `raised` with every channel it
+    /// changed, in channel order. Both are sorted, so each pair is searched for only past
+    /// the previous one's place.
+    pub(crate) fn raise_all(&mut self, other: &CausalPast, mut raised: impl FnMut(ChannelId)) {
+        let mut from = 0;
+        for &(channel, position) in &other.pairs {
+            let (at, changed) = self.raise_from(from, channel, position);
+            if changed {
+                raised(channel);
             }
-            Err(i) => self.pairs.insert(i, (channel, position)),
+            from = at + 1;
+        }
+    }
+
+    /// [`CausalPast::raise`] searching only from index `from` on (every channel before it
+    /// sorts below `channel`); also returns the pair's index.
+    fn raise_from(&mut self, from: usize, channel: ChannelId, position: Position) -> (usize, bool) {
+        assert!(position >= 0, "a causal past names offsets >= 0");
+        match self.find_from(from, &channel) {
+            Ok(at) => {
+                let raised = self.pairs[at].1 < position;
+                if raised {
+                    self.pairs[at].1 = position;
+                }
+                (at, raised)
+            }
+            Err(at) => {
+                self.pairs.insert(at, (channel, position));
+                (at, true)
+            }
+        }
+    }
+
+    /// Where `channel` is (`Ok`) or would go (`Err`), searching from index `from` on: the
+    /// next few pairs one by one first — a record's causes, merged in order, usually sit a
+    /// few pairs apart — then a binary search of the rest.
+    fn find_from(&self, from: usize, channel: &ChannelId) -> Result<usize, usize> {
+        const NEAR: usize = 4;
+        let near_end = (from + NEAR).min(self.pairs.len());
+        for at in from..near_end {
+            match self.pairs[at].0.cmp(channel) {
+                std::cmp::Ordering::Less => {}
+                std::cmp::Ordering::Equal => return Ok(at),
+                std::cmp::Ordering::Greater => return Err(at),
+            }
+        }
+        match self.pairs[near_end..].binary_search_by(|(c, _)| c.cmp(channel)) {
+            Ok(i) => Ok(near_end + i),
+            Err(i) => Err(near_end + i),
         }
     }
 
@@ -224,6 +274,21 @@ mod tests {
         assert_eq!(m, b.clone().merge_past(&a), "merge commutes");
         assert_eq!(a.clone().merge(ch(1, 0), 2), a, "a lower position changes nothing");
         assert_eq!(a.clone().merge(ch(1, 0), 6).get(&ch(1, 0)), Some(6));
+    }
+
+    #[test]
+    fn raise_all_is_merge_past_and_names_the_channels_it_changed() {
+        let a = CausalPast::from_pairs([(ch(1, 0), 5), (ch(2, 0), 1), (ch(4, 0), 9)]);
+        let b = CausalPast::from_pairs([(ch(0, 0), 2), (ch(1, 0), 3), (ch(2, 0), 4), (ch(3, 0), 1), (ch(4, 0), 9)]);
+        let mut raised = Vec::new();
+        let mut m = a.clone();
+        m.raise_all(&b, |c| raised.push(c));
+        assert_eq!(m, a.clone().merge_past(&b));
+        assert_eq!(raised, vec![ch(0, 0), ch(2, 0), ch(3, 0)]);
+        let mut same = m.clone();
+        same.raise_all(&b, |_| panic!("nothing to raise"));
+        assert_eq!(same, m);
+        assert!(same.raise(ch(9, 0), 0) && !same.raise(ch(9, 0), 0) && same.raise(ch(9, 0), 1));
     }
 
     #[test]
