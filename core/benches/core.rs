@@ -1,5 +1,6 @@
-//! Per-record costs of the core: decode, decide and encode at clock widths 1..64, and the
-//! cost of releasing a held chain of depth r and a burst of k records (per-record slope).
+//! Per-record costs of the core: decode, decide and encode at clock widths 1..64, the cost
+//! of releasing a held chain of depth r and a burst of k records (per-record slope), and a
+//! projector step as its throughput benchmark feeds one (`step`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hint::black_box;

@@ -795,8 +795,22 @@ impl<P: Projection> TaskRunner<P> {
                     break;
                 }
             };
-            let headers: Vec<Option<&[u8]>> = record.causes_headers.iter().map(|h| h.as_deref()).collect();
-            match self.host.receive(channel, record.offset, &headers, record.data) {
+            // A record carries one `parsley.causes` header (or none): viewed in place, not
+            // collected into a list of its own.
+            let one: [Option<&[u8]>; 1];
+            let more: Vec<Option<&[u8]>>;
+            let headers: &[Option<&[u8]>] = match record.causes_headers.as_slice() {
+                [] => &[],
+                [h] => {
+                    one = [h.as_deref()];
+                    &one
+                }
+                all => {
+                    more = all.iter().map(|h| h.as_deref()).collect();
+                    &more
+                }
+            };
+            match self.host.receive(channel, record.offset, headers, record.data) {
                 Ok(Receipt::Duplicate) => replayed += 1,
                 Ok(Receipt::Accepted { deliveries: d }) => {
                     fed += 1;
