@@ -27,7 +27,8 @@
 //! `cargo bench -p parsley-gateway --bench load`. Environment: `BENCH_LOAD_CONNS`
 //! (comma-separated connection counts, default `1,16,64`), `BENCH_LOAD_ROUNDS` (slices per
 //! side, default 3), `BENCH_LOAD_SLICE_MS` (one slice, default 1000; a warm-up slice of a
-//! fifth of it per side comes first). The defaults take about a minute.
+//! fifth of it per side comes first), `BENCH_LOAD_WORKLOADS` (comma-separated, of `read`,
+//! `page` and `write`; default all three). The defaults take about a minute.
 
 // Shared by the benchmarks, each of which uses a part of it.
 #[allow(dead_code)]
@@ -142,7 +143,17 @@ async fn measure(stack: &Stack, plan: &Plan) -> anyhow::Result<()> {
         ring: stack.ring.clone(),
     });
     let mut rows = Vec::new();
+    let only = std::env::var("BENCH_LOAD_WORKLOADS").unwrap_or_else(|_| "read,page,write".into());
+    let only: Vec<&str> = only.split(',').map(str::trim).collect();
     for (workload, subject, baseline) in WORKLOADS {
+        let short = match subject {
+            Op::GatewayRead => "read",
+            Op::GatewayPage => "page",
+            _ => "write",
+        };
+        if !only.contains(&short) {
+            continue;
+        }
         for &n in &plan.conns {
             println!("{workload}, {n} connection(s)...");
             let mut clients = Vec::with_capacity(n);

@@ -11,8 +11,10 @@
 //!
 //! TLS is the URL's: `sslmode` (`verify-full` checks the certificate and the host name),
 //! `sslrootcert` (the CA file), `sslcert` and `sslkey` (a client certificate), read by sqlx
-//! and used through the system's OpenSSL. A failed connection names the URL's setting to
-//! check when the failure is a known one ([`explain`]).
+//! and used through rustls (with the system's trust store when `sslrootcert` is not given;
+//! not OpenSSL, whose trust store load cost about 50 ms of CPU per connection: see
+//! docs/DECISIONS.md, "Postgres TLS through rustls"). A failed connection names the URL's
+//! setting to check when the failure is a known one ([`explain`]).
 
 use std::str::FromStr as _;
 use std::time::Duration;
@@ -95,15 +97,10 @@ pub async fn connect_bounded(
     acquire_timeout: Duration,
     bounds: &SessionBounds,
 ) -> anyhow::Result<PgPool> {
-    PgPoolOptions::new()
-        .max_connections(max_connections)
-        .acquire_timeout(acquire_timeout)
-        .connect_with(connect_options(url, bounds)?)
-        .await
-        .map_err(|e| {
-            let hint = explain(&e).unwrap_or("is it up? `make services-up`");
-            anyhow::Error::new(e).context(format!("connecting to Postgres at {}: {hint}", redact(url)))
-        })
+    pool_options(max_connections, acquire_timeout).connect_with(connect_options(url, bounds)?).await.map_err(|e| {
+        let hint = explain(&e).unwrap_or("is it up? `make services-up`");
+        anyhow::Error::new(e).context(format!("connecting to Postgres at {}: {hint}", redact(url)))
+    })
 }
 
 /// The setting of the database URL to check for a known connection failure: a refused
@@ -123,11 +120,25 @@ pub fn explain(error: &sqlx::Error) -> Option<&'static str> {
                 _ => None,
             }
         }
-        sqlx::Error::Tls(e) if e.to_string().contains("certificate verify failed") => {
-            Some("the server's certificate is not trusted: check sslrootcert in database.url")
-        }
-        sqlx::Error::Tls(_) => Some("TLS failed: check sslmode, sslrootcert, sslcert and sslkey in database.url"),
+        // rustls reports a refused certificate from inside the handshake's I/O ("invalid
+        // peer certificate: UnknownIssuer"), other TLS failures as TLS errors.
+        sqlx::Error::Io(e) => tls_failure(&e.to_string()),
+        sqlx::Error::Tls(e) => tls_failure(&e.to_string())
+            .or(Some("TLS failed: check sslmode, sslrootcert, sslcert and sslkey in database.url")),
         _ => None,
+    }
+}
+
+/// The setting to check for a TLS failure's message, when it is a known one.
+fn tls_failure(message: &str) -> Option<&'static str> {
+    if message.contains("invalid peer certificate: NotValidForName") {
+        Some("the server's certificate does not name this host: check the host in database.url (or sslmode)")
+    } else if message.contains("invalid peer certificate") {
+        Some("the server's certificate is not trusted: check sslrootcert in database.url")
+    } else if message.contains("received fatal alert") || message.contains("peer sent no certificates") {
+        Some("the server refused the TLS session: check sslcert and sslkey in database.url")
+    } else {
+        None
     }
 }
 
@@ -143,10 +154,32 @@ pub fn connect_lazy_bounded(
     acquire_timeout: Duration,
     bounds: &SessionBounds,
 ) -> anyhow::Result<PgPool> {
-    Ok(PgPoolOptions::new()
+    Ok(pool_options(max_connections, acquire_timeout).connect_lazy_with(connect_options(url, bounds)?))
+}
+
+/// How long a pooled connection may sit idle and still be handed out without a check.
+pub const CHECK_IDLE_AFTER: Duration = Duration::from_secs(1);
+
+/// The pool's options. A connection idle for longer than [`CHECK_IDLE_AFTER`] is checked
+/// with a round trip before it is handed out (one that fails the check is closed and another
+/// taken); one returned to the pool within that time is handed out as it is. sqlx's default
+/// checks every connection at every acquire — a round trip as long as a short statement
+/// itself, about a fifth of a covered read's CPU in the gateway. A connection that breaks
+/// between uses fails its statement either way (a check only narrows the window), and the
+/// pool then replaces it.
+fn pool_options(max_connections: u32, acquire_timeout: Duration) -> PgPoolOptions {
+    PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(acquire_timeout)
-        .connect_lazy_with(connect_options(url, bounds)?))
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for > CHECK_IDLE_AFTER {
+                    sqlx::Connection::ping(conn).await?;
+                }
+                Ok(true)
+            })
+        })
 }
 
 /// The URL with any password replaced by `***`, for messages and logs.
@@ -196,6 +229,18 @@ mod tests {
         assert!(SessionBounds::SERVER_DEFAULTS.parameters().is_empty());
         let short = SessionBounds { keepalives_idle: Some(Duration::from_secs(1)), ..SessionBounds::SERVER_DEFAULTS };
         assert_eq!(short.parameters()[1], ("tcp_keepalives_interval", "1".to_string()));
+    }
+
+    #[test]
+    fn tls_failures_name_the_setting_to_check() {
+        let io = |m: &str| sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_string()));
+        let untrusted = io("invalid peer certificate: UnknownIssuer");
+        assert!(explain(&untrusted).is_some_and(|h| h.contains("not trusted") && h.contains("sslrootcert")));
+        let wrong_host = io("invalid peer certificate: NotValidForName");
+        assert!(explain(&wrong_host).is_some_and(|h| h.contains("does not name this host")));
+        assert_eq!(explain(&io("connection refused")), None);
+        let tls = sqlx::Error::Tls("handshake failure".into());
+        assert!(explain(&tls).is_some_and(|h| h.starts_with("TLS failed")));
     }
 
     #[test]

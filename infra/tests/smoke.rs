@@ -315,3 +315,63 @@ async fn notify_is_delivered_at_commit_and_never_after_rollback() {
     assert_eq!(n.payload(), "after-rollback");
     quiet(&mut listener).await;
 }
+
+/// A pooled connection used within `pg::CHECK_IDLE_AFTER` is handed out without a check; one
+/// idle for longer is checked first, and a dead one is replaced before any statement runs.
+#[tokio::test]
+async fn a_pooled_connection_is_checked_only_after_the_idle_window() {
+    let pool = pg::connect(&database_url(), 1, Duration::from_secs(10)).await.expect("pool");
+    let admin = pg::connect(&database_url(), 1, Duration::from_secs(10)).await.expect("admin pool");
+    let pid = |pool: sqlx::PgPool| async move {
+        sqlx::query_scalar::<_, i32>("SELECT pg_backend_pid()").fetch_one(&pool).await
+    };
+    let kill = |victim: i32| {
+        let admin = admin.clone();
+        async move {
+            let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+                .bind(victim)
+                .fetch_one(&admin)
+                .await
+                .expect("terminate");
+            assert!(killed, "the pool's session {victim} was not terminated");
+            // The backend is gone once it leaves pg_stat_activity.
+            let deadline = Instant::now() + TIMEOUT;
+            while sqlx::query_scalar::<_, bool>("SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1)")
+                .bind(victim)
+                .fetch_one(&admin)
+                .await
+                .expect("activity")
+            {
+                assert!(Instant::now() < deadline, "session {victim} did not end");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+
+    // Idle past the window: the check finds the terminated session and the pool opens a
+    // new one; the statement succeeds on it.
+    let first = pid(pool.clone()).await.expect("first statement");
+    kill(first).await;
+    tokio::time::sleep(pg::CHECK_IDLE_AFTER + Duration::from_millis(300)).await;
+    let second = pid(pool.clone()).await.expect("a connection idle past the window is checked and replaced");
+    assert_ne!(first, second, "the terminated session was handed out again");
+
+    // Within the window: handed out unchecked, so the statement on the terminated session
+    // fails — and the pool replaces the connection for the next one. (Tried again if the
+    // termination itself took so long that the connection left the window.)
+    let mut victim = second;
+    for attempt in 1.. {
+        let used = Instant::now();
+        kill(victim).await;
+        let outcome = pid(pool.clone()).await;
+        if used.elapsed() >= pg::CHECK_IDLE_AFTER {
+            assert!(attempt < 5, "terminating a session took over {:?} five times", pg::CHECK_IDLE_AFTER);
+            victim = outcome.expect("a connection idle past the window is checked and replaced");
+            continue;
+        }
+        assert!(outcome.is_err(), "a connection reused within the window was checked");
+        break;
+    }
+    let replaced = pid(pool.clone()).await.expect("the broken connection is replaced");
+    assert_ne!(replaced, victim);
+}

@@ -145,6 +145,9 @@ struct Measured {
     /// every writing step writes one per channel it read, so steps are about this over the
     /// topic count.
     position_writes: f64,
+    /// Sessions opened to the run's database (`pg_stat_database.sessions`), the harness's
+    /// own left out.
+    sessions: f64,
 }
 
 struct Bench {
@@ -253,15 +256,15 @@ async fn measure_all(
 
 /// The measured columns' headings, two lines.
 const COLUMNS: (&str, &str) = (
-    "launch s  launch/s  steady/s   db cpu   steady   server   client  wal B/r rec/xact rec/step rows/rec",
-    "                             s/1e5    s/1e5    s/1e5    s/1e5                                    ",
+    "launch s  launch/s  steady/s   db cpu   steady   server   client  wal B/r rec/xact rec/step rows/rec sessions",
+    "                             s/1e5    s/1e5    s/1e5    s/1e5                                             ",
 );
 
 fn print_row(workload: &str, tasks: u32, topics: usize, variant: &str, records: usize, m: &Measured) {
     let per = |cpu: f64, n: f64| cpu / n * 1e5;
     let n = records as f64;
     println!(
-        "{workload:<14} {tasks:>5} {variant:<10} {:>8.1} {:>9.0} {:>9.0} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.0} {:>8.0} {:>8.0} {:>8.2}",
+        "{workload:<14} {tasks:>5} {variant:<10} {:>8.1} {:>9.0} {:>9.0} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.0} {:>8.0} {:>8.0} {:>8.2} {:>8.0}",
         m.seconds,
         n / m.seconds,
         m.steady_per_s,
@@ -273,6 +276,7 @@ fn print_row(workload: &str, tasks: u32, topics: usize, variant: &str, records: 
         n / m.commits.max(1.0),
         n * topics as f64 / m.position_writes.max(1.0),
         m.rows_written / n,
+        m.sessions,
     );
 }
 
@@ -889,16 +893,17 @@ impl Progress {
         tokio::time::sleep(Duration::from_millis(1200)).await;
         let _: Result<_, _> = sqlx::query("SELECT pg_stat_clear_snapshot()").execute(&mut self.conn).await;
         self.queries += 1;
-        let row: Result<(i64, i64), _> = sqlx::query_as(
-            "SELECT xact_commit, tup_inserted + tup_updated + tup_deleted FROM pg_stat_database
+        let row: Result<(i64, i64, i64), _> = sqlx::query_as(
+            "SELECT xact_commit, tup_inserted + tup_updated + tup_deleted, sessions FROM pg_stat_database
              WHERE datname = current_database()",
         )
         .fetch_one(&mut self.conn)
         .await;
         self.queries += 1;
-        if let Ok((commits, rows)) = row {
+        if let Ok((commits, rows, sessions)) = row {
             m.commits = (commits - self.queries) as f64;
             m.rows_written = rows as f64;
+            m.sessions = (sessions - 1) as f64;
         }
         let positions: Result<f64, _> = sqlx::query_scalar(
             "SELECT coalesce(sum(n_tup_ins + n_tup_upd), 0)::float8 FROM pg_stat_user_tables
@@ -967,6 +972,7 @@ impl Progress {
             commits: 0.0,
             rows_written: 0.0,
             position_writes: 0.0,
+            sessions: 0.0,
         })
     }
 }

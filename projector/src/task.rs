@@ -207,6 +207,16 @@ pub struct TaskRunner<P: Projection> {
     head_since: BTreeMap<ChannelId, (Position, Instant)>,
 }
 
+/// `future`'s output if it is ready at its first poll, else `None` (the future is dropped).
+async fn received_now<F: std::future::Future>(future: F) -> Option<F::Output> {
+    let mut future = std::pin::pin!(future);
+    std::future::poll_fn(|cx| match future.as_mut().poll(cx) {
+        std::task::Poll::Ready(output) => std::task::Poll::Ready(Some(output)),
+        std::task::Poll::Pending => std::task::Poll::Ready(None),
+    })
+    .await
+}
+
 fn labels(plan: &ModelPlan, task: &str) -> [(&'static str, String); 2] {
     [("model", plan.name.clone()), ("task", task.to_string())]
 }
@@ -611,21 +621,29 @@ impl<P: Projection> TaskRunner<P> {
             // Wait up to the step's deadline for the first record; after that, only while
             // records keep coming (`step_linger`; by default 0: what is already fetched), so a
             // lone write is not held for the window.
-            let until = if batch.is_empty() {
-                deadline
+            let received = if batch.is_empty() || !self.plan.step_linger.is_zero() {
+                let until = if batch.is_empty() {
+                    deadline
+                } else {
+                    deadline.min(tokio::time::Instant::now() + self.plan.step_linger)
+                };
+                tokio::time::timeout_at(until, consumer.recv()).await.ok()
             } else {
-                deadline.min(tokio::time::Instant::now() + self.plan.step_linger)
+                // No linger: take only what librdkafka already holds. A zero timeout would
+                // still wait for the timer's next tick (tokio rounds deadlines up to the
+                // millisecond), which a lone write paid on its way to visibility.
+                received_now(consumer.recv()).await
             };
-            match tokio::time::timeout_at(until, consumer.recv()).await {
-                Err(_) => break,
-                Ok(Ok(message)) => {
+            match received {
+                None => break,
+                Some(Ok(message)) => {
                     if batch.is_empty() {
                         tracing::debug!(target: "parsley::stage", stage = "first-record", model = %self.plan.name,
                             task = self.task, "a step's first record arrived");
                     }
                     batch.push(Consumed::from_message(&message));
                 }
-                Ok(Err(e)) => {
+                Some(Err(e)) => {
                     self.metric_add(Metric::KafkaErrorsTotal, 1.0);
                     if let KafkaError::MessageConsumption(
                         RDKafkaErrorCode::AutoOffsetReset | RDKafkaErrorCode::OffsetOutOfRange,

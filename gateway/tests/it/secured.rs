@@ -217,7 +217,8 @@ async fn each_refusal_is_one_line_naming_the_setting() {
         (
             "an untrusted certificate",
             secured_url(TLS_PASSWORD, &verified().replace("ca.pem", "other-ca.pem")),
-            "sslrootcert",
+            // The explanation, not only the setting (the URL itself names sslrootcert).
+            "certificate is not trusted: check sslrootcert",
         ),
         ("a plaintext connection", secured_url(TLS_PASSWORD, "sslmode=disable"), "sslmode"),
     ];
