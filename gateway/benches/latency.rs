@@ -320,7 +320,8 @@ const STAGES: [(&str, Option<(&str, usize)>); 7] = [
     ("step transaction (committed)", Some(("committed", 2))),
     // The listener may hear the NOTIFY before the projector hears its COMMIT answered.
     ("NOTIFY delivery (listener heard it)", Some(("notified", 2))),
-    ("wake-up (shared clock fetch done)", Some(("clock-fetched", 4))),
+    // A shared clock fetch, or (few reads waiting) a direct wake-up: either event.
+    ("wake-up (clock fetched or woken)", Some(("clock-fetched|woken", 4))),
     ("re-check and read (GET answered)", None),
 ];
 
@@ -344,7 +345,8 @@ fn timeline(
             None => answered,
             Some((name, follows)) => {
                 let after = if *follows == 0 { started } else { ends[*follows] };
-                let seen = events.iter().find(|(at, e)| e == name && *at >= after).map(|(at, _)| *at);
+                let seen =
+                    events.iter().find(|(at, e)| name.split('|').any(|n| n == e) && *at >= after).map(|(at, _)| *at);
                 complete &= seen.is_some();
                 seen.unwrap_or(ends[i - 1])
             }

@@ -10,6 +10,11 @@
 //! clock query per projector step, not 1,000 (`parsley_gateway_clock_fetches_total`). Each
 //! fetch is a debug event of the target `parsley::stage` (`clock-fetched`), for timing a
 //! write's way to visibility.
+//!
+//! While at most [`DIRECT_WAITERS`] reads of a model wait, a wake-up fetches nothing: it
+//! wakes them (`woken`) and each makes its snapshot attempt at once — the attempt reads the
+//! clock rows it needs anyway, so a lone read waiting for its own write is served one round
+//! trip sooner. A direct wake-up is a `parsley::stage` event too (`woken`).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -24,6 +29,11 @@ use crate::metrics::Metric;
 
 /// The clock rows a feed last fetched (`None`: none yet).
 pub type Rows = Option<Arc<Vec<ClockRow>>>;
+
+/// The most waiting reads of one model that a wake-up wakes to attempt on their own, instead
+/// of fetching the clock rows once for all of them: with this few, the attempts cost no more
+/// queries than a shared fetch followed by theirs.
+pub const DIRECT_WAITERS: usize = 4;
 
 /// Per model, its feed.
 #[derive(Debug)]
@@ -43,11 +53,13 @@ impl Feeds {
         feed.waiters.fetch_add(1, Ordering::SeqCst);
         let mut rows = feed.rows.subscribe();
         rows.mark_unchanged();
+        let mut woken = feed.woken.subscribe();
+        woken.mark_unchanged();
         feed.kick.notify_one();
         if !feed.running.swap(true, Ordering::SeqCst) {
             tokio::spawn(run(Arc::clone(&feed), state.clone(), model.to_string()));
         }
-        Some(Waiting { feed, rows })
+        Some(Waiting { feed, rows, woken })
     }
 }
 
@@ -55,6 +67,8 @@ impl Feeds {
 #[derive(Debug)]
 pub struct Feed {
     rows: watch::Sender<Rows>,
+    /// Counts the wake-ups that fetched nothing (at most [`DIRECT_WAITERS`] waiting).
+    woken: watch::Sender<u64>,
     waiters: AtomicUsize,
     running: AtomicBool,
     kick: Notify,
@@ -64,6 +78,7 @@ impl Default for Feed {
     fn default() -> Self {
         Feed {
             rows: watch::Sender::new(None),
+            woken: watch::Sender::new(0),
             waiters: AtomicUsize::new(0),
             running: AtomicBool::new(false),
             kick: Notify::new(),
@@ -76,6 +91,8 @@ pub struct Waiting {
     feed: Arc<Feed>,
     /// The rows as the feed publishes them.
     pub rows: watch::Receiver<Rows>,
+    /// Changes when the feed wakes the waiting reads to attempt on their own.
+    pub woken: watch::Receiver<u64>,
 }
 
 impl Drop for Waiting {
@@ -103,7 +120,13 @@ async fn run(feed: Arc<Feed>, state: AppState, model: String) {
             _ = feed.kick.notified() => {}
             _ = tokio::time::sleep(recheck) => {}
         }
-        if feed.waiters.load(Ordering::SeqCst) == 0 {
+        let waiters = feed.waiters.load(Ordering::SeqCst);
+        if waiters == 0 {
+            continue;
+        }
+        if waiters <= DIRECT_WAITERS {
+            tracing::debug!(target: "parsley::stage", stage = "woken", model, "waiting reads woken to attempt");
+            feed.woken.send_modify(|n| *n += 1);
             continue;
         }
         let fetched = async {

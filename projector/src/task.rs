@@ -940,18 +940,20 @@ impl<P: Projection> TaskRunner<P> {
         deliveries: &[Delivery<RecordData>],
         commit: &StepCommit<RecordData>,
     ) -> anyhow::Result<bool> {
+        // The clock's NOTIFY goes with the lock, the step's first statement (a round trip
+        // fewer; delivered at commit like any NOTIFY, never if the step rolls back).
+        let changes = &commit.changes;
+        let notify = commit.notify || !changes.clock_upserts.is_empty() || !changes.clock_removed.is_empty();
         let mut tx = self.pool.begin().await.context("beginning a step")?;
-        if !leases::lock_and_renew(&mut tx, &plan.name, self.task, self.epoch, plan.lease).await? {
+        if !leases::lock_renew_and_notify(&mut tx, &plan.name, self.task, self.epoch, plan.lease, notify).await? {
             tx.rollback().await.context("rolling back a fenced step")?;
             return Ok(false);
         }
         let (skipped, dead_lettered) = self.project(&mut tx, plan, deliveries, commit.careful).await?;
-        let clock_changed = store::apply_changes(&mut tx, &plan.name, self.task, &commit.changes).await?;
+        let clock_changed = store::apply_changes(&mut tx, &plan.name, self.task, changes).await?;
+        debug_assert!(!clock_changed || notify, "a step changed the clock without a NOTIFY");
         if commit.write_running {
             store::record_running(&mut tx, &plan.name, self.task).await?;
-        }
-        if clock_changed || commit.notify {
-            store::notify(&mut tx, &plan.name, Some(self.task)).await?;
         }
         tx.commit().await.context("committing a step")?;
         tracing::debug!(target: "parsley::stage", stage = "committed", model = %plan.name, task = self.task,

@@ -174,17 +174,48 @@ pub async fn lock_and_renew(
     epoch: i64,
     lease: Duration,
 ) -> anyhow::Result<bool> {
-    let locked: Option<i64> = sqlx::query_scalar(
+    lock_renew_and_notify(conn, model, task, epoch, lease, false).await
+}
+
+/// [`lock_and_renew`], and with `notify` the task's clock `NOTIFY` too
+/// ([`crate::ordering::notify`]'s channel and payload) — in the same statement, so a step
+/// that changes the clock saves a round trip. Only when the task is locked: a fenced step
+/// sends nothing (and rolls back). Like any `NOTIFY`, it is delivered when the transaction
+/// commits, wherever in the transaction it was sent.
+pub async fn lock_renew_and_notify(
+    conn: &mut PgConnection,
+    model: &str,
+    task: u32,
+    epoch: i64,
+    lease: Duration,
+    notify: bool,
+) -> anyhow::Result<bool> {
+    // The notification sits in a subquery whose condition refers to no row: a one-time
+    // filter, so `pg_notify` runs only when asked, in the custom and the generic plan alike
+    // (and only for the row the update returns).
+    let payload = notify.then(|| crate::ordering::notify_payload(model, Some(task)));
+    let locked: Option<(i64, Option<i32>)> = sqlx::query_as(
         "UPDATE parsley.tasks SET lease_until = now() + $4 * interval '1 millisecond', last_step_at = now()
-          WHERE model = $1 AND task = $2 AND epoch = $3 RETURNING epoch",
+          WHERE model = $1 AND task = $2 AND epoch = $3
+          RETURNING epoch, (SELECT 1 FROM (SELECT pg_notify($5, $6) WHERE $6::text IS NOT NULL) AS n)",
     )
     .bind(model)
     .bind(task as i32)
     .bind(epoch)
     .bind(millis(lease))
+    .bind(crate::ordering::CLOCK_NOTIFY_CHANNEL)
+    .bind(payload)
     .fetch_optional(&mut *conn)
     .await
     .with_context(|| format!("locking task {model}/{task}"))?;
+    if let Some((_, notified)) = locked {
+        anyhow::ensure!(
+            notified.is_some() == notify,
+            "locking task {model}/{task}: the clock notification was {} when {}",
+            if notified.is_some() { "sent" } else { "not sent" },
+            if notify { "asked for" } else { "not asked for" }
+        );
+    }
     Ok(locked.is_some())
 }
 

@@ -1,7 +1,8 @@
 //! A recorder of the `parsley::stage` events: the projector's (`first-record` when a step's
 //! poll gets its first record, `polled` when the poll ends, `committed` after the step's
 //! transaction) and the gateway's (`notified` when the clock listener hears a `NOTIFY`,
-//! `clock-fetched` when a model's shared re-check has fetched the clock rows). Installed
+//! `clock-fetched` when a model's shared re-check has fetched the clock rows, `woken` when
+//! it woke its few waiting reads instead). Installed
 //! as the process's only tracing subscriber; every other callsite is disabled for good, so
 //! nothing else is logged or paid for.
 
