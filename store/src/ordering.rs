@@ -315,6 +315,21 @@ impl Past {
         }
     }
 
+    fn upsert(self) -> &'static str {
+        match self {
+            Past::Frontier => {
+                "INSERT INTO parsley.frontier (model, task, topic_id, partition, position)
+                 SELECT $1, $2, * FROM UNNEST($3::uuid[], $4::int4[], $5::int8[])
+                 ON CONFLICT (model, task, topic_id, partition) DO UPDATE SET position = EXCLUDED.position"
+            }
+            Past::Clock => {
+                "INSERT INTO parsley.clock (model, task, topic_id, partition, position)
+                 SELECT $1, $2, * FROM UNNEST($3::uuid[], $4::int4[], $5::int8[])
+                 ON CONFLICT (model, task, topic_id, partition) DO UPDATE SET position = EXCLUDED.position"
+            }
+        }
+    }
+
     fn delete(self) -> &'static str {
         match self {
             Past::Frontier => {
@@ -425,43 +440,21 @@ pub async fn apply_changes(
         .await
         .context("inserting held records")?;
     }
-    // The positions, frontier and clock upserts in one statement (a step that delivers has
-    // all three: two round trips fewer), each part over its own arrays, empty when the step
-    // has none of a kind. Done before the removals below, as when they were three
-    // statements: no removal touches a row another part writes before it.
-    if !changes.fed_up_to.is_empty() || !changes.frontier_upserts.is_empty() || !changes.clock_upserts.is_empty() {
-        let (fed_topics, fed_partitions, fed_positions) = split_pairs(&changes.fed_up_to);
-        let (frontier_topics, frontier_partitions, frontier_positions) = split_pairs(&changes.frontier_upserts);
-        let (clock_topics, clock_partitions, clock_positions) = split_pairs(&changes.clock_upserts);
+    if !changes.fed_up_to.is_empty() {
+        let (topics, partitions, positions) = split_pairs(&changes.fed_up_to);
         sqlx::query(
-            "WITH fed AS (
-                INSERT INTO parsley.channels (model, task, topic_id, partition, fed_up_to)
-                SELECT $1, $2, * FROM UNNEST($3::uuid[], $4::int4[], $5::int8[])
-                ON CONFLICT (model, task, topic_id, partition) DO UPDATE SET fed_up_to = EXCLUDED.fed_up_to),
-             frontier AS (
-                INSERT INTO parsley.frontier (model, task, topic_id, partition, position)
-                SELECT $1, $2, * FROM UNNEST($6::uuid[], $7::int4[], $8::int8[])
-                ON CONFLICT (model, task, topic_id, partition) DO UPDATE SET position = EXCLUDED.position),
-             clock AS (
-                INSERT INTO parsley.clock (model, task, topic_id, partition, position)
-                SELECT $1, $2, * FROM UNNEST($9::uuid[], $10::int4[], $11::int8[])
-                ON CONFLICT (model, task, topic_id, partition) DO UPDATE SET position = EXCLUDED.position)
-             SELECT 1",
+            "INSERT INTO parsley.channels (model, task, topic_id, partition, fed_up_to)
+             SELECT $1, $2, * FROM UNNEST($3::uuid[], $4::int4[], $5::int8[])
+             ON CONFLICT (model, task, topic_id, partition) DO UPDATE SET fed_up_to = EXCLUDED.fed_up_to",
         )
         .bind(model)
         .bind(task_i)
-        .bind(&fed_topics)
-        .bind(&fed_partitions)
-        .bind(&fed_positions)
-        .bind(&frontier_topics)
-        .bind(&frontier_partitions)
-        .bind(&frontier_positions)
-        .bind(&clock_topics)
-        .bind(&clock_partitions)
-        .bind(&clock_positions)
+        .bind(&topics)
+        .bind(&partitions)
+        .bind(&positions)
         .execute(&mut *conn)
         .await
-        .context("writing fed_up_to, the frontier and the clock")?;
+        .context("writing fed_up_to")?;
     }
     if !changes.channels_removed.is_empty() {
         let (topics, partitions) = split_channels(changes.channels_removed.iter().copied());
@@ -477,12 +470,37 @@ pub async fn apply_changes(
         .await
         .context("deleting channels that left the received set")?;
     }
+    upsert_past(conn, Past::Frontier, model, task_i, &changes.frontier_upserts).await?;
     remove_past(conn, Past::Frontier, model, task_i, &changes.frontier_removed).await?;
+    upsert_past(conn, Past::Clock, model, task_i, &changes.clock_upserts).await?;
     remove_past(conn, Past::Clock, model, task_i, &changes.clock_removed).await?;
     if let Some(refusal) = &changes.refusal {
         record_refusal(conn, model, task, refusal).await?;
     }
     Ok(!changes.clock_upserts.is_empty() || !changes.clock_removed.is_empty())
+}
+
+async fn upsert_past(
+    conn: &mut PgConnection,
+    past: Past,
+    model: &str,
+    task: i32,
+    pairs: &[(ChannelId, Position)],
+) -> anyhow::Result<()> {
+    if pairs.is_empty() {
+        return Ok(());
+    }
+    let (topics, partitions, positions) = split_pairs(pairs);
+    sqlx::query(past.upsert())
+        .bind(model)
+        .bind(task)
+        .bind(&topics)
+        .bind(&partitions)
+        .bind(&positions)
+        .execute(&mut *conn)
+        .await
+        .with_context(|| format!("writing {}", past.table()))?;
+    Ok(())
 }
 
 async fn remove_past(
