@@ -7,7 +7,8 @@ FROM rust:1.95-bookworm AS build
 WORKDIR /src
 # librdkafka is built from the crate's bundled sources with TLS (SASL SCRAM included) and
 # zstd: a C toolchain, make and perl (present in this image), the zlib and OpenSSL headers,
-# and pkg-config to find OpenSSL (sqlx's TLS to Postgres links the same library).
+# and pkg-config to find OpenSSL. (TLS to Postgres is rustls with ring, built by the same C
+# toolchain.)
 RUN apt-get update \
  && apt-get install -y --no-install-recommends zlib1g-dev libssl-dev pkg-config \
  && rm -rf /var/lib/apt/lists/*
@@ -16,8 +17,8 @@ RUN cargo build --release -p parsley-projector -p parsley-gateway -p parsley-cli
  && cp target/release/parsley-projector target/release/parsley-gateway target/release/parsley /usr/local/bin/
 
 FROM debian:bookworm-slim
-# The run-time libraries the binaries link (OpenSSL 3, zlib) and the CA certificates that TLS
-# to Kafka and Postgres verifies against by default.
+# The run-time libraries the binaries link (OpenSSL 3 for Kafka, zlib) and the CA certificates
+# that TLS to Kafka and Postgres verifies against by default.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates libssl3 zlib1g \
  && rm -rf /var/lib/apt/lists/* \

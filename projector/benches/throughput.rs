@@ -38,7 +38,8 @@
 //! plus the client process's CPU and the server's WAL bytes per record; records per
 //! committed transaction (`rec/xact`: every transaction of the run's database, reads and
 //! lease heartbeats included) and per writing step (`rec/step`: from the rows written to the
-//! positions table, one per channel a step read); rows written per record.
+//! positions table, one per channel a step read); rows written per record; `sessions`, the
+//! connections opened to the run's database.
 //!
 //! Other knobs: `BENCH_RECORDS` (default 200000; 1000000 for the long run),
 //! `BENCH_STEP_RECORDS` (default 2000), `BENCH_TASKS` (partition counts, comma-separated,
