@@ -204,3 +204,55 @@ async fn task_rows_record_epochs_failures_and_refusals() {
     let t = &store::load_tasks(&mut conn, &model).await.unwrap()[1];
     assert_eq!(t.refusal.as_ref().map(|r| (r.reason, r.channel)), Some((RefusalReason::OutOfOrderFeed, None)));
 }
+
+/// The step's first statement sends the clock `NOTIFY` only when asked and only when the task
+/// is locked, delivered when the transaction commits (never on a rollback), in the payload
+/// every other clock notification uses.
+#[tokio::test]
+async fn the_lock_statement_notifies_only_when_asked_and_locked() {
+    let pool = pool().await;
+    let model = unique("lock-notify");
+    store::register_model(&pool, &model, 1, &[("a".into(), ch(1, 0).topic)]).await.unwrap();
+    let epoch = store::take_task(&pool, &model, 0, "one").await.unwrap().epoch;
+    let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await.unwrap();
+    listener.listen(parsley_store::ordering::CLOCK_NOTIFY_CHANNEL).await.unwrap();
+    let lease = Duration::from_secs(5);
+    let payload = format!("{model}:0");
+    let lock = |epoch: i64, notify: bool, commit: bool| {
+        let (pool, model) = (pool.clone(), model.clone());
+        async move {
+            let mut tx = pool.begin().await.unwrap();
+            let locked = leases::lock_renew_and_notify(&mut tx, &model, 0, epoch, lease, notify).await.unwrap();
+            if commit {
+                tx.commit().await.unwrap();
+            } else {
+                tx.rollback().await.unwrap();
+            }
+            locked
+        }
+    };
+    // Notifications of this model heard within a short wait.
+    async fn heard(listener: &mut sqlx::postgres::PgListener, payload: &str) -> usize {
+        let mut n = 0;
+        while let Ok(Some(note)) =
+            tokio::time::timeout(Duration::from_millis(300), listener.try_recv()).await.map(Result::unwrap)
+        {
+            if note.payload() == payload {
+                n += 1;
+            }
+        }
+        n
+    }
+    // Asked, locked and committed: one notification. Repeated past the prepared statement's
+    // switch to a generic plan.
+    for _ in 0..7 {
+        assert!(lock(epoch, true, true).await);
+        assert_eq!(heard(&mut listener, &payload).await, 1, "an asked notification is delivered at commit");
+        assert!(lock(epoch, false, true).await);
+        assert_eq!(heard(&mut listener, &payload).await, 0, "nothing is sent when not asked");
+    }
+    assert!(lock(epoch, true, false).await);
+    assert_eq!(heard(&mut listener, &payload).await, 0, "a rolled-back step notifies nobody");
+    assert!(!lock(epoch - 1, true, true).await, "a stale epoch is fenced");
+    assert_eq!(heard(&mut listener, &payload).await, 0, "a fenced step notifies nobody");
+}
