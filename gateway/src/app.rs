@@ -44,6 +44,10 @@ pub struct AppState(Arc<Inner>);
 pub struct Inner {
     pub config: GatewayConfig,
     pub pool: PgPool,
+    /// The pool's connections as the gated reads and the waiting reads' clock fetches take
+    /// them: handed from read to read without sqlx's release round trip, up to all but a
+    /// quarter of `max_connections` (the rest stay for the writes and the rest).
+    pub reads: parsley_infra::pg::Reuse,
     pub producer: FutureProducer,
     /// The transactional producers of batch writes.
     pub transactions: crate::batch::Transactions,
@@ -139,9 +143,15 @@ impl AppState {
         let in_flight = Arc::new(Semaphore::new(config.settings.max_in_flight));
         let metrics = Metrics::new(METRICS);
         keys::publish(&metrics, None, &config.keys.current());
+        let reads = parsley_infra::pg::Reuse::new(
+            pool.clone(),
+            parsley_infra::pg::Reuse::keep_of(config.settings.max_connections),
+            config.shared.database.acquire_timeout(),
+        );
         Ok(AppState(Arc::new(Inner {
             config,
             pool,
+            reads,
             producer,
             transactions,
             facts,

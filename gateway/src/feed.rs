@@ -130,8 +130,10 @@ async fn run(feed: Arc<Feed>, state: AppState, model: String) {
             continue;
         }
         let fetched = async {
-            let mut conn = state.pool.acquire().await.map_err(anyhow::Error::from)?;
-            store::clock_rows(&mut conn, &model).await
+            let mut conn = state.reads.acquire().await.map_err(anyhow::Error::from)?;
+            let rows = store::clock_rows(&mut conn, &model).await?;
+            conn.release();
+            anyhow::Ok(rows)
         };
         match fetched.await {
             Ok(rows) => {

@@ -171,8 +171,12 @@ where
     ) -> Result<GatedSnapshot<Result<T, ApiError>>, ApiError> {
         let retry_after = state.config.settings.retry_after_s;
         let failed = |e: anyhow::Error| database::failed(e, "the read", retry_after, None);
-        let mut conn = state.pool.acquire().await.map_err(|e| failed(e.into()))?;
+        let mut conn = state.reads.acquire().await.map_err(|e| failed(e.into()))?;
         let snapshot = parsley_store::queries::in_snapshot(&mut conn, model, inputs, &self.0).await.map_err(failed)?;
+        // A failed data statement left its transaction to a rollback: the pool's test ends it.
+        if snapshot.data.is_ok() {
+            conn.release();
+        }
         let data = snapshot.data.map_err(|e| failed(anyhow::Error::new(e).context("the data statement")));
         Ok(GatedSnapshot { model: snapshot.model, clock: snapshot.clock, data })
     }

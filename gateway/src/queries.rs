@@ -184,11 +184,15 @@ impl Snapshot for NamedQuery<'_> {
     ) -> Result<GatedSnapshot<Result<Vec<Value>, ApiError>>, ApiError> {
         let retry_after = state.config.settings.retry_after_s;
         let failed = |e: anyhow::Error| database::failed(e, "the query", retry_after, None);
-        let mut conn = state.pool.acquire().await.map_err(|e| failed(e.into()))?;
+        let mut conn = state.reads.acquire().await.map_err(|e| failed(e.into()))?;
         let limit = i64::from(self.query.max_rows) + 1;
         let p = self.prepared;
         let snapshot =
             queries::named_query(&mut conn, model, inputs, &p.sql, &p.params, limit).await.map_err(failed)?;
+        // A failed query left its transaction to a rollback: the pool's test ends it.
+        if snapshot.data.is_ok() {
+            conn.release();
+        }
         let rows = snapshot.data.map_err(|e| self.failed(e, retry_after));
         Ok(GatedSnapshot { model: snapshot.model, clock: snapshot.clock, data: rows })
     }

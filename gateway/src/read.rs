@@ -256,19 +256,21 @@ async fn read_snapshot(
         };
         database::failed(e, "the read", retry_after, Some(rejected))
     };
-    let mut conn = state.pool.acquire().await.map_err(|e| failed(e.into()))?;
-    match target {
+    let mut conn = state.reads.acquire().await.map_err(|e| failed(e.into()))?;
+    let snapshot = match target {
         Target::One { key } => {
             let s = documents::gated_document(&mut conn, model, key, inputs).await.map_err(failed)?;
-            Ok(GatedSnapshot { model: s.model, clock: s.clock, data: Data::One(s.data) })
+            GatedSnapshot { model: s.model, clock: s.clock, data: Data::One(s.data) }
         }
         Target::Page { after, limit } => {
             let s = documents::gated_page(&mut conn, model, inputs.cached, after.as_deref(), i64::from(*limit) + 1)
                 .await
                 .map_err(failed)?;
-            Ok(GatedSnapshot { model: s.model, clock: s.clock, data: Data::Page { documents: s.data, limit: *limit } })
+            GatedSnapshot { model: s.model, clock: s.clock, data: Data::Page { documents: s.data, limit: *limit } }
         }
-    }
+    };
+    conn.release();
+    Ok(snapshot)
 }
 
 /// The answer's body (`None`: no such document).

@@ -16,11 +16,16 @@
 //! docs/DECISIONS.md, "Postgres TLS through rustls"). A failed connection names the URL's
 //! setting to check when the failure is a known one ([`explain`]).
 
+use std::ops::{Deref, DerefMut};
 use std::str::FromStr as _;
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
+use sqlx::Postgres;
+use tokio::sync::{Semaphore, SemaphorePermit};
 
 /// The bounds of every Postgres session; `None` leaves the server's own setting (off by
 /// default).
@@ -180,6 +185,116 @@ fn pool_options(max_connections: u32, acquire_timeout: Duration) -> PgPoolOption
                 Ok(true)
             })
         })
+}
+
+/// Connections of a pool kept out of it between the uses of one hot path, handed from one
+/// use to the next without sqlx's release round trip.
+///
+/// sqlx tests every connection returned to its pool with a round trip (a `Sync` and its
+/// `ReadyForQuery`, in a task spawned for it) before another caller may take it: as much
+/// CPU as a short statement's, on both sides, for every use. A connection handed back here
+/// with [`Reused::release`] — after its statements completed, so it is known to be idle
+/// and outside any transaction — goes to the next caller as it is. One dropped without it
+/// (an error, or a request cancelled in the middle of a statement) goes back to sqlx's
+/// pool, whose test brings it back to a ready state or closes it.
+///
+/// At most `keep` connections are out through this at once (callers beyond wait, within the
+/// pool's acquire timeout), so the pool always has the rest for its other users: held
+/// connections are invisible to it. A kept connection idle for more than
+/// [`CHECK_IDLE_AFTER`] goes back to the pool (which checks it before handing it out).
+pub struct Reuse {
+    pool: PgPool,
+    idle: Mutex<Vec<(PoolConnection<Postgres>, Instant)>>,
+    permits: Semaphore,
+    keep: usize,
+    acquire_timeout: Duration,
+}
+
+/// A connection taken from a [`Reuse`]: dereferences to the connection; hand it back with
+/// [`Reused::release`] once its statements completed.
+pub struct Reused<'a> {
+    conn: Option<PoolConnection<Postgres>>,
+    reuse: &'a Reuse,
+    _permit: Option<SemaphorePermit<'a>>,
+}
+
+impl Reuse {
+    /// Up to `keep` connections of `pool` reused; `0` passes every call through to the pool.
+    pub fn new(pool: PgPool, keep: usize, acquire_timeout: Duration) -> Reuse {
+        Reuse { pool, idle: Mutex::new(Vec::new()), permits: Semaphore::new(keep), keep, acquire_timeout }
+    }
+
+    /// The share of a pool of `max_connections` a hot path keeps: all but a quarter (at
+    /// least one) left to the pool's other users.
+    pub fn keep_of(max_connections: u32) -> usize {
+        let max = max_connections as usize;
+        max - (max / 4).max(1).min(max)
+    }
+
+    /// The pool underneath.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// How many connections are kept idle now.
+    pub fn idle(&self) -> usize {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// A connection: the most recently released one if it has not been idle for long, else
+    /// one from the pool.
+    pub async fn acquire(&self) -> Result<Reused<'_>, sqlx::Error> {
+        if self.keep == 0 {
+            return Ok(Reused { conn: Some(self.pool.acquire().await?), reuse: self, _permit: None });
+        }
+        let deadline = Instant::now() + self.acquire_timeout;
+        let permit = tokio::time::timeout_at(deadline.into(), self.permits.acquire())
+            .await
+            .map_err(|_| sqlx::Error::PoolTimedOut)?
+            .map_err(|_| sqlx::Error::PoolClosed)?;
+        let (fresh, stale) = {
+            let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+            let now = Instant::now();
+            // The oldest are at the front.
+            let expired = idle.iter().take_while(|(_, at)| now.duration_since(*at) > CHECK_IDLE_AFTER).count();
+            let stale: Vec<_> = idle.drain(..expired).collect();
+            (idle.pop(), stale)
+        };
+        // Back to the pool, which tests them now and checks them again before handing one out.
+        drop(stale);
+        let conn = match fresh {
+            Some((conn, _)) => conn,
+            None => tokio::time::timeout_at(deadline.into(), self.pool.acquire())
+                .await
+                .map_err(|_| sqlx::Error::PoolTimedOut)??,
+        };
+        Ok(Reused { conn: Some(conn), reuse: self, _permit: Some(permit) })
+    }
+}
+
+impl Reused<'_> {
+    /// Hands the connection back for the next caller. Call it only once the statements run
+    /// on it completed (results read, any transaction ended): a connection merely dropped
+    /// goes back to the pool, which tests it first.
+    pub fn release(mut self) {
+        if let (Some(conn), true) = (self.conn.take(), self._permit.is_some()) {
+            self.reuse.idle.lock().unwrap_or_else(|e| e.into_inner()).push((conn, Instant::now()));
+        }
+    }
+}
+
+impl Deref for Reused<'_> {
+    type Target = PgConnection;
+
+    fn deref(&self) -> &PgConnection {
+        self.conn.as_ref().expect("a reused connection is present until released")
+    }
+}
+
+impl DerefMut for Reused<'_> {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        self.conn.as_mut().expect("a reused connection is present until released")
+    }
 }
 
 /// The URL with any password replaced by `***`, for messages and logs.

@@ -375,3 +375,78 @@ async fn a_pooled_connection_is_checked_only_after_the_idle_window() {
     let replaced = pid(pool.clone()).await.expect("the broken connection is replaced");
     assert_ne!(replaced, victim);
 }
+
+/// `pg::Reuse` hands a released connection to the next caller as it is (the same session),
+/// sends one dropped without a release back to the pool (whose test ends the transaction it
+/// left), keeps at most `keep` connections out so the pool's other users are never starved,
+/// and gives a kept connection idle past `pg::CHECK_IDLE_AFTER` back to the pool, which
+/// replaces it if it died meanwhile.
+#[tokio::test]
+async fn reused_connections_go_from_caller_to_caller_within_their_bound() {
+    async fn pid(conn: &mut sqlx::PgConnection) -> Result<i32, sqlx::Error> {
+        sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(conn).await
+    }
+    let pool = pg::connect(&database_url(), 2, Duration::from_millis(300)).await.expect("pool");
+    let admin = pg::connect(&database_url(), 1, Duration::from_secs(10)).await.expect("admin pool");
+    let reuse = pg::Reuse::new(pool.clone(), 1, Duration::from_millis(300));
+
+    // Released: the next caller gets the same session.
+    let mut conn = reuse.acquire().await.expect("acquire");
+    let first = pid(&mut conn).await.expect("statement");
+    conn.release();
+    assert_eq!(reuse.idle(), 1, "a released connection is kept");
+    let mut conn = reuse.acquire().await.expect("acquire");
+    assert_eq!(reuse.idle(), 0);
+    assert_eq!(pid(&mut conn).await.expect("statement"), first, "the released session was not handed on");
+
+    // At most `keep` out: another caller waits and times out, while the pool still serves
+    // its other users.
+    let waited = Instant::now();
+    let refused = reuse.acquire().await.err().expect("a second connection beyond keep = 1");
+    assert!(matches!(refused, sqlx::Error::PoolTimedOut), "{refused:?}");
+    assert!(waited.elapsed() >= Duration::from_millis(250), "gave up after {:?}", waited.elapsed());
+    let mut other = pool.acquire().await.expect("the pool's other user is served");
+    assert_ne!(pid(&mut other).await.expect("statement"), first);
+    drop(other);
+
+    // Dropped inside a transaction without a release (as a cancelled request drops it):
+    // back to the pool, whose test ends the transaction before the session serves anyone.
+    let dropped = pid(&mut conn).await.expect("statement");
+    {
+        let mut tx = sqlx::Connection::begin(&mut *conn).await.expect("begin");
+        sqlx::query("CREATE TEMP TABLE left_behind (x int)").execute(&mut *tx).await.expect("create");
+    }
+    drop(conn);
+    assert_eq!(reuse.idle(), 0, "a connection dropped without a release was kept");
+    let mut seen = false;
+    for _ in 0..10 {
+        let mut conn = reuse.acquire().await.expect("acquire");
+        let (session, clean): (i32, bool) = sqlx::query_as(
+            "SELECT pg_backend_pid(), pg_current_xact_id_if_assigned() IS NULL AND to_regclass('pg_temp.left_behind') IS NULL",
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .expect("statement");
+        assert!(clean, "session {session} was handed out inside the transaction a dropped caller left");
+        seen |= session == dropped;
+        if seen {
+            break;
+        }
+        drop(conn); // to the pool, which hands out its sessions in turn
+    }
+    assert!(seen, "the dropped session {dropped} never came back from the pool");
+
+    // Kept past the window: given back to the pool, which finds the session dead and opens
+    // another.
+    let mut conn = reuse.acquire().await.expect("acquire");
+    let kept = pid(&mut conn).await.expect("statement");
+    conn.release();
+    let killed: bool =
+        sqlx::query_scalar("SELECT pg_terminate_backend($1)").bind(kept).fetch_one(&admin).await.expect("terminate");
+    assert!(killed);
+    tokio::time::sleep(pg::CHECK_IDLE_AFTER + Duration::from_millis(300)).await;
+    let mut conn = reuse.acquire().await.expect("a connection past the window");
+    assert_eq!(reuse.idle(), 0, "the connection idle past the window stayed kept");
+    let now = pid(&mut conn).await.expect("the dead session was replaced before any statement");
+    assert_ne!(now, kept);
+}
