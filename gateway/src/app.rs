@@ -446,7 +446,8 @@ impl Gateway {
 }
 
 /// Refreshes the configured topics and every topic the cache knows, and the models'
-/// recorded widths, and purges expired idempotency keys, at start and then every
+/// recorded widths, gives the reads' idle connections back to the pool and purges expired
+/// idempotency keys, at start and then every
 /// `gateway.metadata_refresh_ms`.
 async fn refresh_metadata(state: AppState, mut shutdown: watch::Receiver<bool>) {
     let every = state.config.settings.metadata_refresh();
@@ -460,6 +461,9 @@ async fn refresh_metadata(state: AppState, mut shutdown: watch::Receiver<bool>) 
         if let Err(e) = state.widths.refresh(&state.pool, &state.model_names()).await {
             tracing::warn!(error = %format!("{e:#}"), "refreshing the models' recorded widths failed");
         }
+        // Connections the reads kept but have not used for a while go back to the pool,
+        // which closes them after its idle timeout.
+        state.reads.give_back_idle();
         // Idempotency keys past their window (any gateway of a fleet may purge them).
         match parsley_store::idempotency::purge_expired(&state.pool).await {
             Ok(0) => {}

@@ -252,16 +252,8 @@ impl Reuse {
             .await
             .map_err(|_| sqlx::Error::PoolTimedOut)?
             .map_err(|_| sqlx::Error::PoolClosed)?;
-        let (fresh, stale) = {
-            let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-            let now = Instant::now();
-            // The oldest are at the front.
-            let expired = idle.iter().take_while(|(_, at)| now.duration_since(*at) > CHECK_IDLE_AFTER).count();
-            let stale: Vec<_> = idle.drain(..expired).collect();
-            (idle.pop(), stale)
-        };
-        // Back to the pool, which tests them now and checks them again before handing one out.
-        drop(stale);
+        self.give_back_idle();
+        let fresh = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let conn = match fresh {
             Some((conn, _)) => conn,
             None => tokio::time::timeout_at(deadline.into(), self.pool.acquire())
@@ -269,6 +261,23 @@ impl Reuse {
                 .map_err(|_| sqlx::Error::PoolTimedOut)??,
         };
         Ok(Reused { conn: Some(conn), reuse: self, _permit: Some(permit) })
+    }
+}
+
+impl Reuse {
+    /// Gives the connections kept idle for longer than [`CHECK_IDLE_AFTER`] back to the pool
+    /// (which tests them now, checks them again before handing one out, and closes them
+    /// after its idle timeout); returns how many. Every acquire does it; call it now and
+    /// then too, so a quiet path does not keep its connections out of the pool.
+    pub fn give_back_idle(&self) -> usize {
+        let stale: Vec<_> = {
+            let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+            let now = Instant::now();
+            // The oldest are at the front.
+            let expired = idle.iter().take_while(|(_, at)| now.duration_since(*at) > CHECK_IDLE_AFTER).count();
+            idle.drain(..expired).collect()
+        };
+        stale.len()
     }
 }
 

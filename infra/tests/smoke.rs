@@ -449,4 +449,11 @@ async fn reused_connections_go_from_caller_to_caller_within_their_bound() {
     assert_eq!(reuse.idle(), 0, "the connection idle past the window stayed kept");
     let now = pid(&mut conn).await.expect("the dead session was replaced before any statement");
     assert_ne!(now, kept);
+
+    // A quiet path's kept connection goes back to the pool when swept, not before.
+    conn.release();
+    assert_eq!(reuse.give_back_idle(), 0, "a connection within the window was given back");
+    tokio::time::sleep(pg::CHECK_IDLE_AFTER + Duration::from_millis(300)).await;
+    assert_eq!(reuse.give_back_idle(), 1);
+    assert_eq!(reuse.idle(), 0);
 }
