@@ -185,14 +185,30 @@ pub struct Registry<M: MetricName> {
     _names: PhantomData<M>,
 }
 
+/// The rendered label set, `k1="v1",k2="v2"`, values escaped (`\\`, `"`, newline). Built
+/// on every update (the gateway makes several per request): one allocation, no formatting
+/// machinery.
 fn labels(pairs: &[(&str, &str)]) -> String {
-    let mut out = String::new();
+    let mut out = String::with_capacity(pairs.iter().map(|(k, v)| k.len() + v.len() + 4).sum());
     for (i, (k, v)) in pairs.iter().enumerate() {
         if i > 0 {
             out.push(',');
         }
-        let escaped = v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n");
-        let _ = write!(out, "{k}=\"{escaped}\"");
+        out.push_str(k);
+        out.push_str("=\"");
+        if !v.contains(['\\', '"', '\n']) {
+            out.push_str(v);
+        } else {
+            for c in v.chars() {
+                match c {
+                    '\\' => out.push_str("\\\\"),
+                    '"' => out.push_str("\\\""),
+                    '\n' => out.push_str("\\n"),
+                    c => out.push(c),
+                }
+            }
+        }
+        out.push('"');
     }
     out
 }
@@ -340,6 +356,13 @@ pub async fn bind(address: &str) -> anyhow::Result<(TcpListener, SocketAddr)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn label_values_are_escaped_for_the_exposition() {
+        assert_eq!(labels(&[]), "");
+        assert_eq!(labels(&[("route", "/v1/documents/{model}/{key}")]), r#"route="/v1/documents/{model}/{key}""#);
+        assert_eq!(labels(&[("a", "x\"y\\z\nw"), ("b", "é")]), r#"a="x\"y\\z\nw",b="é""#);
+    }
 
     crate::metric_names! {
         enum T {
