@@ -33,6 +33,38 @@ pub fn database_url() -> String {
     env::database_url().unwrap_or_else(|e| panic!("these tests need the real database: {e:#}"))
 }
 
+/// A folder of its own under the system's temporary folder (named by [`unique`]), removed
+/// with everything in it when dropped — unless the test is failing (the thread panicking),
+/// when what the test left there (configurations, process logs) stays for the diagnosis.
+pub struct ScratchDir(std::path::PathBuf);
+
+impl ScratchDir {
+    pub fn new(prefix: &str) -> ScratchDir {
+        let dir = std::env::temp_dir().join(unique(prefix));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+        ScratchDir(dir)
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+
+    /// `name` inside the folder.
+    pub fn join(&self, name: impl AsRef<std::path::Path>) -> std::path::PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("kept for the diagnosis: {}", self.0.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
 /// A name no other run or test uses: prefix, process id, time, counter.
 pub fn unique(prefix: &str) -> String {
     static COUNTER: AtomicU32 = AtomicU32::new(0);

@@ -96,7 +96,7 @@ impl Instance {
 /// Instances of the projector on one model, a gateway over it, and where they stand.
 struct Fleet {
     stack: Stack,
-    dir: PathBuf,
+    dir: parsley_testkit::ScratchDir,
     binary: PathBuf,
     instances: Vec<Instance>,
     _serial: MutexGuard<'static, ()>,
@@ -108,8 +108,7 @@ impl Fleet {
         let serial = SERIAL.lock().await;
         let binary = projector_binary();
         let stack = Stack::new(prefix, TASKS as i32, &format!("read_wait_ms = {READ_WAIT_MS}")).await;
-        let dir = std::env::temp_dir().join(unique(prefix));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = parsley_testkit::ScratchDir::new(prefix);
         Fleet { stack, dir, binary, instances: Vec::new(), _serial: serial }
     }
 
@@ -337,7 +336,7 @@ impl Fleet {
     /// fleet is dropped by the panic).
     async fn describe(&self) -> String {
         let model = &self.stack.names.model;
-        let mut out = format!("model {model}, logs in {}\n", self.dir.display());
+        let mut out = format!("model {model}, logs in {}\n", self.dir.path().display());
         let tasks = sqlx::query(
             "SELECT task, epoch, owner, status, coalesce((lease_until > now())::text, 'null'),
                     coalesce(round(extract(epoch FROM lease_until - now()) * 1000)::text, '-'),

@@ -323,6 +323,7 @@ impl BlackBox {
             .await
             .unwrap()
             .expect("running parsley-projector skip");
+        let _ = std::fs::remove_file(self.config_file_path());
         assert!(
             out.status.success(),
             "skip failed: {}{}",
@@ -331,9 +332,14 @@ impl BlackBox {
         );
     }
 
-    /// The configuration as a file, for the projector's command line.
+    fn config_file_path(&self) -> std::path::PathBuf {
+        std::env::temp_dir().join(format!("{}.toml", self.names.model))
+    }
+
+    /// The configuration as a file, for the projector's command line (removed once the
+    /// command ran).
     fn config_file(&self) -> String {
-        let path = std::env::temp_dir().join(format!("{}.toml", self.names.model));
+        let path = self.config_file_path();
         let text = format!(
             "[kafka]\nbootstrap = {:?}\n[database]\nurl = {:?}\n[[models]]\nname = {:?}\ntopics = [{{ name = {:?} }}, {{ name = {:?}, apply = \"merge\" }}]\n",
             bootstrap(),

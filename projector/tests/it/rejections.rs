@@ -331,13 +331,13 @@ async fn a_transient_database_failure_stays_failing_and_recovers() {
     .await;
 }
 
-/// Writes a configuration file for the binary: the test services and nothing else.
-fn config_file() -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(unique("projector-config"));
-    std::fs::create_dir_all(&dir).unwrap();
+/// Writes a configuration file for the binary: the test services and nothing else (the
+/// folder holding it goes when the returned value drops).
+fn config_file() -> (parsley_testkit::ScratchDir, std::path::PathBuf) {
+    let dir = parsley_testkit::ScratchDir::new("projector-config");
     let path = dir.join("parsley.toml");
     std::fs::write(&path, format!("[kafka]\nbootstrap = \"{}\"\n", bootstrap())).unwrap();
-    path
+    (dir, path)
 }
 
 /// Runs `parsley-projector skip` with `args` (after `--config PATH`).
@@ -384,7 +384,7 @@ async fn skip_by_the_command_line_lets_a_running_projector_go_on_without_a_resta
     assert_rejected_at(&refusal, bad_at, &["not JSON"]);
     assert_eq!(document(&pool, &n.model, "pay").await, None, "the payment waits for the rejected order");
 
-    let path = config_file();
+    let (_dir, path) = config_file();
     let args = |position: i64| -> Vec<String> {
         [
             "--model",

@@ -133,8 +133,7 @@ async fn kill_9_of_the_binary_under_load_loses_and_repeats_nothing() {
     create_topics(&[&n.orders, &n.payments], 2).await;
     let orders_id = topic_id(&n.orders).await;
     let pool = pool().await;
-    let dir = std::env::temp_dir().join(unique("projector-config"));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = parsley_testkit::ScratchDir::new("projector-config");
     let path = dir.join("parsley.toml");
     std::fs::write(
         &path,
@@ -217,8 +216,7 @@ async fn kill_9_of_the_binary_under_load_loses_and_repeats_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_services_are_retried_and_reported() {
     let n = Names::new("unreachable");
-    let dir = std::env::temp_dir().join(unique("projector-config"));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = parsley_testkit::ScratchDir::new("projector-config");
     let path = dir.join("parsley.toml");
     std::fs::write(
         &path,
