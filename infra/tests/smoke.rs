@@ -348,9 +348,24 @@ async fn a_pooled_connection_is_checked_only_after_the_idle_window() {
         }
     };
 
+    // A session is terminated only once its connection is back in the pool: sqlx tests a
+    // returned connection in a task of its own, and a test that met the termination would
+    // close it and open another — handed out fresh, neither checked nor reused unchecked.
+    let returned = |pool: &sqlx::PgPool| {
+        let pool = pool.clone();
+        async move {
+            let deadline = Instant::now() + TIMEOUT;
+            while pool.num_idle() < 1 {
+                assert!(Instant::now() < deadline, "the connection never went back to the pool");
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+    };
+
     // Idle past the window: the check finds the terminated session and the pool opens a
     // new one; the statement succeeds on it.
     let first = pid(pool.clone()).await.expect("first statement");
+    returned(&pool).await;
     kill(first).await;
     tokio::time::sleep(pg::CHECK_IDLE_AFTER + Duration::from_millis(300)).await;
     let second = pid(pool.clone()).await.expect("a connection idle past the window is checked and replaced");
@@ -361,6 +376,7 @@ async fn a_pooled_connection_is_checked_only_after_the_idle_window() {
     // termination itself took so long that the connection left the window.)
     let mut victim = second;
     for attempt in 1.. {
+        returned(&pool).await;
         let used = Instant::now();
         kill(victim).await;
         let outcome = pid(pool.clone()).await;
@@ -386,9 +402,11 @@ async fn reused_connections_go_from_caller_to_caller_within_their_bound() {
     async fn pid(conn: &mut sqlx::PgConnection) -> Result<i32, sqlx::Error> {
         sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(conn).await
     }
-    let pool = pg::connect(&database_url(), 2, Duration::from_millis(300)).await.expect("pool");
+    // A second is the wait of a caller beyond the bound, and long enough for the pool's test
+    // of a returned connection on a loaded machine.
+    let pool = pg::connect(&database_url(), 2, Duration::from_secs(1)).await.expect("pool");
     let admin = pg::connect(&database_url(), 1, Duration::from_secs(10)).await.expect("admin pool");
-    let reuse = pg::Reuse::new(pool.clone(), 1, Duration::from_millis(300));
+    let reuse = pg::Reuse::new(pool.clone(), 1, Duration::from_secs(1));
 
     // Released: the next caller gets the same session.
     let mut conn = reuse.acquire().await.expect("acquire");
@@ -404,7 +422,7 @@ async fn reused_connections_go_from_caller_to_caller_within_their_bound() {
     let waited = Instant::now();
     let refused = reuse.acquire().await.err().expect("a second connection beyond keep = 1");
     assert!(matches!(refused, sqlx::Error::PoolTimedOut), "{refused:?}");
-    assert!(waited.elapsed() >= Duration::from_millis(250), "gave up after {:?}", waited.elapsed());
+    assert!(waited.elapsed() >= Duration::from_millis(900), "gave up after {:?}", waited.elapsed());
     let mut other = pool.acquire().await.expect("the pool's other user is served");
     assert_ne!(pid(&mut other).await.expect("statement"), first);
     drop(other);
