@@ -215,7 +215,7 @@ pub struct Reuse {
 pub struct Reused<'a> {
     conn: Option<PoolConnection<Postgres>>,
     reuse: &'a Reuse,
-    _permit: Option<SemaphorePermit<'a>>,
+    permit: Option<SemaphorePermit<'a>>,
 }
 
 impl Reuse {
@@ -231,11 +231,6 @@ impl Reuse {
         max - (max / 4).max(1).min(max)
     }
 
-    /// The pool underneath.
-    pub fn pool(&self) -> &PgPool {
-        &self.pool
-    }
-
     /// How many connections are kept idle now.
     pub fn idle(&self) -> usize {
         self.idle.lock().unwrap_or_else(|e| e.into_inner()).len()
@@ -245,7 +240,7 @@ impl Reuse {
     /// one from the pool.
     pub async fn acquire(&self) -> Result<Reused<'_>, sqlx::Error> {
         if self.keep == 0 {
-            return Ok(Reused { conn: Some(self.pool.acquire().await?), reuse: self, _permit: None });
+            return Ok(Reused { conn: Some(self.pool.acquire().await?), reuse: self, permit: None });
         }
         let deadline = Instant::now() + self.acquire_timeout;
         let permit = tokio::time::timeout_at(deadline.into(), self.permits.acquire())
@@ -260,11 +255,9 @@ impl Reuse {
                 .await
                 .map_err(|_| sqlx::Error::PoolTimedOut)??,
         };
-        Ok(Reused { conn: Some(conn), reuse: self, _permit: Some(permit) })
+        Ok(Reused { conn: Some(conn), reuse: self, permit: Some(permit) })
     }
-}
 
-impl Reuse {
     /// Gives the connections kept idle for longer than [`CHECK_IDLE_AFTER`] back to the pool
     /// (which tests them now, checks them again before handing one out, and closes them
     /// after its idle timeout); returns how many. Every acquire does it; call it now and
@@ -286,7 +279,7 @@ impl Reused<'_> {
     /// on it completed (results read, any transaction ended): a connection merely dropped
     /// goes back to the pool, which tests it first.
     pub fn release(mut self) {
-        if let (Some(conn), true) = (self.conn.take(), self._permit.is_some()) {
+        if let (Some(conn), true) = (self.conn.take(), self.permit.is_some()) {
             self.reuse.idle.lock().unwrap_or_else(|e| e.into_inner()).push((conn, Instant::now()));
         }
     }
