@@ -441,6 +441,9 @@ impl Gateway {
         for task in background {
             let _ = task.await;
         }
+        // The reads' kept connections back to the pool, so an embedding program's
+        // `pool.close()` after this does not wait on them.
+        self.state.reads.give_back_all();
         served
     }
 }

@@ -258,6 +258,14 @@ impl Reuse {
         Ok(Reused { conn: Some(conn), reuse: self, permit: Some(permit) })
     }
 
+    /// Gives every kept connection back to the pool: at shutdown, so that a `close` of the
+    /// pool (which waits for every connection out of it) does not wait on them; returns how
+    /// many.
+    pub fn give_back_all(&self) -> usize {
+        let all: Vec<_> = std::mem::take(&mut *self.idle.lock().unwrap_or_else(|e| e.into_inner()));
+        all.len()
+    }
+
     /// Gives the connections kept idle for longer than [`CHECK_IDLE_AFTER`] back to the pool
     /// (which tests them now, checks them again before handing one out, and closes them
     /// after its idle timeout); returns how many. Every acquire does it; call it now and

@@ -474,4 +474,11 @@ async fn reused_connections_go_from_caller_to_caller_within_their_bound() {
     tokio::time::sleep(pg::CHECK_IDLE_AFTER + Duration::from_millis(300)).await;
     assert_eq!(reuse.give_back_idle(), 1);
     assert_eq!(reuse.idle(), 0);
+
+    // At shutdown every kept connection goes back, and the pool's close completes.
+    reuse.acquire().await.expect("acquire").release();
+    assert_eq!(reuse.give_back_all(), 1);
+    tokio::time::timeout(Duration::from_secs(10), pool.close())
+        .await
+        .expect("the pool's close waited on a kept connection");
 }
