@@ -28,7 +28,9 @@
 //! (comma-separated connection counts, default `1,16,64`), `BENCH_LOAD_ROUNDS` (slices per
 //! side, default 3), `BENCH_LOAD_SLICE_MS` (one slice, default 1000; a warm-up slice of a
 //! fifth of it per side comes first), `BENCH_LOAD_WORKLOADS` (comma-separated, of `read`,
-//! `page` and `write`; default all three). The defaults take about a minute.
+//! `page` and `write`; default all three), `BENCH_LOAD_ONLY` (`subject` or `baseline`:
+//! measure one side only, to profile it; its ratios are then meaningless). The defaults
+//! take about a minute.
 
 // Shared by the benchmarks, each of which uses a part of it.
 #[allow(dead_code)]
@@ -62,6 +64,25 @@ struct Plan {
     conns: Vec<usize>,
     rounds: usize,
     slice: Duration,
+    sides: Sides,
+}
+
+/// Which sides a run measures.
+#[derive(Clone, Copy)]
+enum Sides {
+    Both,
+    Subject,
+    Baseline,
+}
+
+impl Sides {
+    fn runs(self, subject: bool) -> bool {
+        match self {
+            Sides::Both => true,
+            Sides::Subject => subject,
+            Sides::Baseline => !subject,
+        }
+    }
 }
 
 /// One kind of request, of the gateway or of a baseline.
@@ -88,6 +109,12 @@ async fn bench() -> anyhow::Result<()> {
         conns: conns.split(',').map(|c| c.trim().parse::<usize>().map(|n| n.max(1))).collect::<Result<_, _>>()?,
         rounds: env_usize("BENCH_LOAD_ROUNDS", 3).max(1),
         slice: Duration::from_millis(env_usize("BENCH_LOAD_SLICE_MS", 1000).max(10) as u64),
+        sides: match std::env::var("BENCH_LOAD_ONLY").as_deref() {
+            Err(_) | Ok("") => Sides::Both,
+            Ok("subject") => Sides::Subject,
+            Ok("baseline") => Sides::Baseline,
+            Ok(other) => anyhow::bail!("BENCH_LOAD_ONLY is {other:?}: subject or baseline, or unset for both"),
+        },
     };
     let stack = Stack::start("gwload", "").await?;
     println!(
@@ -168,7 +195,7 @@ async fn measure(stack: &Stack, plan: &Plan) -> anyhow::Result<()> {
             let (mut s, mut b) = (Totals::default(), Totals::default());
             for round in 0..plan.rounds {
                 let order = if round % 2 == 0 { [subject, baseline] } else { [baseline, subject] };
-                for op in order {
+                for op in order.into_iter().filter(|op| plan.sides.runs(*op == subject)) {
                     let (back, slice) = run_slice(clients, op, plan.slice).await?;
                     clients = back;
                     if op == subject { &mut s } else { &mut b }.add(slice);
@@ -260,11 +287,13 @@ struct Slice {
     requests: usize,
     elapsed: Duration,
     latencies: Vec<Duration>,
+    cpu: Cpu,
 }
 
 /// Every client issues `op` back to back until `length` has passed; the slice ends when
 /// the last client's last request is answered. The clients come back for the next slice.
 async fn run_slice(clients: Vec<Client>, op: Op, length: Duration) -> anyhow::Result<(Vec<Client>, Slice)> {
+    let cpu_at_start = Cpu::now();
     let started = Instant::now();
     let until = started + length;
     let mut running = Vec::with_capacity(clients.len());
@@ -288,7 +317,33 @@ async fn run_slice(clients: Vec<Client>, op: Op, length: Duration) -> anyhow::Re
         latencies.extend(l);
     }
     let elapsed = started.elapsed();
-    Ok((clients, Slice { requests: latencies.len(), elapsed, latencies }))
+    let cpu = Cpu::now().since(cpu_at_start);
+    Ok((clients, Slice { requests: latencies.len(), elapsed, latencies, cpu }))
+}
+
+/// CPU ticks so far of this process (the gateway or the plain server, the clients, the
+/// in-process projector, idle while reads run) and of every Postgres server process.
+#[derive(Clone, Copy, Default)]
+struct Cpu {
+    process: u64,
+    postgres: u64,
+}
+
+impl Cpu {
+    fn now() -> Cpu {
+        Cpu {
+            process: parsley_testkit::cpu_ticks(std::process::id()).unwrap_or(0),
+            postgres: parsley_testkit::postgres_processes().iter().map(|p| p.2).sum(),
+        }
+    }
+
+    /// What was spent since `start` (a Postgres process that ended meanwhile is not counted).
+    fn since(self, start: Cpu) -> Cpu {
+        Cpu {
+            process: self.process.saturating_sub(start.process),
+            postgres: self.postgres.saturating_sub(start.postgres),
+        }
+    }
 }
 
 /// One side's slices, summed.
@@ -297,6 +352,7 @@ struct Totals {
     requests: usize,
     elapsed: Duration,
     latencies: Vec<Duration>,
+    cpu: Cpu,
 }
 
 impl Totals {
@@ -304,6 +360,14 @@ impl Totals {
         self.requests += s.requests;
         self.elapsed += s.elapsed;
         self.latencies.extend(s.latencies);
+        self.cpu.process += s.cpu.process;
+        self.cpu.postgres += s.cpu.postgres;
+    }
+
+    /// CPU microseconds per request: (this process, Postgres).
+    fn cpu_per_request(&self) -> (f64, f64) {
+        let per = |ticks: u64| ticks as f64 / parsley_testkit::TICKS_PER_SECOND * 1e6 / self.requests.max(1) as f64;
+        (per(self.cpu.process), per(self.cpu.postgres))
     }
 
     fn per_second(&self) -> f64 {
@@ -343,4 +407,28 @@ fn print_rows(rows: &[Row]) {
         );
     }
     println!("thr: subject / baseline requests per second; p50, p99: subject / baseline latency");
+    println!();
+    println!("CPU per request, microseconds: this process (server, clients, idle projector) and Postgres");
+    println!(
+        "{:<24} {:>5} | {:>9} {:>9} | {:>9} {:>9} | {:>7} {:>7}",
+        "workload", "conns", "process", "postgres", "base proc", "base pg", "proc", "pg"
+    );
+    for r in rows {
+        let (sp, sg) = r.subject.cpu_per_request();
+        let (bp, bg) = r.baseline.cpu_per_request();
+        println!(
+            "{:<24} {:>5} | {:>9.1} {:>9.1} | {:>9.1} {:>9.1} | {:>7.2} {:>7.2}",
+            r.workload,
+            r.conns,
+            sp,
+            sg,
+            bp,
+            bg,
+            sp / bp.max(f64::MIN_POSITIVE),
+            sg / bg.max(f64::MIN_POSITIVE)
+        );
+    }
+    println!(
+        "proc, pg: subject / baseline CPU per request (ticks of 10 ms from /proc: use slices of a second or more)"
+    );
 }

@@ -61,6 +61,7 @@ use parsley_projector::config::{Apply, Config};
 use parsley_projector::projection::{Delivered, Projection, StepContext};
 use parsley_projector::record::Consumed;
 use parsley_projector::{kafka, migrations, DocumentProjection};
+use parsley_testkit::{cpu_ticks, postgres_processes, TICKS_PER_SECOND};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
@@ -72,8 +73,6 @@ use tokio::sync::watch;
 
 /// The projector binary of this build.
 const PROJECTOR_BIN: &str = env!("CARGO_BIN_EXE_parsley-projector");
-/// Linux reports `/proc/<pid>/stat` times in USER_HZ, 100 on every architecture it runs on.
-const TICKS_PER_SECOND: f64 = 100.0;
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -368,36 +367,6 @@ fn partition_of(key: &str, partitions: u32) -> u32 {
         h = (h ^ b as u32).wrapping_mul(16_777_619);
     }
     h % partitions
-}
-
-/// Sums utime + stime of processes, from `/proc`.
-fn cpu_ticks(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) is in parentheses and may contain spaces.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = rest.split(' ').collect();
-    // After the name: state is field 3, utime field 14, stime field 15.
-    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
-}
-
-/// Every Postgres server process: pid, process title, CPU ticks.
-fn postgres_processes() -> Vec<(u32, String, u64)> {
-    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
-    let mut out = Vec::new();
-    for entry in dir.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
-        let Ok(comm) = std::fs::read_to_string(format!("/proc/{pid}/comm")) else { continue };
-        if comm.trim() != "postgres" {
-            continue;
-        }
-        let title = std::fs::read(format!("/proc/{pid}/cmdline"))
-            .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
-            .unwrap_or_default();
-        if let Some(ticks) = cpu_ticks(pid) {
-            out.push((pid, title, ticks));
-        }
-    }
-    out
 }
 
 /// What the sampler saw of each server process, by pid: ticks at the start (0 for a

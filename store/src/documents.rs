@@ -5,9 +5,10 @@
 //! A gated read is one statement ([`gated_document`], [`gated_page`]): the model's row, the
 //! clock rows the gate needs and the documents, in one snapshot (a single statement is one
 //! snapshot even at `READ COMMITTED`) and one round trip, prepared once per connection. The
-//! model's topic identities come back only when its recorded shape is not the one the caller
-//! has cached ([`GateInputs::cached`], `parsley.models.shape_id`, which triggers renew on
-//! every change of the width, the format or a topic identity).
+//! model's topic identities are read — by a second statement, by shape — only when its
+//! recorded shape is not the one the caller has cached ([`GateInputs::cached`],
+//! `parsley.models.shape_id`, which triggers renew on every change of the width, the format
+//! or a topic identity).
 //!
 //! The step's statements return the sqlx error itself, so the projection can tell a value the
 //! table refused from an outage (`ProjectionError::database` in the projector).
@@ -208,32 +209,44 @@ pub enum ClockScope {
     Owner { owner: u32, received: Vec<TopicId>, partitions: Vec<u32> },
 }
 
-/// The columns every gated read's statement starts with, and its shared joins: the model
-/// row, its topic identities and the clock rows as parallel arrays (one result row). Binds
-/// `$1` the model, `$2` the cached shape (`NULL`: none). The topic identities are read only
-/// when the recorded shape is not the cached one: the condition refers to no row of
-/// `parsley.topics`, so Postgres makes it a one-time filter and skips the scan (and the
-/// aggregate sees no rows) when the shape is unchanged.
-macro_rules! gated_model_and_clock {
-    ($clock_filter:literal) => {
+/// A gated read's statement: one row of kind 0 — the model's row (all `NULL` when it has
+/// none) and the read's data (`$data` columns from `$data_join`ed subqueries) — and one row
+/// of kind 1 per clock row the `$clock_filter` keeps (its data columns `$data_nulls`). Two
+/// branches of one `UNION ALL`, so one statement and one snapshot. Binds `$1` the model.
+///
+/// The clock rows come back as rows, not aggregated into arrays: an aggregate in a lateral
+/// subquery cost Postgres more than the rest of the statement together (DECISIONS, "A gated
+/// read's clock rows as rows"). The topic identities are not part of it: a caller whose
+/// cached shape ([`GateInputs::cached`]) is the recorded one needs none, and anyone else
+/// reads them by shape ([`recorded_model`]).
+macro_rules! gated_statement {
+    (data: $data:literal, data_join: $data_join:literal, data_nulls: $data_nulls:literal, clock_filter: $clock_filter:expr) => {
         concat!(
-            "SELECT m.task_count, m.format_version, m.shape_id, t.names, t.ids,
-                    c.tasks, c.topic_ids, c.partitions, c.positions, d.*
-             FROM (SELECT $1::text AS model) AS q
-             LEFT JOIN parsley.models m ON m.model = q.model
-             CROSS JOIN LATERAL (SELECT array_agg(topic_name) AS names, array_agg(topic_id) AS ids
-                                 FROM parsley.topics
-                                 WHERE model = q.model AND m.shape_id IS DISTINCT FROM $2::uuid) AS t
-             CROSS JOIN LATERAL (SELECT array_agg(task) AS tasks, array_agg(topic_id) AS topic_ids,
-                                        array_agg(partition) AS partitions, array_agg(position) AS positions
-                                 FROM parsley.clock c WHERE c.model = q.model AND ",
-            $clock_filter,
-            ") AS c "
+            "SELECT 0 AS kind, m.task_count, m.format_version, m.shape_id,
+                    NULL::int4 AS task, NULL::uuid AS topic_id, NULL::int4 AS partition, NULL::int8 AS position",
+            $data,
+            " FROM (SELECT $1::text AS model) AS q
+             LEFT JOIN parsley.models m ON m.model = q.model ",
+            $data_join,
+            " UNION ALL
+             SELECT 1, NULL, NULL, NULL, c.task, c.topic_id, c.partition, c.position",
+            $data_nulls,
+            " FROM parsley.clock c WHERE c.model = $1 AND ",
+            $clock_filter
         )
     };
 }
 
-/// The binds `$3..$6` of the gated statements' clock filter for `scope`: every row, or the
+/// The clock filter of a statement scoped by [`ClockScope`], over binds `$2..$5`
+/// ([`scope_binds`]): every row, or the owner's, the rows of channels the model does not
+/// receive, and the partitions' own tasks' rows.
+macro_rules! scoped_clock_filter {
+    () => {
+        "($2 OR c.task = $3 OR NOT (c.topic_id = ANY($4)) OR (c.task = c.partition AND c.task = ANY($5)))"
+    };
+}
+
+/// The binds `$2..$5` of the gated statements' clock filter for `scope`: every row, or the
 /// owner's, the rows of channels the model does not receive, and the partitions' own tasks.
 pub(crate) fn scope_binds(scope: &ClockScope) -> (bool, i32, Vec<Uuid>, Vec<i32>) {
     match scope {
@@ -247,6 +260,11 @@ pub(crate) fn scope_binds(scope: &ClockScope) -> (bool, i32, Vec<Uuid>, Vec<i32>
     }
 }
 
+/// How many times a gated read is run again when the model's shape changed between its
+/// statement and the reading of the new shape's topic identities (each a rare event: a model
+/// recorded, widened or migrated) before it fails.
+pub(crate) const SHAPE_ATTEMPTS: usize = 8;
+
 /// One document, the model's row (as [`GateInputs`] asks) and the clock rows it names, in one
 /// statement (one snapshot even at `READ COMMITTED`; no transaction around it).
 pub async fn gated_document(
@@ -256,29 +274,34 @@ pub async fn gated_document(
     inputs: &GateInputs,
 ) -> anyhow::Result<GatedSnapshot<Option<Document>>> {
     let (all, owner, received, partitions) = scope_binds(&inputs.clock);
-    let row = sqlx::query(concat!(
-        gated_model_and_clock!(
-            "($3 OR c.task = $4 OR NOT (c.topic_id = ANY($5)) OR (c.task = c.partition AND c.task = ANY($6)))"
-        ),
-        "LEFT JOIN LATERAL (SELECT doc, version FROM projection.documents
-                            WHERE model = q.model AND key = $7) AS d ON true"
-    ))
-    .bind(model)
-    .bind(inputs.cached.map(|s| s.0))
-    .bind(all)
-    .bind(owner)
-    .bind(&received)
-    .bind(&partitions)
-    .bind(key)
-    .fetch_one(&mut *conn)
-    .await
-    .with_context(|| format!("reading a document of model {model:?} with its clock"))?;
-    let doc: Option<Value> = row.try_get("doc")?;
-    let data = match doc {
-        None => None,
-        Some(doc) => Some(Document { key: key.to_string(), doc, version: row.try_get("version")? }),
-    };
-    Ok(GatedSnapshot { model: gated_model(&row, inputs.cached)?, clock: gated_clock(&row)?, data })
+    for _ in 0..SHAPE_ATTEMPTS {
+        let rows = sqlx::query(gated_statement!(
+            data: ", d.doc, d.version",
+            data_join: "LEFT JOIN LATERAL (SELECT doc, version FROM projection.documents
+                                           WHERE model = q.model AND key = $6) AS d ON true",
+            data_nulls: ", NULL, NULL",
+            clock_filter: scoped_clock_filter!()
+        ))
+        .bind(model)
+        .bind(all)
+        .bind(owner)
+        .bind(&received)
+        .bind(&partitions)
+        .bind(key)
+        .fetch_all(&mut *conn)
+        .await
+        .with_context(|| format!("reading a document of model {model:?} with its clock"))?;
+        let (head, clock) = split_gated(rows)?;
+        let doc: Option<Value> = head.try_get("doc")?;
+        let data = match doc {
+            None => None,
+            Some(doc) => Some(Document { key: key.to_string(), doc, version: head.try_get("version")? }),
+        };
+        if let Some(model) = recorded_model(conn, model, &head, inputs.cached).await? {
+            return Ok(GatedSnapshot { model, clock, data });
+        }
+    }
+    Err(shape_kept_changing(model))
 }
 
 /// At most `limit` documents in key order (those after `after` when given), the model's row
@@ -291,64 +314,102 @@ pub async fn gated_page(
     after: Option<&str>,
     limit: i64,
 ) -> anyhow::Result<GatedSnapshot<Vec<Document>>> {
-    let row = sqlx::query(concat!(
-        gated_model_and_clock!("true"),
-        "CROSS JOIN LATERAL (SELECT array_agg(p.key ORDER BY p.key) AS keys, array_agg(p.doc ORDER BY p.key) AS docs,
-                                    array_agg(p.version ORDER BY p.key) AS versions
-                             FROM (SELECT key, doc, version FROM projection.documents
-                                   WHERE model = q.model AND ($3::text IS NULL OR key > $3)
-                                   ORDER BY key LIMIT $4) AS p) AS d"
-    ))
-    .bind(model)
-    .bind(cached.map(|s| s.0))
-    .bind(after)
-    .bind(limit)
-    .fetch_one(&mut *conn)
-    .await
-    .with_context(|| format!("reading a page of model {model:?} with its clock"))?;
-    // A stored document that cannot be decoded is an error, never a panic.
-    let keys: Vec<String> = row.try_get::<Option<_>, _>("keys")?.unwrap_or_default();
-    let docs: Vec<Value> = row.try_get::<Option<_>, _>("docs")?.unwrap_or_default();
-    let versions: Vec<i64> = row.try_get::<Option<_>, _>("versions")?.unwrap_or_default();
-    ensure!(keys.len() == docs.len() && keys.len() == versions.len(), "a page's columns differ in length");
-    let data = keys.into_iter().zip(docs).zip(versions).map(|((key, doc), version)| Document { key, doc, version });
-    Ok(GatedSnapshot { model: gated_model(&row, cached)?, clock: gated_clock(&row)?, data: data.collect() })
+    for _ in 0..SHAPE_ATTEMPTS {
+        let rows = sqlx::query(gated_statement!(
+            data: ", d.keys, d.docs, d.versions",
+            data_join: "CROSS JOIN LATERAL (
+                            SELECT array_agg(p.key ORDER BY p.key) AS keys, array_agg(p.doc ORDER BY p.key) AS docs,
+                                   array_agg(p.version ORDER BY p.key) AS versions
+                            FROM (SELECT key, doc, version FROM projection.documents
+                                  WHERE model = q.model AND ($2::text IS NULL OR key > $2)
+                                  ORDER BY key LIMIT $3) AS p) AS d",
+            data_nulls: ", NULL, NULL, NULL",
+            clock_filter: "true"
+        ))
+        .bind(model)
+        .bind(after)
+        .bind(limit)
+        .fetch_all(&mut *conn)
+        .await
+        .with_context(|| format!("reading a page of model {model:?} with its clock"))?;
+        let (head, clock) = split_gated(rows)?;
+        // A stored document that cannot be decoded is an error, never a panic.
+        let keys: Vec<String> = head.try_get::<Option<_>, _>("keys")?.unwrap_or_default();
+        let docs: Vec<Value> = head.try_get::<Option<_>, _>("docs")?.unwrap_or_default();
+        let versions: Vec<i64> = head.try_get::<Option<_>, _>("versions")?.unwrap_or_default();
+        ensure!(keys.len() == docs.len() && keys.len() == versions.len(), "a page's columns differ in length");
+        let data = keys.into_iter().zip(docs).zip(versions).map(|((key, doc), version)| Document { key, doc, version });
+        if let Some(model) = recorded_model(conn, model, &head, cached).await? {
+            return Ok(GatedSnapshot { model, clock, data: data.collect() });
+        }
+    }
+    Err(shape_kept_changing(model))
 }
 
-/// The model of a gated read's result, whose statement was asked for the topic identities
-/// unless the shape is still `cached`.
-pub(crate) fn gated_model(row: &PgRow, cached: Option<ShapeId>) -> anyhow::Result<RecordedModel> {
-    let Some(task_count) = row.try_get::<Option<i32>, _>("task_count")? else { return Ok(RecordedModel::Absent) };
-    let shape = ShapeId(row.try_get("shape_id")?);
+/// A gated statement's rows: its one row of kind 0 (the model and the data) and its clock rows.
+pub(crate) fn split_gated(rows: Vec<PgRow>) -> anyhow::Result<(PgRow, Vec<ClockRow>)> {
+    let mut head = None;
+    let mut clock = Vec::with_capacity(rows.len().saturating_sub(1));
+    for row in rows {
+        if row.try_get::<i32, _>("kind")? == 0 {
+            ensure!(head.is_none(), "a gated statement returned two model rows");
+            head = Some(row);
+            continue;
+        }
+        let task: i32 = row.try_get("task")?;
+        let task = u32::try_from(task).with_context(|| format!("a stored task {task} is negative"))?;
+        let channel = channel_of(row.try_get("topic_id")?, row.try_get("partition")?)?;
+        clock.push(ClockRow { task, channel, position: row.try_get("position")? });
+    }
+    Ok((head.context("a gated statement returned no model row")?, clock))
+}
+
+/// The model as the gated statement's row `head` found it: absent, the `cached` shape, or
+/// another shape, whose topic identities are read now — by that shape, so they are the ones
+/// the statement's snapshot recorded (a shape identity names one width, format and set of
+/// topic identities, never reused). `None` when the model's shape has changed again since
+/// the statement: the caller runs it again.
+pub(crate) async fn recorded_model(
+    conn: &mut PgConnection,
+    model: &str,
+    head: &PgRow,
+    cached: Option<ShapeId>,
+) -> anyhow::Result<Option<RecordedModel>> {
+    let Some(task_count) = head.try_get::<Option<i32>, _>("task_count")? else {
+        return Ok(Some(RecordedModel::Absent));
+    };
+    let shape = ShapeId(head.try_get("shape_id")?);
     if cached == Some(shape) {
-        return Ok(RecordedModel::Unchanged);
+        return Ok(Some(RecordedModel::Unchanged));
     }
     let task_count = u32::try_from(task_count).with_context(|| format!("a model records {task_count} tasks"))?;
+    let format_version = head.try_get("format_version")?;
+    let row = sqlx::query(
+        "SELECT count(m.model) AS found,
+                array_agg(t.topic_name) FILTER (WHERE t.topic_name IS NOT NULL) AS names,
+                array_agg(t.topic_id) FILTER (WHERE t.topic_name IS NOT NULL) AS ids
+         FROM parsley.models m LEFT JOIN parsley.topics t ON t.model = m.model
+         WHERE m.model = $1 AND m.shape_id = $2",
+    )
+    .bind(model)
+    .bind(shape.0)
+    .fetch_one(&mut *conn)
+    .await
+    .with_context(|| format!("reading the topic identities of model {model:?}"))?;
+    if row.try_get::<i64, _>("found")? == 0 {
+        return Ok(None);
+    }
     let names: Vec<String> = row.try_get::<Option<_>, _>("names")?.unwrap_or_default();
     let ids: Vec<Uuid> = row.try_get::<Option<_>, _>("ids")?.unwrap_or_default();
     ensure!(names.len() == ids.len(), "a model's topic names and identities differ in number");
-    let row = ModelRow {
-        task_count,
-        format_version: row.try_get("format_version")?,
-        topics: names.into_iter().zip(ids.iter().map(topic_of)).collect(),
-    };
-    Ok(RecordedModel::Read { shape, row })
+    let row =
+        ModelRow { task_count, format_version, topics: names.into_iter().zip(ids.iter().map(topic_of)).collect() };
+    Ok(Some(RecordedModel::Read { shape, row }))
 }
 
-/// The clock rows of a gated read's result.
-pub(crate) fn gated_clock(row: &PgRow) -> anyhow::Result<Vec<ClockRow>> {
-    let tasks: Vec<i32> = row.try_get::<Option<_>, _>("tasks")?.unwrap_or_default();
-    let topics: Vec<Uuid> = row.try_get::<Option<_>, _>("topic_ids")?.unwrap_or_default();
-    let partitions: Vec<i32> = row.try_get::<Option<_>, _>("partitions")?.unwrap_or_default();
-    let positions: Vec<i64> = row.try_get::<Option<_>, _>("positions")?.unwrap_or_default();
-    let n = tasks.len();
-    ensure!(topics.len() == n && partitions.len() == n && positions.len() == n, "clock columns differ in length");
-    (0..n)
-        .map(|i| {
-            let task = u32::try_from(tasks[i]).with_context(|| format!("a stored task {} is negative", tasks[i]))?;
-            Ok(ClockRow { task, channel: channel_of(topics[i], partitions[i])?, position: positions[i] })
-        })
-        .collect()
+/// The error of a read whose model's shape changed [`SHAPE_ATTEMPTS`] times in a row.
+pub(crate) fn shape_kept_changing(model: &str) -> anyhow::Error {
+    anyhow::anyhow!("the recorded shape of model {model:?} changed {SHAPE_ATTEMPTS} times during one read")
 }
 
 /// How many documents `model` has; 0 when the table does not exist yet (the migrations have

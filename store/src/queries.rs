@@ -17,7 +17,9 @@ use anyhow::Context as _;
 use serde_json::Value;
 use sqlx::{Connection as _, PgConnection, Postgres, Row as _, Transaction};
 
-use crate::documents::{gated_clock, gated_model, scope_binds, GateInputs, GatedSnapshot};
+use crate::documents::{
+    recorded_model, scope_binds, shape_kept_changing, split_gated, GateInputs, GatedSnapshot, SHAPE_ATTEMPTS,
+};
 
 /// A future borrowing a connection: what a data statement's closure returns.
 pub type BoxFuture<'c, T> = Pin<Box<dyn Future<Output = T> + Send + 'c>>;
@@ -65,24 +67,29 @@ async fn begin_with_clock<'c>(
 ) -> anyhow::Result<(Transaction<'c, Postgres>, GatedSnapshot<()>)> {
     let mut tx = conn.begin_with(BEGIN_READ_ONLY).await.context("beginning a read-only snapshot")?;
     let (all, owner, received, partitions) = scope_binds(&inputs.clock);
-    // The document reads' model-and-clock statement with no data (`d` has no columns).
-    let row = sqlx::query(concat!(
-        gated_model_and_clock!(
-            "($3 OR c.task = $4 OR NOT (c.topic_id = ANY($5)) OR (c.task = c.partition AND c.task = ANY($6)))"
-        ),
-        "CROSS JOIN (SELECT) AS d"
-    ))
-    .bind(model)
-    .bind(inputs.cached.map(|s| s.0))
-    .bind(all)
-    .bind(owner)
-    .bind(&received)
-    .bind(&partitions)
-    .fetch_one(&mut *tx)
-    .await
-    .with_context(|| format!("reading the clock of model {model:?}"))?;
-    let snapshot = GatedSnapshot { model: gated_model(&row, inputs.cached)?, clock: gated_clock(&row)?, data: () };
-    Ok((tx, snapshot))
+    // The document reads' statement with no data: in this snapshot the model's shape cannot
+    // change between the statement and the reading of its topic identities.
+    for _ in 0..SHAPE_ATTEMPTS {
+        let rows = sqlx::query(gated_statement!(
+            data: "",
+            data_join: "",
+            data_nulls: "",
+            clock_filter: scoped_clock_filter!()
+        ))
+        .bind(model)
+        .bind(all)
+        .bind(owner)
+        .bind(&received)
+        .bind(&partitions)
+        .fetch_all(&mut *tx)
+        .await
+        .with_context(|| format!("reading the clock of model {model:?}"))?;
+        let (head, clock) = split_gated(rows)?;
+        if let Some(recorded) = recorded_model(&mut tx, model, &head, inputs.cached).await? {
+            return Ok((tx, GatedSnapshot { model: recorded, clock, data: () }));
+        }
+    }
+    Err(shape_kept_changing(model))
 }
 
 /// Ends the snapshot (a failed data statement rolls it back when `tx` drops) with `data`.

@@ -227,3 +227,36 @@ impl Drop for Spawned {
         let _ = self.child.wait();
     }
 }
+
+/// Linux reports `/proc/<pid>/stat` times in USER_HZ, 100 on every architecture it runs on.
+pub const TICKS_PER_SECOND: f64 = 100.0;
+
+/// A process's CPU so far, utime + stime in ticks ([`TICKS_PER_SECOND`]), from `/proc`.
+pub fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may contain spaces.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    // After the name: state is field 3, utime field 14, stime field 15.
+    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+}
+
+/// Every Postgres server process on this machine: pid, process title, CPU ticks so far.
+pub fn postgres_processes() -> Vec<(u32, String, u64)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let mut out = Vec::new();
+    for entry in dir.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        let Ok(comm) = std::fs::read_to_string(format!("/proc/{pid}/comm")) else { continue };
+        if comm.trim() != "postgres" {
+            continue;
+        }
+        let title = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+            .unwrap_or_default();
+        if let Some(ticks) = cpu_ticks(pid) {
+            out.push((pid, title, ticks));
+        }
+    }
+    out
+}

@@ -383,7 +383,11 @@ pub struct Stats {
 }
 
 impl Stats {
+    /// All zero for no samples (a side not measured).
     pub fn of(samples: &[Duration]) -> Stats {
+        if samples.is_empty() {
+            return Stats { min: Duration::ZERO, median: Duration::ZERO, p90: Duration::ZERO, p99: Duration::ZERO };
+        }
         let mut sorted = samples.to_vec();
         sorted.sort();
         let rank = |p: f64| sorted[((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1];

@@ -376,6 +376,81 @@ async fn a_gated_statement_reads_the_model_s_row_again_only_when_its_shape_chang
     assert_eq!((row.task_count, row.topics.get("orders")), (2, Some(&orders)));
 }
 
+/// A gated statement finds a shape it does not hold, and reads that shape's topic identities
+/// with a second statement: while a writer flips the model between two shapes (two tasks
+/// with topic `a`, three with topic `b`, each flip one transaction), every read of the model
+/// in full is one of the two shapes, never the width of one with the topics of the other —
+/// for the document, the page and the named queries' statements alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shape_read_in_full_is_never_mixed_from_two_shapes() {
+    use parsley::TopicId;
+    use parsley_store::documents::{gated_document, gated_page, ClockScope, GateInputs, RecordedModel};
+    use parsley_store::ordering::register_model;
+    use parsley_store::queries::in_snapshot;
+
+    let pool = pool().await;
+    let model = unique("shape-flip");
+    let (a, b) = (TopicId::from_bytes([5; 16]), TopicId::from_bytes([6; 16]));
+    register_model(&pool, &model, 2, &[("a".to_string(), a)]).await.unwrap();
+    let (stop, mut stopped) = watch::channel(false);
+    let writer = tokio::spawn({
+        let (pool, model) = (pool.clone(), model.clone());
+        async move {
+            let mut flips = 0u32;
+            while !*stopped.borrow_and_update() {
+                flips += 1;
+                let (tasks, from, to, id) = if flips % 2 == 1 { (3, "a", "b", b) } else { (2, "b", "a", a) };
+                let mut tx = pool.begin().await.unwrap();
+                sqlx::query("UPDATE parsley.models SET task_count = $2 WHERE model = $1")
+                    .bind(&model)
+                    .bind(tasks)
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap();
+                sqlx::query("DELETE FROM parsley.topics WHERE model = $1 AND topic_name = $2")
+                    .bind(&model)
+                    .bind(from)
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap();
+                sqlx::query("INSERT INTO parsley.topics (model, topic_name, topic_id) VALUES ($1, $2, $3)")
+                    .bind(&model)
+                    .bind(to)
+                    .bind(uuid::Uuid::from_bytes(*id.as_bytes()))
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap();
+                tx.commit().await.unwrap();
+            }
+            flips
+        }
+    });
+    fn nothing(_: &mut sqlx::PgConnection) -> parsley_store::queries::BoxFuture<'_, Result<(), sqlx::Error>> {
+        Box::pin(async { Ok(()) })
+    }
+    let mut conn = pool.acquire().await.unwrap();
+    let inputs = GateInputs { clock: ClockScope::All, cached: None };
+    let mut widths = std::collections::BTreeSet::new();
+    for round in 0..450 {
+        let model_read = match round % 3 {
+            0 => gated_document(&mut conn, &model, "k", &inputs).await.unwrap().model,
+            1 => gated_page(&mut conn, &model, None, None, 10).await.unwrap().model,
+            _ => in_snapshot(&mut conn, &model, &inputs, &nothing).await.unwrap().model,
+        };
+        let RecordedModel::Read { row, .. } = model_read else { panic!("round {round}: asked with no shape") };
+        let topics: Vec<(&str, TopicId)> = row.topics.iter().map(|(n, id)| (n.as_str(), *id)).collect();
+        match row.task_count {
+            2 => assert_eq!(topics, [("a", a)], "round {round}: two tasks go with topic a"),
+            3 => assert_eq!(topics, [("b", b)], "round {round}: three tasks go with topic b"),
+            other => panic!("round {round}: {other} tasks"),
+        }
+        widths.insert(row.task_count);
+    }
+    stop.send(true).unwrap();
+    let flips = writer.await.unwrap();
+    assert_eq!(widths.len(), 2, "both shapes were read ({flips} flips)");
+}
+
 /// The status read's transaction (`/v1/status`) is one snapshot: the statement that opens
 /// it really gives repeatable read, read only.
 #[tokio::test]
