@@ -193,15 +193,21 @@ async fn measure(stack: &Stack, plan: &Plan) -> anyhow::Result<()> {
                 clients = run_slice(clients, op, plan.slice / 5).await?.0;
             }
             let (mut s, mut b) = (Totals::default(), Totals::default());
+            let mut paired = Vec::with_capacity(plan.rounds);
             for round in 0..plan.rounds {
                 let order = if round % 2 == 0 { [subject, baseline] } else { [baseline, subject] };
+                let mut rates = [None, None];
                 for op in order.into_iter().filter(|op| plan.sides.runs(*op == subject)) {
                     let (back, slice) = run_slice(clients, op, plan.slice).await?;
                     clients = back;
+                    rates[usize::from(op != subject)] = Some(slice.requests as f64 / slice.elapsed.as_secs_f64());
                     if op == subject { &mut s } else { &mut b }.add(slice);
                 }
+                if let [Some(subject_rate), Some(baseline_rate)] = rates {
+                    paired.push(subject_rate / baseline_rate);
+                }
             }
-            rows.push(Row { workload, conns: n, subject: s, baseline: b });
+            rows.push(Row { workload, conns: n, subject: s, baseline: b, paired });
         }
     }
     print_rows(&rows);
@@ -380,19 +386,39 @@ struct Row {
     conns: usize,
     subject: Totals,
     baseline: Totals,
+    /// Each round's throughput ratio, subject / baseline (the two slices run back to back).
+    paired: Vec<f64>,
+}
+
+impl Row {
+    /// The median of the rounds' throughput ratios (NaN when one side was not measured): less
+    /// moved by one slow slice than the ratio of the totals.
+    fn paired_median(&self) -> f64 {
+        let mut r = self.paired.clone();
+        if r.is_empty() {
+            return f64::NAN;
+        }
+        r.sort_by(f64::total_cmp);
+        let mid = r.len() / 2;
+        if r.len() % 2 == 1 {
+            r[mid]
+        } else {
+            (r[mid - 1] + r[mid]) / 2.0
+        }
+    }
 }
 
 fn print_rows(rows: &[Row]) {
     println!();
     println!("subject: the gateway; baseline: the plain axum handler (reads, pages) or a bare produce (writes)");
     println!(
-        "{:<24} {:>5} | {:>9} {:>8} {:>8} | {:>9} {:>8} {:>8} | {:>7} {:>7} {:>7}",
-        "workload", "conns", "req/s", "p50 ms", "p99 ms", "base r/s", "p50 ms", "p99 ms", "thr", "p50", "p99"
+        "{:<24} {:>5} | {:>9} {:>8} {:>8} | {:>9} {:>8} {:>8} | {:>7} {:>7} {:>7} {:>7}",
+        "workload", "conns", "req/s", "p50 ms", "p99 ms", "base r/s", "p50 ms", "p99 ms", "thr", "p50", "p99", "paired"
     );
     for r in rows {
         let (s, b) = (Stats::of(&r.subject.latencies), Stats::of(&r.baseline.latencies));
         println!(
-            "{:<24} {:>5} | {:>9.0} {:>8.3} {:>8.3} | {:>9.0} {:>8.3} {:>8.3} | {:>7.2} {:>7.2} {:>7.2}",
+            "{:<24} {:>5} | {:>9.0} {:>8.3} {:>8.3} | {:>9.0} {:>8.3} {:>8.3} | {:>7.2} {:>7.2} {:>7.2} {:>7.2}",
             r.workload,
             r.conns,
             r.subject.per_second(),
@@ -404,9 +430,13 @@ fn print_rows(rows: &[Row]) {
             r.subject.per_second() / r.baseline.per_second(),
             s.median.as_secs_f64() / b.median.as_secs_f64(),
             s.p99.as_secs_f64() / b.p99.as_secs_f64(),
+            r.paired_median(),
         );
     }
-    println!("thr: subject / baseline requests per second; p50, p99: subject / baseline latency");
+    println!(
+        "thr: subject / baseline requests per second; p50, p99: subject / baseline latency; \
+         paired: the median of the rounds' throughput ratios"
+    );
     println!();
     println!("CPU per request, microseconds: this process (server, clients, idle projector) and Postgres");
     println!(
