@@ -61,7 +61,7 @@ use parsley_projector::config::{Apply, Config};
 use parsley_projector::projection::{Delivered, Projection, StepContext};
 use parsley_projector::record::Consumed;
 use parsley_projector::{kafka, migrations, DocumentProjection};
-use parsley_testkit::{cpu_ticks, postgres_processes, TICKS_PER_SECOND};
+use parsley_testkit::{cpu_ticks, create_database, drop_database, postgres_processes, with_database, TICKS_PER_SECOND};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
@@ -310,20 +310,6 @@ fn rand_suffix() -> u128 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() % 1_000_000).unwrap_or(0)
 }
 
-/// `url` (`postgres://user:password@host:port/database?options`) with its database name
-/// replaced by `database`.
-fn with_database(url: &str, database: &str) -> anyhow::Result<String> {
-    let authority = url.find("://").context("the database URL has no scheme")? + 3;
-    let (base, query) = url.split_once('?').map(|(b, q)| (b, Some(q))).unwrap_or((url, None));
-    let path = base[authority..].find('/').map(|i| authority + i).unwrap_or(base.len());
-    let mut out = format!("{}/{database}", &base[..path]);
-    if let Some(q) = query {
-        out.push('?');
-        out.push_str(q);
-    }
-    Ok(out)
-}
-
 /// A deterministic pseudo-random sequence (xorshift), so every run produces the same data.
 struct Rng(u64);
 
@@ -442,10 +428,6 @@ fn sample(seen: &Mutex<Seen>, database: &str, excluded: &[u32]) {
 }
 
 impl Bench {
-    async fn admin_connection(&self) -> anyhow::Result<PgConnection> {
-        PgConnection::connect(&self.database_url).await.context("connecting to the database")
-    }
-
     /// A new empty database for one run.
     async fn create_database(&self, label: &str) -> anyhow::Result<String> {
         let n = {
@@ -454,30 +436,14 @@ impl Bench {
             *runs
         };
         let name = format!("{}_{n}_{label}", self.run);
-        let mut admin = self.admin_connection().await?;
-        sqlx::query(&format!("CREATE DATABASE \"{name}\"")).execute(&mut admin).await.context("creating a database")?;
+        create_database(&self.database_url, &name).await.context("creating a database")?;
         self.databases.lock().expect("databases").push(name.clone());
         Ok(name)
     }
 
-    /// Drops a run's database. `WITH (FORCE)` ends its sessions, but it refuses (SQLSTATE
-    /// 42501) while an autovacuum worker — a process this role may not signal — is working
-    /// in it: that is retried for a while, as the worker soon ends.
+    /// Drops a run's database.
     async fn drop_database(&self, name: &str) -> anyhow::Result<()> {
-        let mut admin = self.admin_connection().await?;
-        let mut attempts = 0;
-        loop {
-            let dropped =
-                sqlx::query(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")).execute(&mut admin).await;
-            match dropped {
-                Ok(_) => break,
-                Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42501") && attempts < 40 => {
-                    attempts += 1;
-                    tokio::time::sleep(Duration::from_millis(250)).await;
-                }
-                Err(e) => return Err(e).with_context(|| format!("dropping database {name}")),
-            }
-        }
+        drop_database(&self.database_url, name).await.with_context(|| format!("dropping database {name}"))?;
         self.databases.lock().expect("databases").retain(|d| d != name);
         Ok(())
     }
@@ -599,7 +565,7 @@ impl Bench {
     /// Launches `instances` processes of `binary` on the workload and measures them.
     async fn run_binary(&self, produced: &Produced, binary: &str, label: &str) -> anyhow::Result<Measured> {
         let database = self.create_database(label).await?;
-        let url = with_database(&self.database_url, &database)?;
+        let url = with_database(&self.database_url, &database).map_err(anyhow::Error::msg)?;
         let model = format!("{label}-{}", produced.workload.name);
         let config = self.scratch.join(format!("{database}.toml"));
         std::fs::write(&config, self.config_file(produced, &model))?;
@@ -670,7 +636,7 @@ impl Bench {
     /// and storing its offsets in the same transaction.
     async fn run_naive(&self, produced: &Produced) -> anyhow::Result<Measured> {
         let database = self.create_database("naive").await?;
-        let url = with_database(&self.database_url, &database)?;
+        let url = with_database(&self.database_url, &database).map_err(anyhow::Error::msg)?;
         let model = format!("naive-{}", produced.workload.name);
         let pool = parsley_infra::pg::connect(&url, produced.partitions + 1, Duration::from_secs(30)).await?;
         migrations::run(&pool).await?;

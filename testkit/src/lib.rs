@@ -260,3 +260,46 @@ pub fn postgres_processes() -> Vec<(u32, String, u64)> {
     }
     out
 }
+
+/// `url` (a `postgres://` URL) naming `database` instead of its own database; its query
+/// parameters are kept.
+pub fn with_database(url: &str, database: &str) -> Result<String, String> {
+    let authority = url.find("://").ok_or("the database URL has no scheme")? + 3;
+    let (base, query) = url.split_once('?').map(|(b, q)| (b, Some(q))).unwrap_or((url, None));
+    let path = base[authority..].find('/').map(|i| authority + i).unwrap_or(base.len());
+    let mut out = format!("{}/{database}", &base[..path]);
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    Ok(out)
+}
+
+/// Creates the empty database `name` through `admin_url`'s database (the role needs
+/// `CREATEDB`), for a benchmark run that leaves nothing behind; drop it with
+/// [`drop_database`].
+pub async fn create_database(admin_url: &str, name: &str) -> Result<(), sqlx::Error> {
+    use sqlx::Connection as _;
+    let mut admin = sqlx::PgConnection::connect(admin_url).await?;
+    sqlx::query(&format!("CREATE DATABASE \"{name}\"")).execute(&mut admin).await?;
+    admin.close().await
+}
+
+/// Drops the database `name`, ending its sessions (`WITH (FORCE)`). That is refused (SQLSTATE
+/// 42501) while an autovacuum worker, a process this role may not signal, works in it: the
+/// drop is retried for up to ten seconds, as the worker soon ends.
+pub async fn drop_database(admin_url: &str, name: &str) -> Result<(), sqlx::Error> {
+    use sqlx::Connection as _;
+    let mut admin = sqlx::PgConnection::connect(admin_url).await?;
+    let mut attempts = 0;
+    loop {
+        match sqlx::query(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")).execute(&mut admin).await {
+            Ok(_) => return admin.close().await,
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42501") && attempts < 40 => {
+                attempts += 1;
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}

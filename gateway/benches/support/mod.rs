@@ -73,6 +73,9 @@ pub struct Stack {
     pub producer: FutureProducer,
     pub produce_timeout: Duration,
     projector_pool: PgPool,
+    /// The services' database URL, and the run's database made through it.
+    admin_url: String,
+    database: String,
     stop_gateway: watch::Sender<bool>,
     stop_projector: watch::Sender<bool>,
     gateway_task: JoinHandle<anyhow::Result<()>>,
@@ -91,6 +94,11 @@ impl Stack {
         let database_url = parsley_infra::env::database_url()?;
 
         let run = unique(prefix);
+        // A database of the run's own, dropped at `stop`: nothing is left in the shared one.
+        let database = run.replace('-', "_");
+        parsley_testkit::create_database(&database_url, &database).await.context("creating the run's database")?;
+        let admin_url = database_url;
+        let database_url = parsley_testkit::with_database(&admin_url, &database).map_err(anyhow::Error::msg)?;
         let topic = format!("{run}.events");
         let raw_topic = format!("{run}.raw");
         create_topics(&[&topic, &raw_topic], PARTITIONS).await;
@@ -164,6 +172,8 @@ impl Stack {
             producer,
             produce_timeout: state.config.settings.produce_timeout(),
             projector_pool,
+            admin_url,
+            database,
             stop_gateway,
             stop_projector,
             gateway_task,
@@ -172,7 +182,7 @@ impl Stack {
         })
     }
 
-    /// Stops everything and deletes the run's topics.
+    /// Stops everything, deletes the run's topics and drops its database.
     pub async fn stop(self) -> anyhow::Result<()> {
         let _ = self.stop_gateway.send(true);
         let _ = self.stop_projector.send(true);
@@ -182,7 +192,8 @@ impl Stack {
         self.projector_pool.close().await;
         delete_topic(&self.topic).await;
         delete_topic(&self.raw_topic).await;
-        Ok(())
+        self.pool.close().await;
+        parsley_testkit::drop_database(&self.admin_url, &self.database).await.context("dropping the run's database")
     }
 
     /// A bare produce with the gateway's producer settings, awaiting the acknowledgement.
