@@ -221,8 +221,6 @@ struct Pending {
     held_removed: BTreeSet<(ChannelId, Position)>,
     fed_up_to: BTreeSet<ChannelId>,
     channels_removed: BTreeSet<ChannelId>,
-    frontier: BTreeSet<ChannelId>,
-    clock: BTreeSet<ChannelId>,
     refusal: Option<Refusal>,
 }
 
@@ -238,6 +236,11 @@ pub struct Engine<P> {
     drain_order: Vec<ChannelId>,
     frontier: CausalPast,
     delivered: CausalPast,
+    /// The frontier and the delivered past as the host last persisted them (the last
+    /// [`Engine::take_changes`], or the state restored): a step's frontier and clock changes
+    /// are what differs from them, found once per step rather than tracked per record.
+    persisted_frontier: CausalPast,
+    persisted_delivered: CausalPast,
     refusal: Option<Refusal>,
     pending: Pending,
     /// How many bytes a held payload counts for (see [`EngineConfig::max_held_bytes`]).
@@ -268,6 +271,8 @@ impl<P: Clone> Engine<P> {
             received,
             frontier: CausalPast::new(),
             delivered: CausalPast::new(),
+            persisted_frontier: CausalPast::new(),
+            persisted_delivered: CausalPast::new(),
             refusal: None,
             pending: Pending::default(),
             weigh: weightless::<P>,
@@ -424,6 +429,8 @@ impl<P: Clone> Engine<P> {
                 }
             }
         }
+        engine.persisted_frontier = state.frontier.clone();
+        engine.persisted_delivered = state.delivered.clone();
         engine.frontier = state.frontier;
         engine.delivered = state.delivered;
         engine.held_bytes = engine.channels.values().flat_map(|c| c.held.iter()).map(|r| engine.weight_of(r)).sum();
@@ -675,7 +682,6 @@ impl<P: Clone> Engine<P> {
                 for (c, p) in causes.iter() {
                     if self.delivered.get(&c).is_none_or(|d| d < p) {
                         self.delivered.merge_in_place(c, p);
-                        self.pending.clock.insert(c);
                     }
                 }
             }
@@ -686,10 +692,7 @@ impl<P: Clone> Engine<P> {
         #[cfg(not(feature = "sim"))]
         let merge = true;
         if merge {
-            let touched = &mut self.pending.frontier;
-            self.frontier.raise_all(&causes, |c| {
-                touched.insert(c);
-            });
+            self.frontier.raise_all(&causes);
         }
         let record = HeldRecord { channel, position, causes, payload };
         #[cfg(feature = "sim")]
@@ -819,23 +822,13 @@ impl<P: Clone> Engine<P> {
     /// What delivering `record` does to the pasts: the frontier takes its position; the
     /// delivered past takes its position and its causes.
     fn advance_pasts(&mut self, record: &HeldRecord<P>) {
-        if self.frontier.raise(record.channel, record.position) {
-            self.pending.frontier.insert(record.channel);
-        }
+        self.frontier.raise(record.channel, record.position);
         #[cfg(feature = "sim")]
         if self.sabotage == EngineSabotage::SkipReceiptMerge {
-            let touched = &mut self.pending.frontier;
-            self.frontier.raise_all(&record.causes, |c| {
-                touched.insert(c);
-            });
+            self.frontier.raise_all(&record.causes);
         }
-        let touched = &mut self.pending.clock;
-        if self.delivered.raise(record.channel, record.position) {
-            touched.insert(record.channel);
-        }
-        self.delivered.raise_all(&record.causes, |c| {
-            touched.insert(c);
-        });
+        self.delivered.raise(record.channel, record.position);
+        self.delivered.raise_all(&record.causes);
     }
 
     /// Drops the pairs that can no longer matter — the only rule that ever drops a pair:
@@ -876,11 +869,9 @@ impl<P: Clone> Engine<P> {
             .collect();
         if !frontier_dead.is_empty() {
             self.frontier = std::mem::take(&mut self.frontier).retain(|c, _| !frontier_dead.contains(&c));
-            self.pending.frontier.extend(frontier_dead);
         }
         if !clock_dead.is_empty() {
             self.delivered = std::mem::take(&mut self.delivered).retain(|c, _| !clock_dead.contains(&c));
-            self.pending.clock.extend(clock_dead);
         }
     }
 
@@ -940,19 +931,10 @@ impl<P: Clone> Engine<P> {
                 queue[i].clone()
             })
             .collect();
-        let upserts_or_removals = |touched: &BTreeSet<ChannelId>, past: &CausalPast| {
-            let mut upserts = Vec::new();
-            let mut removed = Vec::new();
-            for c in touched {
-                match past.get(c) {
-                    Some(p) => upserts.push((*c, p)),
-                    None => removed.push(*c),
-                }
-            }
-            (upserts, removed)
-        };
-        let (frontier_upserts, frontier_removed) = upserts_or_removals(&pending.frontier, &self.frontier);
-        let (clock_upserts, clock_removed) = upserts_or_removals(&pending.clock, &self.delivered);
+        let (frontier_upserts, frontier_removed) = self.persisted_frontier.changes_to(&self.frontier);
+        let (clock_upserts, clock_removed) = self.persisted_delivered.changes_to(&self.delivered);
+        self.persisted_frontier.clone_from(&self.frontier);
+        self.persisted_delivered.clone_from(&self.delivered);
         StepChanges {
             held_inserted,
             held_removed: pending.held_removed.into_iter().collect(),

@@ -153,17 +153,49 @@ impl CausalPast {
         self.raise_from(0, channel, position).1
     }
 
-    /// Merges `other` in (pointwise maximum), calling `raised` with every channel it
-    /// changed, in channel order. Both are sorted, so each pair is searched for only past
-    /// the previous one's place.
-    pub(crate) fn raise_all(&mut self, other: &CausalPast, mut raised: impl FnMut(ChannelId)) {
+    /// Merges `other` in (pointwise maximum). Both are sorted, so each pair is searched for
+    /// only past the previous one's place.
+    pub(crate) fn raise_all(&mut self, other: &CausalPast) {
         let mut from = 0;
         for &(channel, position) in &other.pairs {
-            let (at, changed) = self.raise_from(from, channel, position);
-            if changed {
-                raised(channel);
+            from = self.raise_from(from, channel, position).0 + 1;
+        }
+    }
+
+    /// What turns this past into `later`: the pairs of `later` that this past lacks or holds
+    /// at another position, and the channels this past names that `later` does not.
+    pub(crate) fn changes_to(&self, later: &CausalPast) -> (Vec<(ChannelId, Position)>, Vec<ChannelId>) {
+        let (mut upserts, mut removed) = (Vec::new(), Vec::new());
+        let (mut a, mut b) = (self.pairs.iter().peekable(), later.pairs.iter().peekable());
+        loop {
+            match (a.peek(), b.peek()) {
+                (Some(&&(ca, pa)), Some(&&(cb, pb))) => match ca.cmp(&cb) {
+                    std::cmp::Ordering::Less => {
+                        removed.push(ca);
+                        a.next();
+                    }
+                    std::cmp::Ordering::Greater => {
+                        upserts.push((cb, pb));
+                        b.next();
+                    }
+                    std::cmp::Ordering::Equal => {
+                        if pa != pb {
+                            upserts.push((cb, pb));
+                        }
+                        a.next();
+                        b.next();
+                    }
+                },
+                (Some(&&(ca, _)), None) => {
+                    removed.push(ca);
+                    a.next();
+                }
+                (None, Some(&&(cb, pb))) => {
+                    upserts.push((cb, pb));
+                    b.next();
+                }
+                (None, None) => return (upserts, removed),
             }
-            from = at + 1;
         }
     }
 
@@ -277,18 +309,23 @@ mod tests {
     }
 
     #[test]
-    fn raise_all_is_merge_past_and_names_the_channels_it_changed() {
+    fn raise_all_is_merge_past_and_changes_to_names_what_changed() {
         let a = CausalPast::from_pairs([(ch(1, 0), 5), (ch(2, 0), 1), (ch(4, 0), 9)]);
         let b = CausalPast::from_pairs([(ch(0, 0), 2), (ch(1, 0), 3), (ch(2, 0), 4), (ch(3, 0), 1), (ch(4, 0), 9)]);
-        let mut raised = Vec::new();
         let mut m = a.clone();
-        m.raise_all(&b, |c| raised.push(c));
+        m.raise_all(&b);
         assert_eq!(m, a.clone().merge_past(&b));
-        assert_eq!(raised, vec![ch(0, 0), ch(2, 0), ch(3, 0)]);
+        assert_eq!(a.changes_to(&m), (vec![(ch(0, 0), 2), (ch(2, 0), 4), (ch(3, 0), 1)], vec![]));
         let mut same = m.clone();
-        same.raise_all(&b, |_| panic!("nothing to raise"));
+        same.raise_all(&b);
         assert_eq!(same, m);
+        assert_eq!(m.changes_to(&same), (vec![], vec![]));
         assert!(same.raise(ch(9, 0), 0) && !same.raise(ch(9, 0), 0) && same.raise(ch(9, 0), 1));
+        // A pruned channel is a removal; a lowered or new one an upsert.
+        let later = CausalPast::from_pairs([(ch(0, 0), 1), (ch(2, 0), 4), (ch(5, 0), 7)]);
+        assert_eq!(m.changes_to(&later), (vec![(ch(0, 0), 1), (ch(5, 0), 7)], vec![ch(1, 0), ch(3, 0), ch(4, 0)]));
+        assert_eq!(CausalPast::new().changes_to(&later), (later.iter().collect(), vec![]));
+        assert_eq!(later.changes_to(&CausalPast::new()), (vec![], later.iter().map(|(c, _)| c).collect()));
     }
 
     #[test]
