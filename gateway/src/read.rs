@@ -13,9 +13,10 @@
 //! the key's owner, its received topics tell upstream channels apart), so the model's row is
 //! cached per model ([`crate::gated::Shapes`]) with the shape identity it was recorded under.
 //! It is never trusted past a change: every statement also returns the model's recorded
-//! shape identity, and the row and topic identities when that is not the cached one; when the
-//! shape they give is not the one the rows were chosen by, the cache takes the new row and
-//! the attempt is made again with every clock row of the model.
+//! shape identity, and when that is not the cached one the store reads that shape's topic
+//! identities by the identity (a second statement, once per change); when the shape they
+//! give is not the one the rows were chosen by, the cache takes the new row and the attempt
+//! is made again with every clock row of the model.
 //!
 //! A key or cursor no document can have (NUL, not UTF-8 after percent-decoding, longer than
 //! `max_key_bytes`) is refused before the database is asked; a database error is an outage
