@@ -20,7 +20,8 @@ use serde_json::Value;
 use sqlx::encode::IsNull;
 use sqlx::error::BoxDynError;
 use sqlx::postgres::types::Oid;
-use sqlx::postgres::{PgArgumentBuffer, PgHasArrayType, PgRow, PgTypeInfo, Postgres};
+use sqlx::postgres::{PgArgumentBuffer, PgArguments, PgHasArrayType, PgRow, PgTypeInfo, Postgres};
+use sqlx::query::Query;
 use sqlx::{PgConnection, Row as _};
 use uuid::Uuid;
 
@@ -238,7 +239,7 @@ macro_rules! gated_statement {
 }
 
 /// The clock filter of a statement scoped by [`ClockScope`], over binds `$2..$5`
-/// ([`scope_binds`]): every row, or the owner's, the rows of channels the model does not
+/// ([`ScopedBinds`]): every row, or the owner's, the rows of channels the model does not
 /// receive, and the partitions' own tasks' rows.
 macro_rules! scoped_clock_filter {
     () => {
@@ -246,17 +247,32 @@ macro_rules! scoped_clock_filter {
     };
 }
 
-/// The binds `$2..$5` of the gated statements' clock filter for `scope`: every row, or the
-/// owner's, the rows of channels the model does not receive, and the partitions' own tasks.
-pub(crate) fn scope_binds(scope: &ClockScope) -> (bool, i32, Vec<Uuid>, Vec<i32>) {
-    match scope {
-        ClockScope::All => (true, 0, Vec::new(), Vec::new()),
-        ClockScope::Owner { owner, received, partitions } => (
-            false,
-            *owner as i32,
-            received.iter().map(uuid_of).collect(),
-            partitions.iter().map(|p| *p as i32).collect(),
-        ),
+/// The model (`$1`) and the binds `$2..$5` of a statement whose clock filter is
+/// [`scoped_clock_filter!`], for `scope`: every row, or the owner's, the rows of channels the
+/// model does not receive, and the partitions' own tasks.
+pub(crate) struct ScopedBinds {
+    all: bool,
+    owner: i32,
+    received: Vec<Uuid>,
+    partitions: Vec<i32>,
+}
+
+impl ScopedBinds {
+    pub(crate) fn of(scope: &ClockScope) -> ScopedBinds {
+        match scope {
+            ClockScope::All => ScopedBinds { all: true, owner: 0, received: Vec::new(), partitions: Vec::new() },
+            ClockScope::Owner { owner, received, partitions } => ScopedBinds {
+                all: false,
+                owner: *owner as i32,
+                received: received.iter().map(uuid_of).collect(),
+                partitions: partitions.iter().map(|p| *p as i32).collect(),
+            },
+        }
+    }
+
+    /// `sql` with `model` and these bound as `$1..$5`; the caller binds the rest.
+    pub(crate) fn query<'q>(&'q self, sql: &'q str, model: &'q str) -> Query<'q, Postgres, PgArguments> {
+        sqlx::query(sql).bind(model).bind(self.all).bind(self.owner).bind(&self.received).bind(&self.partitions)
     }
 }
 
@@ -264,6 +280,15 @@ pub(crate) fn scope_binds(scope: &ClockScope) -> (bool, i32, Vec<Uuid>, Vec<i32>
 /// statement and the reading of the new shape's topic identities (each a rare event: a model
 /// recorded, widened or migrated) before it fails.
 pub(crate) const SHAPE_ATTEMPTS: usize = 8;
+
+/// [`gated_document`]'s statement; binds `$6` the key.
+const GATED_DOCUMENT: &str = gated_statement!(
+    data: ", d.doc, d.version",
+    data_join: "LEFT JOIN LATERAL (SELECT doc, version FROM projection.documents
+                                   WHERE model = q.model AND key = $6) AS d ON true",
+    data_nulls: ", NULL, NULL",
+    clock_filter: scoped_clock_filter!()
+);
 
 /// One document, the model's row (as [`GateInputs`] asks) and the clock rows it names, in one
 /// statement (one snapshot even at `READ COMMITTED`; no transaction around it).
@@ -273,24 +298,14 @@ pub async fn gated_document(
     key: &str,
     inputs: &GateInputs,
 ) -> anyhow::Result<GatedSnapshot<Option<Document>>> {
-    let (all, owner, received, partitions) = scope_binds(&inputs.clock);
+    let binds = ScopedBinds::of(&inputs.clock);
     for _ in 0..SHAPE_ATTEMPTS {
-        let rows = sqlx::query(gated_statement!(
-            data: ", d.doc, d.version",
-            data_join: "LEFT JOIN LATERAL (SELECT doc, version FROM projection.documents
-                                           WHERE model = q.model AND key = $6) AS d ON true",
-            data_nulls: ", NULL, NULL",
-            clock_filter: scoped_clock_filter!()
-        ))
-        .bind(model)
-        .bind(all)
-        .bind(owner)
-        .bind(&received)
-        .bind(&partitions)
-        .bind(key)
-        .fetch_all(&mut *conn)
-        .await
-        .with_context(|| format!("reading a document of model {model:?} with its clock"))?;
+        let rows = binds
+            .query(GATED_DOCUMENT, model)
+            .bind(key)
+            .fetch_all(&mut *conn)
+            .await
+            .with_context(|| format!("reading a document of model {model:?} with its clock"))?;
         let (head, clock) = split_gated(rows)?;
         let doc: Option<Value> = head.try_get("doc")?;
         let data = match doc {

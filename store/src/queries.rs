@@ -18,7 +18,7 @@ use serde_json::Value;
 use sqlx::{Connection as _, PgConnection, Postgres, Row as _, Transaction};
 
 use crate::documents::{
-    recorded_model, scope_binds, shape_kept_changing, split_gated, GateInputs, GatedSnapshot, SHAPE_ATTEMPTS,
+    recorded_model, shape_kept_changing, split_gated, GateInputs, GatedSnapshot, ScopedBinds, SHAPE_ATTEMPTS,
 };
 
 /// A future borrowing a connection: what a data statement's closure returns.
@@ -66,24 +66,18 @@ async fn begin_with_clock<'c>(
     inputs: &GateInputs,
 ) -> anyhow::Result<(Transaction<'c, Postgres>, GatedSnapshot<()>)> {
     let mut tx = conn.begin_with(BEGIN_READ_ONLY).await.context("beginning a read-only snapshot")?;
-    let (all, owner, received, partitions) = scope_binds(&inputs.clock);
+    let binds = ScopedBinds::of(&inputs.clock);
     // The document reads' statement with no data: in this snapshot the model's shape cannot
     // change between the statement and the reading of its topic identities.
     for _ in 0..SHAPE_ATTEMPTS {
-        let rows = sqlx::query(gated_statement!(
-            data: "",
-            data_join: "",
-            data_nulls: "",
-            clock_filter: scoped_clock_filter!()
-        ))
-        .bind(model)
-        .bind(all)
-        .bind(owner)
-        .bind(&received)
-        .bind(&partitions)
-        .fetch_all(&mut *tx)
-        .await
-        .with_context(|| format!("reading the clock of model {model:?}"))?;
+        let rows = binds
+            .query(
+                gated_statement!(data: "", data_join: "", data_nulls: "", clock_filter: scoped_clock_filter!()),
+                model,
+            )
+            .fetch_all(&mut *tx)
+            .await
+            .with_context(|| format!("reading the clock of model {model:?}"))?;
         let (head, clock) = split_gated(rows)?;
         if let Some(recorded) = recorded_model(&mut tx, model, &head, inputs.cached).await? {
             return Ok((tx, GatedSnapshot { model: recorded, clock, data: () }));
