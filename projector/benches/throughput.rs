@@ -23,8 +23,9 @@
 //!   as a process with a config file (one process per `BENCH_INSTANCES`, sharing the
 //!   model's tasks);
 //! - `baseline`: another build's binary (`BENCH_BASELINE_BIN`, e.g. an older commit built
-//!   in a worktree), launched the same way on the same topics — it runs its own migrations
-//!   in its own database;
+//!   in a worktree with its own `CARGO_TARGET_DIR`: worktrees sharing a target directory
+//!   overwrite each other's crates), launched the same way on the same topics — it runs its
+//!   own migrations in its own database;
 //! - `naive`: one consumer per partition in this process, applying each batch with this
 //!   build's document projection (the same SQL) and storing the consumed offsets in the
 //!   same transaction: no causal gating, no ordering state.
@@ -42,7 +43,8 @@
 //! connections opened to the run's database.
 //!
 //! Other knobs: `BENCH_RECORDS` (default 200000; 1000000 for the long run),
-//! `BENCH_STEP_RECORDS` (default 2000), `BENCH_TASKS` (partition counts, comma-separated,
+//! `BENCH_STEP_RECORDS` (every variant's `max_step_records`; unset, each build keeps its own
+//! default, and the naive loop takes this build's), `BENCH_TASKS` (partition counts, comma-separated,
 //! default `4`), `BENCH_INSTANCES` (default 1), `BENCH_ROUNDS` (default 1; rounds alternate
 //! the variants' order), `BENCH_KEEP_LOGS=1` (keep the processes' logs in the temp dir),
 //! `BENCH_LOG` (the launched processes' `RUST_LOG`, default `warn`; e.g.
@@ -57,7 +59,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 use parsley::channel::{ChannelId, TopicId};
 use parsley::CausalPast;
-use parsley_projector::config::{Apply, Config};
+use parsley_projector::config::{Apply, Config, DEFAULT_MAX_STEP_RECORDS};
 use parsley_projector::projection::{Delivered, Projection, StepContext};
 use parsley_projector::record::Consumed;
 use parsley_projector::{kafka, migrations, DocumentProjection};
@@ -155,7 +157,9 @@ struct Bench {
     database_url: String,
     run: String,
     records: usize,
-    step: usize,
+    /// `BENCH_STEP_RECORDS`: every variant's step bound; `None`, each build's own default
+    /// (the naive loop takes this build's).
+    step: Option<usize>,
     instances: usize,
     scratch: PathBuf,
     /// Databases created and not yet dropped; topics created.
@@ -197,7 +201,7 @@ async fn bench() -> anyhow::Result<()> {
         database_url: parsley_infra::env::database_url()?,
         run: run.clone(),
         records,
-        step: env_usize("BENCH_STEP_RECORDS", 2_000),
+        step: std::env::var("BENCH_STEP_RECORDS").ok().map(|_| env_usize("BENCH_STEP_RECORDS", 0).max(1)),
         instances: env_usize("BENCH_INSTANCES", 1).max(1),
         scratch: std::env::temp_dir().join(&run),
         databases: Mutex::new(Vec::new()),
@@ -206,8 +210,13 @@ async fn bench() -> anyhow::Result<()> {
     };
     std::fs::create_dir_all(&bench.scratch)?;
     println!(
-        "records: {records}, step bound: {} records / 100 ms, instances: {}, rounds: {rounds}, run: {run}",
-        bench.step, bench.instances
+        "records: {records}, step bound: {} / 100 ms, instances: {}, rounds: {rounds}, run: {run}",
+        bench
+            .step
+            .map_or(format!("each build's default (this one's {DEFAULT_MAX_STEP_RECORDS} records)"), |s| format!(
+                "{s} records"
+            )),
+        bench.instances
     );
     println!("{:<14} {:>5} {:<10} {}", "workload", "tasks", "variant", COLUMNS.0);
     println!("{:<14} {:>5} {:<10} {}", "", "", "", COLUMNS.1);
@@ -624,10 +633,10 @@ impl Bench {
             .collect();
         format!(
             "[kafka]\nbootstrap = \"{}\"\n\n[projector]\nmetrics_address = \"\"\n\n[[models]]\nname = \"{model}\"\n\
-             projection = \"documents\"\ninitial_position = \"earliest\"\nmax_step_records = {}\nmax_step_ms = 100\n\
+             projection = \"documents\"\ninitial_position = \"earliest\"\n{}max_step_ms = 100\n\
              topics = [{}]\n",
             self.bootstrap,
-            self.step,
+            self.step.map_or(String::new(), |s| format!("max_step_records = {s}\n")),
             topics.join(", ")
         )
     }
@@ -661,7 +670,8 @@ impl Bench {
                 tpl.add_partition_offset(topic, partition as i32, Offset::Offset(0))?;
             }
             consumer.assign(&tpl)?;
-            let (pool, model, topics, step) = (pool.clone(), model.clone(), produced.topics.clone(), self.step);
+            let (pool, model, topics, step) =
+                (pool.clone(), model.clone(), produced.topics.clone(), self.step.unwrap_or(DEFAULT_MAX_STEP_RECORDS));
             let shutdown = shutdown.clone();
             handles.push(tokio::spawn(async move {
                 naive_loop(consumer, pool, model, topics, partition, step, shutdown).await

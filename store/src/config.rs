@@ -632,8 +632,13 @@ fn default_max_held_bytes() -> usize {
 }
 /// The smallest enabled `max_held_bytes`: one record with the largest default causes value.
 pub const MIN_MAX_HELD_BYTES: usize = 64 * 1024;
+/// The default `max_step_records`. A step takes only what the consumer has already fetched
+/// (no linger by default), so the bound only matters under a backlog, where a larger step
+/// folds more records per key and commits less often (docs/projector.md, "Steps of 10 000
+/// records by default").
+pub const DEFAULT_MAX_STEP_RECORDS: usize = 10_000;
 fn default_max_step_records() -> usize {
-    2_000
+    DEFAULT_MAX_STEP_RECORDS
 }
 fn default_step_linger_ms() -> u64 {
     0
@@ -1170,7 +1175,7 @@ max_rows = 5
         let m = &c.models[0];
         assert_eq!(m.topics[0].apply, Apply::Replace);
         assert_eq!(m.initial_position, InitialPosition::Earliest);
-        assert_eq!(m.max_step_records, 2_000);
+        assert_eq!(m.max_step_records, 10_000);
         assert_eq!(c.projector.metadata_budget, 256 * 1024);
         assert_eq!(c.kafka.bootstrap, "127.0.0.1:9092");
         assert_eq!(c.projector.log_start_check_ms, 30_000);
