@@ -105,6 +105,25 @@ pub enum Receipt<P> {
     Accepted { deliveries: Vec<Delivery<P>> },
 }
 
+/// What became of one record received with [`Engine::receive_into`], whose deliveries are
+/// appended to the caller's list instead of returned in a list of their own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fed {
+    /// As [`Receipt::Duplicate`]: nothing was appended.
+    Duplicate,
+    /// As [`Receipt::Accepted`]: the deliveries, if any, were appended in delivery order.
+    Accepted,
+}
+
+impl<P> Receipt<P> {
+    pub(crate) fn of(fed: Fed, deliveries: Vec<Delivery<P>>) -> Receipt<P> {
+        match fed {
+            Fed::Duplicate => Receipt::Duplicate,
+            Fed::Accepted => Receipt::Accepted { deliveries },
+        }
+    }
+}
+
 /// What a host persisted, from which an engine is restored.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PersistedState<P> {
@@ -574,6 +593,22 @@ impl<P: Clone> Engine<P> {
         causes_headers: &[Option<&[u8]>],
         payload: P,
     ) -> Result<Receipt<P>, Refusal> {
+        let mut deliveries = Vec::new();
+        let fed = self.receive_into(channel, position, causes_headers, payload, &mut deliveries)?;
+        Ok(Receipt::of(fed, deliveries))
+    }
+
+    /// As [`Engine::receive`], appending the deliveries to `out` (a host feeding a batch
+    /// keeps one list for the step instead of one per record). On an error nothing was
+    /// appended.
+    pub fn receive_into(
+        &mut self,
+        channel: ChannelId,
+        position: Position,
+        causes_headers: &[Option<&[u8]>],
+        payload: P,
+        out: &mut Vec<Delivery<P>>,
+    ) -> Result<Fed, Refusal> {
         self.check_not_refused()?;
         #[cfg(feature = "sim")]
         let budget =
@@ -603,7 +638,7 @@ impl<P: Clone> Engine<P> {
                 )))
             }
         };
-        self.receive_decoded(channel, position, causes, payload)
+        self.receive_decoded_into(channel, position, causes, payload, out)
     }
 
     /// As [`Engine::receive`], for causes the host already decoded with this engine's budget.
@@ -614,6 +649,20 @@ impl<P: Clone> Engine<P> {
         causes: CausalPast,
         payload: P,
     ) -> Result<Receipt<P>, Refusal> {
+        let mut deliveries = Vec::new();
+        let fed = self.receive_decoded_into(channel, position, causes, payload, &mut deliveries)?;
+        Ok(Receipt::of(fed, deliveries))
+    }
+
+    /// As [`Engine::receive_decoded`], appending the deliveries to `out`.
+    pub fn receive_decoded_into(
+        &mut self,
+        channel: ChannelId,
+        position: Position,
+        causes: CausalPast,
+        payload: P,
+        out: &mut Vec<Delivery<P>>,
+    ) -> Result<Fed, Refusal> {
         self.check_not_refused()?;
         let Some(ch) = self.channels.get_mut(&channel) else {
             return Err(self.refuse(Refusal::at(
@@ -641,7 +690,7 @@ impl<P: Clone> Engine<P> {
         }
         #[cfg(feature = "sim")]
         if self.sabotage == EngineSabotage::AcceptOutOfOrderFeed && (0..=fed_up_to).contains(&position) {
-            return Ok(Receipt::Duplicate);
+            return Ok(Fed::Duplicate);
         }
         if position < 0 || ch.fed_this_execution.is_some_and(|f| position <= f) {
             let previous = ch.fed_this_execution;
@@ -659,7 +708,7 @@ impl<P: Clone> Engine<P> {
         let replay_guard = true;
         if position <= fed_up_to && replay_guard {
             // A committed step already delivered or holds it: a replay after restart.
-            return Ok(Receipt::Duplicate);
+            return Ok(Fed::Duplicate);
         }
         if let Some(own) = causes.get(&channel).filter(|&p| p >= position) {
             return Err(self.refuse(Refusal::at(
@@ -677,7 +726,7 @@ impl<P: Clone> Engine<P> {
         self.pending.fed_up_to.insert(channel);
         #[cfg(feature = "sim")]
         match self.sabotage {
-            EngineSabotage::SilentDrop if position % 7 == 6 => return Ok(Receipt::Accepted { deliveries: Vec::new() }),
+            EngineSabotage::SilentDrop if position % 7 == 6 => return Ok(Fed::Accepted),
             EngineSabotage::DeriveClockFromFrontier => {
                 for (c, p) in causes.iter() {
                     if self.delivered.get(&c).is_none_or(|d| d < p) {
@@ -711,7 +760,8 @@ impl<P: Clone> Engine<P> {
         {
             self.advance_pasts(&record);
             let _ = self.check_held_limits(Some((channel, position)));
-            return Ok(Receipt::Accepted { deliveries: vec![record] });
+            out.push(record);
+            return Ok(Fed::Accepted);
         }
         let ch = self.channels.get_mut(&channel).expect("received channel");
         self.held_bytes += (self.weigh)(&record.payload) + codec::encoded_len(&record.causes);
@@ -719,12 +769,14 @@ impl<P: Clone> Engine<P> {
         self.held_records += 1;
         self.pending.held_inserted.insert((channel, position));
         // Appending behind a head changes no settled position: nothing new can deliver.
-        let deliveries = if was_empty { self.drain_inner() } else { Vec::new() };
+        if was_empty {
+            self.drain_inner(out);
+        }
         // The record is fed (and held, or delivered); a bound it passed makes the refusal
         // sticky, so the next receipt fails and the host commits this step with the refusal.
-        // The deliveries above still belong to this step: they are returned, not lost.
+        // The deliveries above still belong to this step: they are appended, not lost.
         let _ = self.check_held_limits(Some((channel, position)));
-        Ok(Receipt::Accepted { deliveries })
+        Ok(Fed::Accepted)
     }
 
     /// Tells the engine its host's consumer has read `channel` up to `next - 1`: every
@@ -759,11 +811,13 @@ impl<P: Clone> Engine<P> {
         if self.refusal.is_some() {
             return Vec::new();
         }
-        self.drain_inner()
+        let mut deliveries = Vec::new();
+        self.drain_inner(&mut deliveries);
+        deliveries
     }
 
-    fn drain_inner(&mut self) -> Vec<Delivery<P>> {
-        let mut deliveries = Vec::new();
+    /// Appends every deliverable head to `deliveries` (see [`Engine::drain`]).
+    fn drain_inner(&mut self, deliveries: &mut Vec<Delivery<P>>) {
         loop {
             let before = deliveries.len();
             for i in 0..self.drain_order.len() {
@@ -795,7 +849,7 @@ impl<P: Clone> Engine<P> {
                 }
             }
             if deliveries.len() == before {
-                return deliveries;
+                return;
             }
         }
     }

@@ -71,7 +71,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::channel::{ChannelId, Position, TopicId};
 #[cfg(feature = "sim")]
 use crate::engine::EngineSabotage;
-use crate::engine::{ChannelFact, Delivery, Engine, EngineConfig, PersistedState, Receipt, StepChanges};
+use crate::engine::{ChannelFact, Delivery, Engine, EngineConfig, Fed, PersistedState, Receipt, StepChanges};
 use crate::past::CausalPast;
 use crate::refusal::{Refusal, RefusalReason};
 use crate::startup::check_task_width;
@@ -663,22 +663,36 @@ impl<P: Clone> TaskHost<P> {
         causes_headers: &[Option<&[u8]>],
         payload: P,
     ) -> Result<Receipt<P>, Refusal> {
+        let mut deliveries = Vec::new();
+        let fed = self.receive_into(channel, position, causes_headers, payload, &mut deliveries)?;
+        Ok(Receipt::of(fed, deliveries))
+    }
+
+    /// As [`TaskHost::receive`], appending the deliveries to `out`: a host feeding a batch
+    /// keeps one list for the step.
+    pub fn receive_into(
+        &mut self,
+        channel: ChannelId,
+        position: Position,
+        causes_headers: &[Option<&[u8]>],
+        payload: P,
+        out: &mut Vec<Delivery<P>>,
+    ) -> Result<Fed, Refusal> {
         let ready = self.in_step(&[Batch::Feeding]) || (self.in_step(&[Batch::Polled]) && !self.drain_due);
         self.expect(ready, "receive");
         self.phase = Phase::Step(Batch::Feeding);
         self.step.open = true;
         let mark = self.step.fed.entry(channel).or_insert(position);
         *mark = (*mark).max(position);
-        let receipt = if self.skipped.contains(&(channel, position)) {
+        let before = out.len();
+        let fed = if self.skipped.contains(&(channel, position)) {
             let payload = (self.skip)(payload);
-            self.engine.receive_decoded(channel, position, CausalPast::new(), payload)
+            self.engine.receive_decoded_into(channel, position, CausalPast::new(), payload, out)
         } else {
-            self.engine.receive(channel, position, causes_headers, payload)
+            self.engine.receive_into(channel, position, causes_headers, payload, out)
         };
-        if let Ok(Receipt::Accepted { deliveries }) = &receipt {
-            self.mark_delivered(deliveries);
-        }
-        receipt
+        self.mark_delivered(&out[before..]);
+        fed
     }
 
     /// A refusal the host found in the batch (a record of a channel the task does not

@@ -38,6 +38,6 @@ pub mod startup;
 
 pub use channel::{ChannelId, Position, TopicId};
 pub use decide::{decide, Blocker, Decision};
-pub use engine::{Delivery, Engine, EngineConfig, HeldRecord, PersistedState, Receipt, StepChanges};
+pub use engine::{Delivery, Engine, EngineConfig, Fed, HeldRecord, PersistedState, Receipt, StepChanges};
 pub use past::{CausalPast, Coverage, Gap};
 pub use refusal::{Refusal, RefusalReason};

@@ -2,7 +2,7 @@
 //! seeding, pruning, scope changes, and every refusal the engine raises itself.
 
 use parsley::engine::{ChannelFact, PersistedState, ORDERING_STATE_FORMAT};
-use parsley::{CausalPast, ChannelId, Engine, EngineConfig, Position, Receipt, RefusalReason, TopicId};
+use parsley::{CausalPast, ChannelId, Engine, EngineConfig, Fed, Position, Receipt, RefusalReason, TopicId};
 
 fn topic(b: u8) -> TopicId {
     TopicId::from_bytes([b; 16])
@@ -43,6 +43,25 @@ fn feed(
         Receipt::Accepted { deliveries } => deliveries.into_iter().map(|d| d.payload).collect(),
         Receipt::Duplicate => vec!["<duplicate>"],
     }
+}
+
+#[test]
+fn receive_into_appends_each_record_s_deliveries_to_one_list() {
+    let mut e = task(&[ORDERS, PAYMENTS]);
+    let mut out = Vec::new();
+    let h = header(&[(ORDERS, 1)]);
+    // A direct delivery, a held record, then the cause that releases it: one list, in
+    // delivery order.
+    assert_eq!(e.receive_into(ORDERS, 0, &[], "o0", &mut out), Ok(Fed::Accepted));
+    assert_eq!(e.receive_into(PAYMENTS, 0, &[Some(&h)], "p0", &mut out), Ok(Fed::Accepted));
+    assert_eq!(e.receive_into(ORDERS, 1, &[], "o1", &mut out), Ok(Fed::Accepted));
+    let labels: Vec<&str> = out.iter().map(|d| d.payload).collect();
+    assert_eq!(labels, ["o0", "o1", "p0"]);
+    // A refused record appends nothing, and neither does anything after it.
+    let bad: &[u8] = &[0xff];
+    assert!(e.receive_into(PAYMENTS, 1, &[Some(bad)], "bad", &mut out).is_err());
+    assert!(e.receive_into(ORDERS, 2, &[], "o2", &mut out).is_err());
+    assert_eq!(out.len(), 3);
 }
 
 #[test]

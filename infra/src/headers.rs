@@ -33,17 +33,24 @@ pub type RawHeader = (Vec<u8>, Option<Vec<u8>>);
 /// The headers of `message` in record order, names and values as bytes (never a panic,
 /// whatever the bytes).
 pub fn message_headers(message: &BorrowedMessage<'_>) -> Vec<RawHeader> {
+    let mut out = Vec::new();
+    for_each_header(message, |name, value| out.push((name.to_vec(), value.map(<[u8]>::to_vec))));
+    out
+}
+
+/// Calls `visit` with each header of `message` in record order, its name and value (`None`:
+/// a null value) borrowed from the message — for a reader that copies only what it keeps.
+pub fn for_each_header(message: &BorrowedMessage<'_>, mut visit: impl FnMut(&[u8], Option<&[u8]>)) {
     let mut hdrs: *mut sys::rd_kafka_headers_t = ptr::null_mut();
     // SAFETY: `message.ptr()` is the live native message that `message` borrows for this
     // whole function; librdkafka writes a pointer to headers the message owns into `hdrs`.
     let err = unsafe { sys::rd_kafka_message_headers(message.ptr(), &mut hdrs) };
     if err != sys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR || hdrs.is_null() {
         // `_NOENT`: the record has no headers.
-        return Vec::new();
+        return;
     }
     // SAFETY: `hdrs` points to the message's live headers (see above).
     let count = unsafe { sys::rd_kafka_header_cnt(hdrs) };
-    let mut out = Vec::with_capacity(count);
     for idx in 0..count {
         let mut name: *const c_char = ptr::null();
         let mut value: *const std::os::raw::c_void = ptr::null();
@@ -55,15 +62,13 @@ pub fn message_headers(message: &BorrowedMessage<'_>) -> Vec<RawHeader> {
             break;
         }
         // SAFETY: librdkafka stores every header name NUL-terminated; the pointer is valid
-        // while the message lives, and the bytes are copied at once.
-        let name = unsafe { CStr::from_ptr(name) }.to_bytes().to_vec();
-        let value = (!value.is_null()).then(|| {
-            // SAFETY: a non-null value points to `size` bytes owned by the headers; copied at once.
-            unsafe { std::slice::from_raw_parts(value.cast::<u8>(), size) }.to_vec()
-        });
-        out.push((name, value));
+        // while the message lives, and `visit` only borrows it for this call.
+        let name = unsafe { CStr::from_ptr(name) }.to_bytes();
+        // SAFETY: a non-null value points to `size` bytes owned by the headers, valid while
+        // the message lives; borrowed for this call.
+        let value = (!value.is_null()).then(|| unsafe { std::slice::from_raw_parts(value.cast::<u8>(), size) });
+        visit(name, value);
     }
-    out
 }
 
 /// Producing records whose header names are raw bytes, for the integration tests: the safe

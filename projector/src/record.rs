@@ -29,7 +29,11 @@ impl Consumed {
     /// Copies what the projector needs out of a borrowed librdkafka message, whatever its
     /// bytes: a header is `parsley.causes` only when its name is exactly those bytes.
     pub fn from_message(m: &BorrowedMessage<'_>) -> Consumed {
-        let (causes_headers, headers) = split_headers(parsley_infra::headers::message_headers(m));
+        // Split as they are read: only the values kept are copied (not the causes header's
+        // name, nor a list of every header first).
+        let mut split = HeaderSplit::default();
+        parsley_infra::headers::for_each_header(m, |name, value| split.push(name, value));
+        let HeaderSplit { causes: causes_headers, headers } = split;
         Consumed {
             topic: m.topic().to_string(),
             partition: m.partition(),
@@ -49,16 +53,30 @@ impl Consumed {
 /// Splits a record's headers, in record order, into the values of its `parsley.causes`
 /// headers (the engine's) and the application's headers (kept as bytes, whatever they hold).
 pub fn split_headers(raw: Vec<Header>) -> (Vec<Option<Vec<u8>>>, Vec<Header>) {
-    let mut causes = Vec::new();
-    let mut headers = Vec::new();
-    for (name, value) in raw {
+    let mut split = HeaderSplit::default();
+    for (name, value) in &raw {
+        split.push(name, value.as_deref());
+    }
+    (split.causes, split.headers)
+}
+
+/// A record's headers being split, one at a time, into its `parsley.causes` values and the
+/// application's headers (both copied out of what they are borrowed from).
+#[derive(Default)]
+struct HeaderSplit {
+    causes: Vec<Option<Vec<u8>>>,
+    headers: Vec<Header>,
+}
+
+impl HeaderSplit {
+    fn push(&mut self, name: &[u8], value: Option<&[u8]>) {
+        let value = value.map(<[u8]>::to_vec);
         if name == CAUSES_HEADER.as_bytes() {
-            causes.push(value);
+            self.causes.push(value);
         } else {
-            headers.push((name, value));
+            self.headers.push((name.to_vec(), value));
         }
     }
-    (causes, headers)
 }
 
 /// How many bytes a held record counts for toward `max_held_bytes` (the engine adds its

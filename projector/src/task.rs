@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use parsley::channel::{ChannelId, Position};
-use parsley::engine::{ChannelFact, Delivery, Receipt};
+use parsley::engine::{ChannelFact, Delivery, Fed};
 use parsley::host::{ChannelStart, Failure, LogStartCheck, Next, StepCommit, TaskHost, TaskStatus};
 use parsley::refusal::{Refusal, RefusalReason};
 use parsley::Engine;
@@ -799,6 +799,8 @@ impl<P: Projection> TaskRunner<P> {
     fn feed(&mut self, batch: Vec<Consumed>, deliveries: &mut Vec<Delivery<RecordData>>) -> (usize, usize) {
         let mut fed = 0usize;
         let mut replayed = 0usize;
+        // Most records of a step are delivered in it: one allocation for the step's list.
+        deliveries.reserve(batch.len());
         for record in batch {
             let channel = match self.plan.channel_of(&record.topic, record.partition) {
                 Some(c) if c.partition == self.task => c,
@@ -828,12 +830,9 @@ impl<P: Projection> TaskRunner<P> {
                     &more
                 }
             };
-            match self.host.receive(channel, record.offset, headers, record.data) {
-                Ok(Receipt::Duplicate) => replayed += 1,
-                Ok(Receipt::Accepted { deliveries: d }) => {
-                    fed += 1;
-                    deliveries.extend(d);
-                }
+            match self.host.receive_into(channel, record.offset, headers, record.data, deliveries) {
+                Ok(Fed::Duplicate) => replayed += 1,
+                Ok(Fed::Accepted) => fed += 1,
                 Err(_refusal) => break,
             }
         }
