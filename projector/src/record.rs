@@ -52,9 +52,9 @@ impl Consumed {
 
 /// Splits a record's headers, in record order, into the values of its `parsley.causes`
 /// headers (the engine's) and the application's headers (kept as bytes, whatever they hold).
-pub fn split_headers(raw: Vec<Header>) -> (Vec<Option<Vec<u8>>>, Vec<Header>) {
+pub fn split_headers(raw: &[Header]) -> (Vec<Option<Vec<u8>>>, Vec<Header>) {
     let mut split = HeaderSplit::default();
-    for (name, value) in &raw {
+    for (name, value) in raw {
         split.push(name, value.as_deref());
     }
     (split.causes, split.headers)
@@ -125,7 +125,7 @@ mod tests {
         proptest! {
             #[test]
             fn fuzz_header_reader_any_headers(raw in prop::collection::vec((name(), value()), 0..8)) {
-                let (causes, headers) = split_headers(raw.clone());
+                let (causes, headers) = split_headers(&raw);
                 prop_assert_eq!(causes.len() + headers.len(), raw.len());
                 prop_assert!(headers.iter().all(|(n, _)| n != CAUSES_HEADER.as_bytes()));
                 let values: Vec<Option<&[u8]>> = causes.iter().map(|v| v.as_deref()).collect();
