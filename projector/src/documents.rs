@@ -17,6 +17,7 @@
 //! database can see (a key too long for the index, `54000`) is classified from its
 //! SQLSTATE ([`ProjectionError::database`]).
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use anyhow::anyhow;
@@ -235,7 +236,7 @@ enum Doc<'a> {
     Parsed(Value),
 }
 
-impl Doc<'_> {
+impl<'a> Doc<'a> {
     /// The document's structure, for a merge patch.
     fn into_value(self) -> Result<Value, ProjectionError> {
         match self {
@@ -244,11 +245,13 @@ impl Doc<'_> {
         }
     }
 
-    /// The document as JSON text, for the write.
-    fn into_text(self) -> Result<String, ProjectionError> {
+    /// The document as JSON text, for the write: a replacing value's own text, borrowed.
+    fn into_text(self) -> Result<Cow<'a, str>, ProjectionError> {
         match self {
-            Doc::Text(t) => Ok(t.to_string()),
-            Doc::Parsed(v) => Ok(serde_json::to_string(&v).map_err(|e| anyhow!("writing a document as JSON: {e}"))?),
+            Doc::Text(t) => Ok(Cow::Borrowed(t)),
+            Doc::Parsed(v) => {
+                Ok(Cow::Owned(serde_json::to_string(&v).map_err(|e| anyhow!("writing a document as JSON: {e}"))?))
+            }
         }
     }
 }
@@ -261,7 +264,36 @@ struct Folded<'a> {
     applied_since_delete: i64,
     /// A delete happened in this step: the stored row goes, the version restarts.
     reset: bool,
-    last: (ChannelId, Position),
+}
+
+impl<'a> Folded<'a> {
+    /// Applies the key's next operation.
+    fn fold(&mut self, op: Op<'a>) -> Result<(), ProjectionError> {
+        match op {
+            Op::Delete => self.delete(),
+            Op::Replace(text) => {
+                self.doc = Some(Doc::Text(text));
+                self.applied_since_delete += 1;
+            }
+            Op::Merge(patch) => {
+                let mut doc = self.doc.take().map(Doc::into_value).transpose()?.unwrap_or(Value::Null);
+                merge_patch(&mut doc, &patch);
+                if doc.is_null() {
+                    self.delete();
+                } else {
+                    self.doc = Some(Doc::Parsed(doc));
+                    self.applied_since_delete += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn delete(&mut self) {
+        self.doc = None;
+        self.reset = true;
+        self.applied_since_delete = 0;
+    }
 }
 
 impl Projection for DocumentProjection {
@@ -284,22 +316,31 @@ impl Projection for DocumentProjection {
             return Ok(());
         }
         // Parse every record first: a bad one is rejected before any statement runs.
-        let mut ops: Vec<(&str, Op<'_>, (ChannelId, Position))> = Vec::with_capacity(records.len());
+        let mut keys: Vec<&str> = Vec::with_capacity(records.len());
+        let mut ops: Vec<Option<(Op<'_>, (ChannelId, Position))>> = Vec::with_capacity(records.len());
         for r in records {
             // Not the record's fault: the projection was built for other topics.
             let apply = *self
                 .apply_by_topic
                 .get(r.topic)
                 .ok_or_else(|| anyhow!("{}: topic {:?} has no document rule", r.coordinate(), r.topic))?;
-            ops.push((key_of(r)?, op_of(apply, r)?, (r.channel, r.position)));
+            keys.push(key_of(r)?);
+            ops.push(Some((op_of(apply, r)?, (r.channel, r.position))));
         }
 
+        // The records of each key together, in delivery order within a key, and the keys in
+        // order (the writes touch rows in key order, as every step does): one sort of
+        // indices, no map node per key.
+        let mut order: Vec<u32> = (0..keys.len() as u32).collect();
+        order.sort_unstable_by(|a, b| keys[*a as usize].cmp(keys[*b as usize]).then(a.cmp(b)));
+        let same_key = |a: &u32, b: &u32| keys[*a as usize] == keys[*b as usize];
+
         // Which keys need their stored document: those whose first operation is a merge.
-        let mut first_is_merge: BTreeMap<&str, bool> = BTreeMap::new();
-        for (key, op, _) in &ops {
-            first_is_merge.entry(key).or_insert(matches!(op, Op::Merge(_)));
-        }
-        let wanted: Vec<String> = first_is_merge.iter().filter(|(_, m)| **m).map(|(k, _)| k.to_string()).collect();
+        let wanted: Vec<String> = order
+            .chunk_by(same_key)
+            .filter(|g| matches!(ops[g[0] as usize], Some((Op::Merge(_), _))))
+            .map(|g| keys[g[0] as usize].to_string())
+            .collect();
         let mut stored: BTreeMap<String, Value> = BTreeMap::new();
         if !wanted.is_empty() {
             let rows = documents::stored(conn, step.model, &wanted)
@@ -308,51 +349,24 @@ impl Projection for DocumentProjection {
             stored.extend(rows);
         }
 
-        let mut folded: BTreeMap<&str, Folded<'_>> = BTreeMap::new();
-        for (key, op, at) in ops {
-            let f = folded.entry(key).or_insert_with(|| Folded {
-                doc: stored.remove(key).map(Doc::Parsed),
-                applied_since_delete: 0,
-                reset: false,
-                last: at,
-            });
-            f.last = at;
-            match op {
-                Op::Delete => {
-                    f.doc = None;
-                    f.reset = true;
-                    f.applied_since_delete = 0;
-                }
-                Op::Replace(text) => {
-                    f.doc = Some(Doc::Text(text));
-                    f.applied_since_delete += 1;
-                }
-                Op::Merge(patch) => {
-                    let mut doc = f.doc.take().map(Doc::into_value).transpose()?.unwrap_or(Value::Null);
-                    merge_patch(&mut doc, &patch);
-                    if doc.is_null() {
-                        f.doc = None;
-                        f.reset = true;
-                        f.applied_since_delete = 0;
-                    } else {
-                        f.doc = Some(Doc::Parsed(doc));
-                        f.applied_since_delete += 1;
-                    }
-                }
-            }
-        }
-
         let mut deleted: Vec<String> = Vec::new();
-        let mut writes = Vec::new();
-        for (key, f) in folded {
+        let mut writes = Vec::with_capacity(order.len());
+        for group in order.chunk_by(same_key) {
+            let key = keys[group[0] as usize];
+            let mut f = Folded { doc: stored.remove(key).map(Doc::Parsed), applied_since_delete: 0, reset: false };
+            let mut last = None;
+            for i in group {
+                let (op, at) = ops[*i as usize].take().expect("each record is folded once");
+                last = Some(at);
+                f.fold(op)?;
+            }
             // A key deleted during the step and written again starts over: delete it first.
             if f.reset {
                 deleted.push(key.to_string());
             }
-            if let Some(doc) = f.doc {
-                let (channel, position) = f.last;
+            if let (Some(doc), Some((channel, position))) = (f.doc, last) {
                 writes.push(DocumentWrite {
-                    key: key.to_string(),
+                    key,
                     doc: doc.into_text()?,
                     channel,
                     position,

@@ -13,6 +13,8 @@
 //! The step's statements return the sqlx error itself, so the projection can tell a value the
 //! table refused from an outage (`ProjectionError::database` in the projector).
 
+use std::borrow::Cow;
+
 use anyhow::{ensure, Context as _};
 use parsley::channel::{ChannelId, Position, TopicId};
 use parsley::gate::ClockRow;
@@ -39,11 +41,12 @@ pub struct Document {
 /// A document a step writes: its new content, the record that wrote it last, and how many
 /// of the step's records were applied to it since its last delete (added to its version).
 #[derive(Clone, Debug, PartialEq)]
-pub struct DocumentWrite {
-    pub key: String,
+pub struct DocumentWrite<'a> {
+    pub key: &'a str,
     /// The document as JSON text, valid and free of `\u0000` escapes (the projection checked
-    /// it): sent to Postgres as it is, which parses it into `jsonb` once.
-    pub doc: String,
+    /// it): sent to Postgres as it is, which parses it into `jsonb` once. Borrowed from the
+    /// record when the record's value is the document.
+    pub doc: Cow<'a, str>,
     pub channel: ChannelId,
     pub position: Position,
     pub applied: i64,
@@ -109,18 +112,18 @@ pub async fn write(
     conn: &mut PgConnection,
     model: &str,
     task: u32,
-    writes: Vec<DocumentWrite>,
+    writes: Vec<DocumentWrite<'_>>,
 ) -> Result<(), sqlx::Error> {
     let n = writes.len();
-    let mut keys: Vec<String> = Vec::with_capacity(n);
-    let mut docs: Vec<String> = Vec::with_capacity(n);
+    let mut keys: Vec<&str> = Vec::with_capacity(n);
+    let mut docs: Vec<JsonbText<'_>> = Vec::with_capacity(n);
     let mut topics: Vec<Uuid> = Vec::with_capacity(n);
     let mut partitions: Vec<i32> = Vec::with_capacity(n);
     let mut positions: Vec<i64> = Vec::with_capacity(n);
     let mut counts: Vec<i64> = Vec::with_capacity(n);
-    for w in writes {
+    for w in &writes {
         keys.push(w.key);
-        docs.push(w.doc);
+        docs.push(JsonbText(&w.doc));
         topics.push(uuid_of(&w.channel.topic));
         partitions.push(w.channel.partition as i32);
         positions.push(w.position);
@@ -139,7 +142,7 @@ pub async fn write(
     .bind(model)
     .bind(task as i32)
     .bind(&keys)
-    .bind(docs.iter().map(|d| JsonbText(d.as_str())).collect::<Vec<_>>())
+    .bind(&docs)
     .bind(&topics)
     .bind(&partitions)
     .bind(&positions)

@@ -182,7 +182,9 @@ impl Stack {
         })
     }
 
-    /// Stops everything, deletes the run's topics and drops its database.
+    /// Stops everything, deletes the run's topics and drops its database — unless
+    /// `BENCH_KEEP_DATABASE` is set, for a look at its rows afterwards (its name is printed;
+    /// drop it by hand).
     pub async fn stop(self) -> anyhow::Result<()> {
         let _ = self.stop_gateway.send(true);
         let _ = self.stop_projector.send(true);
@@ -193,6 +195,10 @@ impl Stack {
         delete_topic(&self.topic).await;
         delete_topic(&self.raw_topic).await;
         self.pool.close().await;
+        if std::env::var_os("BENCH_KEEP_DATABASE").is_some() {
+            eprintln!("kept the run's database {} (BENCH_KEEP_DATABASE)", self.database);
+            return Ok(());
+        }
         parsley_testkit::drop_database(&self.admin_url, &self.database).await.context("dropping the run's database")
     }
 

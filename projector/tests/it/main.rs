@@ -7,6 +7,7 @@ mod causal;
 mod clock;
 mod create_topics;
 mod fencing;
+mod fold;
 mod leases;
 mod library;
 mod log_start;
