@@ -44,7 +44,8 @@
 //!
 //! Other knobs: `BENCH_RECORDS` (default 200000; 1000000 for the long run),
 //! `BENCH_STEP_RECORDS` (every variant's `max_step_records`; unset, each build keeps its own
-//! default, and the naive loop takes this build's), `BENCH_TASKS` (partition counts, comma-separated,
+//! default, and the naive loop takes this build's; the naive loop also stops a batch at this
+//! build's default `max_step_bytes`), `BENCH_TASKS` (partition counts, comma-separated,
 //! default `4`), `BENCH_INSTANCES` (default 1), `BENCH_ROUNDS` (default 1; rounds alternate
 //! the variants' order), `BENCH_KEEP_LOGS=1` (keep the processes' logs in the temp dir),
 //! `BENCH_LOG` (the launched processes' `RUST_LOG`, default `warn`; e.g.
@@ -59,7 +60,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 use parsley::channel::{ChannelId, TopicId};
 use parsley::CausalPast;
-use parsley_projector::config::{Apply, Config, DEFAULT_MAX_STEP_RECORDS};
+use parsley_projector::config::{Apply, Config, DEFAULT_MAX_STEP_BYTES, DEFAULT_MAX_STEP_RECORDS};
 use parsley_projector::projection::{Delivered, Projection, StepContext};
 use parsley_projector::record::Consumed;
 use parsley_projector::{kafka, migrations, DocumentProjection};
@@ -716,12 +717,15 @@ async fn naive_loop(
     while !*shutdown.borrow() {
         let deadline = tokio::time::Instant::now() + Duration::from_millis(100);
         let mut batch: Vec<(usize, Consumed)> = Vec::new();
-        while batch.len() < step {
+        let mut bytes = 0;
+        while batch.len() < step && bytes < DEFAULT_MAX_STEP_BYTES {
             match tokio::time::timeout_at(deadline, consumer.recv()).await {
                 Err(_) => break,
                 Ok(Ok(m)) => {
                     let t = topics.iter().position(|(name, _)| name == rdkafka::Message::topic(&m)).unwrap_or(0);
-                    batch.push((t, Consumed::from_message(&m)));
+                    let consumed = Consumed::from_message(&m);
+                    bytes += consumed.weight();
+                    batch.push((t, consumed));
                 }
                 Ok(Err(e)) => bail!("consumer: {e}"),
             }

@@ -40,6 +40,8 @@ pub struct ModelPlan {
     pub task_count: u32,
     pub topics: Vec<PlannedTopic>,
     pub max_step_records: usize,
+    /// Most bytes of records (keys, values, headers) a step takes; `None`: no byte bound.
+    pub max_step_bytes: Option<usize>,
     pub max_step_time: Duration,
     /// A step with records ends once nothing new arrived for this long.
     pub step_linger: Duration,
@@ -236,6 +238,7 @@ impl<P: Projection> ModelProjector<P> {
                 .map(|(t, id)| PlannedTopic { name: t.name.clone(), id: *id, initial: t.initial_position(model) })
                 .collect(),
             max_step_records: model.max_step_records,
+            max_step_bytes: (model.max_step_bytes > 0).then_some(model.max_step_bytes),
             max_step_time: model.max_step_time(),
             step_linger: model.step_linger(),
             metadata_budget: config.projector.metadata_budget,

@@ -26,6 +26,15 @@ pub struct Consumed {
 }
 
 impl Consumed {
+    /// The record's bytes as a step's byte bound counts them: key, value, and the names and
+    /// values of its headers (`parsley.causes` included).
+    pub fn weight(&self) -> usize {
+        let headers: usize = self.data.headers.iter().map(|(n, v)| n.len() + v.as_ref().map_or(0, Vec::len)).sum();
+        let causes: usize =
+            self.causes_headers.iter().map(|v| CAUSES_HEADER.len() + v.as_ref().map_or(0, Vec::len)).sum();
+        self.data.key.as_ref().map_or(0, Vec::len) + self.data.value.as_ref().map_or(0, Vec::len) + headers + causes
+    }
+
     /// Copies what the projector needs out of a borrowed librdkafka message, whatever its
     /// bytes: a header is `parsley.causes` only when its name is exactly those bytes.
     pub fn from_message(m: &BorrowedMessage<'_>) -> Consumed {

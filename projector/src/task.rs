@@ -40,6 +40,10 @@ use crate::record::{self, Consumed, RecordData};
 use crate::store::{self, LoadError};
 use parsley_store::leases;
 
+/// A step that held its task's row for more than this fraction of the lease extends the
+/// lease before it commits ([`leases::extend`]).
+const LONG_STEP_LEASE_FRACTION: u32 = 4;
+
 /// Where a task stands.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TaskState {
@@ -608,16 +612,18 @@ impl<P: Projection> TaskRunner<P> {
         }
     }
 
-    /// Collects up to the step's record bound (one record in a careful step), waiting at
-    /// most the step's time bound. Also answers whether the consumer reported a position
-    /// out of range.
+    /// Collects up to the step's record and byte bounds (one record in a careful step; at
+    /// least one record, however large), waiting at most the step's time bound. Also
+    /// answers whether the consumer reported a position out of range.
     async fn poll(&mut self, max_records: Option<usize>) -> (Vec<Consumed>, bool) {
         let Some(consumer) = self.consumer.clone() else { return (Vec::new(), false) };
         let max = max_records.map_or(self.plan.max_step_records, |m| m.min(self.plan.max_step_records));
         let deadline = tokio::time::Instant::now() + self.plan.max_step_time;
+        let max_bytes = self.plan.max_step_bytes.unwrap_or(usize::MAX);
         let mut batch = Vec::new();
+        let mut bytes = 0usize;
         let mut out_of_range = false;
-        while batch.len() < max {
+        while batch.len() < max && bytes < max_bytes {
             // Wait up to the step's deadline for the first record; after that, only while
             // records keep coming (`step_linger`; by default 0: what is already fetched), so a
             // lone write is not held for the window.
@@ -641,7 +647,9 @@ impl<P: Projection> TaskRunner<P> {
                         tracing::debug!(target: "parsley::stage", stage = "first-record", model = %self.plan.name,
                             task = self.task, "a step's first record arrived");
                     }
-                    batch.push(Consumed::from_message(&message));
+                    let consumed = Consumed::from_message(&message);
+                    bytes = bytes.saturating_add(consumed.weight());
+                    batch.push(consumed);
                 }
                 Some(Err(e)) => {
                     self.metric_add(Metric::KafkaErrorsTotal, 1.0);
@@ -948,11 +956,20 @@ impl<P: Projection> TaskRunner<P> {
             tx.rollback().await.context("rolling back a fenced step")?;
             return Ok(false);
         }
+        let locked_at = Instant::now();
         let (skipped, dead_lettered) = self.project(&mut tx, plan, deliveries, commit.careful).await?;
         let clock_changed = store::apply_changes(&mut tx, &plan.name, self.task, changes).await?;
         debug_assert!(!clock_changed || notify, "a step changed the clock without a NOTIFY");
         if commit.write_running {
             store::record_running(&mut tx, &plan.name, self.task).await?;
+        }
+        // The lock renewed the lease from the transaction's start; a long step (a large one
+        // under a backlog, a slow projection) renews it again from now, or it would commit
+        // with its lease spent and be taken over at once. Short steps skip the round trip.
+        if locked_at.elapsed() > plan.lease / LONG_STEP_LEASE_FRACTION
+            && !leases::extend(&mut tx, &plan.name, self.task, self.epoch, plan.lease).await?
+        {
+            anyhow::bail!("task {}/{} changed epoch while its row was locked by this step", plan.name, self.task);
         }
         tx.commit().await.context("committing a step")?;
         tracing::debug!(target: "parsley::stage", stage = "committed", model = %plan.name, task = self.task,

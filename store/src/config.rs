@@ -435,6 +435,10 @@ pub struct ModelConfig {
     /// Most records fed to a task in one step.
     #[serde(default = "default_max_step_records")]
     pub max_step_records: usize,
+    /// Most bytes of records (keys, values and headers) fed to a task in one step; a step
+    /// takes at least one record, however large. 0: no byte bound.
+    #[serde(default = "default_max_step_bytes")]
+    pub max_step_bytes: usize,
     /// Longest a step waits for records before it commits what it has, in milliseconds.
     #[serde(default = "default_max_step_ms")]
     pub max_step_ms: u64,
@@ -472,6 +476,7 @@ impl ModelConfig {
             topics,
             initial_position: InitialPosition::default(),
             max_step_records: default_max_step_records(),
+            max_step_bytes: default_max_step_bytes(),
             max_step_ms: default_max_step_ms(),
             step_linger_ms: default_step_linger_ms(),
             tasks: None,
@@ -634,11 +639,16 @@ fn default_max_held_bytes() -> usize {
 pub const MIN_MAX_HELD_BYTES: usize = 64 * 1024;
 /// The default `max_step_records`. A step takes only what the consumer has already fetched
 /// (no linger by default), so the bound only matters under a backlog, where a larger step
-/// folds more records per key and commits less often (docs/projector.md, "Steps of 10 000
-/// records by default").
-pub const DEFAULT_MAX_STEP_RECORDS: usize = 10_000;
+/// folds more records per key into one row and commits less often (docs/projector.md,
+/// "Steps bounded by bytes"); [`DEFAULT_MAX_STEP_BYTES`] bounds its memory.
+pub const DEFAULT_MAX_STEP_RECORDS: usize = 100_000;
 fn default_max_step_records() -> usize {
     DEFAULT_MAX_STEP_RECORDS
+}
+/// The default `max_step_bytes`: 16 MiB of keys, values and headers per task and step.
+pub const DEFAULT_MAX_STEP_BYTES: usize = 16 * 1024 * 1024;
+fn default_max_step_bytes() -> usize {
+    DEFAULT_MAX_STEP_BYTES
 }
 fn default_step_linger_ms() -> u64 {
     0
@@ -1175,7 +1185,8 @@ max_rows = 5
         let m = &c.models[0];
         assert_eq!(m.topics[0].apply, Apply::Replace);
         assert_eq!(m.initial_position, InitialPosition::Earliest);
-        assert_eq!(m.max_step_records, 10_000);
+        assert_eq!(m.max_step_records, 100_000);
+        assert_eq!(m.max_step_bytes, 16 * 1024 * 1024);
         assert_eq!(c.projector.metadata_budget, 256 * 1024);
         assert_eq!(c.kafka.bootstrap, "127.0.0.1:9092");
         assert_eq!(c.projector.log_start_check_ms, 30_000);

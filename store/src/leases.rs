@@ -177,6 +177,32 @@ pub async fn lock_and_renew(
     lock_renew_and_notify(conn, model, task, epoch, lease, false).await
 }
 
+/// Extends, from this moment, the lease of a task whose row the caller's transaction locked
+/// ([`lock_and_renew`]): a step's lock renews the lease from the transaction's start
+/// (`now()`), so a step that ran longer than the lease would commit with its lease already
+/// spent, and another instance waiting on the row would take the task the moment it
+/// commits. `clock_timestamp()` is the statement's own time. `false`: not this epoch's task.
+pub async fn extend(
+    conn: &mut PgConnection,
+    model: &str,
+    task: u32,
+    epoch: i64,
+    lease: Duration,
+) -> anyhow::Result<bool> {
+    let extended = sqlx::query(
+        "UPDATE parsley.tasks SET lease_until = clock_timestamp() + $4 * interval '1 millisecond'
+          WHERE model = $1 AND task = $2 AND epoch = $3",
+    )
+    .bind(model)
+    .bind(task as i32)
+    .bind(epoch)
+    .bind(millis(lease))
+    .execute(&mut *conn)
+    .await
+    .with_context(|| format!("extending the lease of task {model}/{task}"))?;
+    Ok(extended.rows_affected() == 1)
+}
+
 /// [`lock_and_renew`], and with `notify` the task's clock `NOTIFY` too
 /// ([`crate::ordering::notify`]'s channel and payload) — in the same statement, so a step
 /// that changes the clock saves a round trip. Only when the task is locked: a fenced step

@@ -103,6 +103,7 @@ pub fn config(n: &Names, gateway: &str) -> Config {
         ],
         initial_position: InitialPosition::Earliest,
         max_step_records: 500,
+        max_step_bytes: parsley_projector::config::DEFAULT_MAX_STEP_BYTES,
         max_step_ms: 50,
         step_linger_ms: 5,
         tasks: None,

@@ -381,3 +381,47 @@ async fn a_static_task_list_runs_only_those_and_two_such_instances_are_active_an
     stop_b.send(true).unwrap();
     run_b.await.unwrap().unwrap();
 }
+
+/// A step's lock renews the lease from the transaction's start; a step longer than the lease
+/// extends it before committing, or another instance waiting on the row takes the task the
+/// moment the step commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_longer_than_its_lease_keeps_the_task_only_by_extending_the_lease() {
+    let pool = pool().await;
+    let model = model_with(&pool, 1).await;
+    let lease = Duration::from_millis(500);
+    let wait = Duration::from_secs(5);
+    let Claim::Taken { row, .. } = leases::claim(&pool, &model, 0, "a", lease, wait).await.unwrap() else {
+        panic!("a free task is taken")
+    };
+
+    // A long step that does not extend: committed with its lease spent, and taken over.
+    let mut tx = pool.begin().await.unwrap();
+    assert!(leases::lock_and_renew(&mut tx, &model, 0, row.epoch, lease).await.unwrap());
+    tokio::time::sleep(lease + Duration::from_millis(300)).await;
+    tx.commit().await.unwrap();
+    let Claim::Taken { row, from } = leases::claim(&pool, &model, 0, "b", lease, wait).await.unwrap() else {
+        panic!("a lease spent inside a step is taken over once the step commits")
+    };
+    assert_eq!(from.as_deref(), Some("a"));
+
+    // The same step extending its lease before it commits keeps the task, even against a
+    // claim that was already waiting on the row.
+    let mut tx = pool.begin().await.unwrap();
+    assert!(leases::lock_and_renew(&mut tx, &model, 0, row.epoch, lease).await.unwrap());
+    let claimer = {
+        let (pool, model) = (pool.clone(), model.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            leases::claim(&pool, &model, 0, "c", lease, wait).await.unwrap()
+        })
+    };
+    tokio::time::sleep(lease + Duration::from_millis(300)).await;
+    assert!(leases::extend(&mut tx, &model, 0, row.epoch, lease).await.unwrap());
+    tx.commit().await.unwrap();
+    assert_eq!(claimer.await.unwrap(), Claim::Held { owner: "b".into() });
+    assert_eq!(leases::claim(&pool, &model, 0, "c", lease, wait).await.unwrap(), Claim::Held { owner: "b".into() });
+    // Another epoch's extension changes nothing.
+    let mut conn = pool.acquire().await.unwrap();
+    assert!(!leases::extend(&mut conn, &model, 0, row.epoch - 1, lease).await.unwrap());
+}

@@ -242,3 +242,44 @@ async fn unreachable_services_are_retried_and_reported() {
         assert!(!stderr.contains("secret-password"), "the database password leaked into the logs:\n{stderr}");
     }
 }
+
+/// A step takes records up to `max_step_bytes` of keys, values and headers (and at least
+/// one record, however large), and up to `max_step_records`, whichever binds first; every
+/// record is applied once, in order, across the steps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_stops_at_its_byte_bound_and_takes_at_least_one_record() {
+    let n = Names::new("stepbytes");
+    create_topics(&[&n.orders, &n.payments], 1).await;
+    let pool = pool().await;
+    let p = producer();
+    // Ten records of 1 000-byte values, then one of 5 000 bytes, then ten more.
+    let value = |i: usize, len: usize| format!(r#"{{"i":{i},"pad":"{}"}}"#, "x".repeat(len - 19)).into_bytes();
+    for i in 0..21 {
+        let len = if i == 10 { 5_000 } else { 1_000 };
+        produce(&p, &n.orders, 0, &format!("k{i:02}"), Some(&value(i, len)), None).await;
+    }
+    let mut config = n.config();
+    config.models[0].max_step_bytes = 3_000;
+    config.models[0].max_step_records = 100;
+    config.models[0].max_step_ms = 2_000;
+    let mut projector = start(&config, &pool, Recording::new(&config)).await;
+
+    let mut fed_per_step = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while fed_per_step.iter().sum::<usize>() < 21 && Instant::now() < deadline {
+        for outcome in projector.run_once().await {
+            if let parsley_projector::StepOutcome::Committed { fed, .. } = outcome {
+                if fed > 0 {
+                    fed_per_step.push(fed);
+                }
+            }
+        }
+    }
+    assert_eq!(fed_per_step.iter().sum::<usize>(), 21, "every record fed once: {fed_per_step:?}");
+    // 1 000-byte records (plus a 3-byte key): the third one reaches 3 000 bytes.
+    assert!(fed_per_step.iter().all(|f| *f <= 3), "no step above the byte bound: {fed_per_step:?}");
+    assert!(fed_per_step.len() >= 7, "the bound split the records into steps: {fed_per_step:?}");
+    let applied: Vec<i64> = applied(&pool, &n.model).await.iter().map(|a| a.2).collect();
+    assert_eq!(applied, (0..21).collect::<Vec<i64>>(), "applied once each, in order");
+    assert_eq!(document(&pool, &n.model, "k10").await.unwrap().0["i"], 10, "the record over the bound is applied");
+}

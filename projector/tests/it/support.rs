@@ -67,6 +67,7 @@ pub fn config(model: &str, topics: &[(&str, Apply)]) -> Config {
         topics: topics.iter().map(|(n, a)| TopicConfig { apply: *a, ..TopicConfig::named(*n) }).collect(),
         initial_position: InitialPosition::Earliest,
         max_step_records: 500,
+        max_step_bytes: parsley_projector::config::DEFAULT_MAX_STEP_BYTES,
         max_step_ms: 150,
         step_linger_ms: 5,
         tasks: None,
