@@ -28,7 +28,9 @@
 //!   own migrations in its own database;
 //! - `naive`: one consumer per partition in this process, applying each batch with this
 //!   build's document projection (the same SQL) and storing the consumed offsets in the
-//!   same transaction: no causal gating, no ordering state.
+//!   same transaction: no causal gating, no ordering state. It batches as the projector's
+//!   steps do by default: it waits for a first record (up to 100 ms), then takes only what
+//!   is already fetched, up to this build's default record and byte bounds.
 //!
 //! Each variant reads every record from the start. Printed per run: seconds and records/s
 //! from launch to the last commit, records/s in steady state (from 10 % to 90 % of the
@@ -63,6 +65,7 @@ use parsley::CausalPast;
 use parsley_projector::config::{Apply, Config, DEFAULT_MAX_STEP_BYTES, DEFAULT_MAX_STEP_RECORDS};
 use parsley_projector::projection::{Delivered, Projection, StepContext};
 use parsley_projector::record::Consumed;
+use parsley_projector::task::received_now;
 use parsley_projector::{kafka, migrations, DocumentProjection};
 use parsley_testkit::{cpu_ticks, create_database, drop_database, postgres_processes, with_database, TICKS_PER_SECOND};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -719,15 +722,22 @@ async fn naive_loop(
         let mut batch: Vec<(usize, Consumed)> = Vec::new();
         let mut bytes = 0;
         while batch.len() < step && bytes < DEFAULT_MAX_STEP_BYTES {
-            match tokio::time::timeout_at(deadline, consumer.recv()).await {
-                Err(_) => break,
-                Ok(Ok(m)) => {
+            // As the projector's steps: wait for a first record, then take only what is
+            // already fetched (no linger).
+            let received = if batch.is_empty() {
+                tokio::time::timeout_at(deadline, consumer.recv()).await.ok()
+            } else {
+                received_now(consumer.recv()).await
+            };
+            match received {
+                None => break,
+                Some(Ok(m)) => {
                     let t = topics.iter().position(|(name, _)| name == rdkafka::Message::topic(&m)).unwrap_or(0);
                     let consumed = Consumed::from_message(&m);
                     bytes += consumed.weight();
                     batch.push((t, consumed));
                 }
-                Ok(Err(e)) => bail!("consumer: {e}"),
+                Some(Err(e)) => bail!("consumer: {e}"),
             }
         }
         if batch.is_empty() {

@@ -212,7 +212,9 @@ pub struct TaskRunner<P: Projection> {
 }
 
 /// `future`'s output if it is ready at its first poll, else `None` (the future is dropped).
-async fn received_now<F: std::future::Future>(future: F) -> Option<F::Output> {
+/// (Public for the throughput benchmark's naive loop, which batches the same way.)
+#[doc(hidden)]
+pub async fn received_now<F: std::future::Future>(future: F) -> Option<F::Output> {
     let mut future = std::pin::pin!(future);
     std::future::poll_fn(|cx| match future.as_mut().poll(cx) {
         std::task::Poll::Ready(output) => std::task::Poll::Ready(Some(output)),
