@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
-use sqlx::Postgres;
+use sqlx::{ConnectOptions as _, Postgres};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
 /// The bounds of every Postgres session; `None` leaves the server's own setting (off by
@@ -64,6 +64,14 @@ impl SessionBounds {
         keepalives_idle: None,
     };
 
+    /// When sqlx logs a statement (its text included) as slow, at `WARN`: once it has used a
+    /// quarter of `statement_timeout` (at least 1 s, sqlx's own default), or after 10 s with
+    /// no statement timeout. A step's upsert under a backlog writes tens of thousands of rows
+    /// and takes seconds by design; at sqlx's 1 s every such step logged a warning.
+    pub fn slow_statement(&self) -> Duration {
+        self.statement_timeout.map_or(Duration::from_secs(10), |t| (t / 4).max(Duration::from_secs(1)))
+    }
+
     /// The startup parameters these bounds set, as `(name, value)`; milliseconds for the
     /// timeouts, whole seconds for the keepalive.
     pub fn parameters(&self) -> Vec<(&'static str, String)> {
@@ -88,10 +96,11 @@ impl SessionBounds {
     }
 }
 
-/// The connect options of `url` with `bounds` set on every session.
+/// The connect options of `url` with `bounds` set on every session, and sqlx's warning of a
+/// slow statement at [`SessionBounds::slow_statement`].
 pub fn connect_options(url: &str, bounds: &SessionBounds) -> anyhow::Result<PgConnectOptions> {
     let options = PgConnectOptions::from_str(url).with_context(|| format!("invalid database URL {}", redact(url)))?;
-    Ok(options.options(bounds.parameters()))
+    Ok(options.options(bounds.parameters()).log_slow_statements(log::LevelFilter::Warn, bounds.slow_statement()))
 }
 
 /// A connection pool of at most `max_connections` to `url`, every session under `bounds`,
@@ -336,6 +345,14 @@ mod tests {
         assert_eq!(redact("postgres://parsley@127.0.0.1:5432/parsley"), "postgres://parsley@127.0.0.1:5432/parsley");
         assert_eq!(redact("postgres://h:5432/db"), "postgres://h:5432/db");
         assert_eq!(redact("not a url"), "not a url");
+    }
+
+    #[test]
+    fn a_statement_is_slow_after_a_quarter_of_its_timeout() {
+        assert_eq!(SessionBounds::default().slow_statement(), Duration::from_millis(7_500));
+        let short = SessionBounds { statement_timeout: Some(Duration::from_secs(2)), ..SessionBounds::default() };
+        assert_eq!(short.slow_statement(), Duration::from_secs(1), "never below sqlx's own second");
+        assert_eq!(SessionBounds::SERVER_DEFAULTS.slow_statement(), Duration::from_secs(10));
     }
 
     #[test]
