@@ -10,7 +10,7 @@
 //! restore, seed and check log starts, which channels a periodic check or a prune is about,
 //! when to drain, how a skipped record is fed, when the consumer's read position may be
 //! observed, when a step is idle, what the task's row must say after a commit, when to
-//! feed carefully (one record at a time) and when that ends, and that a refusal or a fence
+//! feed carefully (few records a step, one per projection call) and when that ends, and that a refusal or a fence
 //! is final for this execution.
 //!
 //! # States
@@ -55,8 +55,15 @@
 //! The rules, each in one place below:
 //! - A failure (`failed`) restores before anything is fed again, and the engine is rebuilt
 //!   from what was persisted; the positions the failed step had fed (and, when the
-//!   projection rejected a batch, those it delivered) make the task *careful*: it polls one
-//!   record per step and projects one record per call until `fed_up_to` is past each.
+//!   projection rejected a batch, those it delivered) make the task *careful*: it projects
+//!   one record per call until `fed_up_to` is past each, and polls one record in its first
+//!   careful step and twice as many in each next one that commits (1, 2, 4, … up to
+//!   [`MAX_CAREFUL_RECORDS`] and the host's own bound), so the replay of a large failed step
+//!   takes a logarithmic number of steps more than its size, not one step per record. A
+//!   host whose projection rejects a record in a careful step that fed more than one
+//!   record reports a failure (`BatchRejected`), not the rejection: the replay then starts
+//!   again from one record, and the rejection is found by a step that fed that record
+//!   alone, after every record before it committed.
 //! - A refusal ends the step (`Commit`) and, once committed, is final; so is a fence.
 //! - The read position is observed only after a batch was fed completely (no refusal
 //!   stopped it), so `fed_up_to` never passes a record that was not fed.
@@ -286,6 +293,9 @@ pub struct TaskHost<P> {
     skipped: BTreeSet<(ChannelId, Position)>,
     /// Careful until `fed_up_to` reaches each of these.
     careful_until: Option<BTreeMap<ChannelId, Position>>,
+    /// The records the next careful step polls: 1 after a failure, doubled by every careful
+    /// step that commits.
+    careful_records: usize,
     step: StepMarks,
     /// Offer the held heads before the next feed (after every restore).
     drain_due: bool,
@@ -296,6 +306,10 @@ pub struct TaskHost<P> {
     /// An out-of-range poll was checked: restore once this step is over.
     restore_after_step: bool,
 }
+
+/// The most records a careful step polls, however many careful steps committed before it
+/// (the host's own step bound applies too).
+pub const MAX_CAREFUL_RECORDS: usize = 1 << 16;
 
 impl<P: Clone> TaskHost<P> {
     /// A task receiving `received`, whose row says `recorded`. It restores first.
@@ -313,6 +327,7 @@ impl<P: Clone> TaskHost<P> {
             recorded,
             skipped: BTreeSet::new(),
             careful_until: None,
+            careful_records: 1,
             step: StepMarks::default(),
             drain_due: true,
             out_of_range: false,
@@ -360,7 +375,7 @@ impl<P: Clone> TaskHost<P> {
         self.recorded
     }
 
-    /// Whether steps feed and project one record at a time (after a failure).
+    /// Whether steps project one record per call, feeding few records a step (after a failure).
     pub fn careful(&self) -> bool {
         self.careful_until.is_some()
     }
@@ -429,7 +444,7 @@ impl<P: Clone> TaskHost<P> {
         }
         match batch {
             Batch::Between if self.restore_after_step => Next::Commit,
-            Batch::Between => Next::Poll { max_records: self.careful_until.is_some().then_some(1) },
+            Batch::Between => Next::Poll { max_records: self.careful_until.is_some().then_some(self.careful_records) },
             _ if self.drain_due => Next::Drain,
             _ => Next::Feed,
         }
@@ -779,6 +794,9 @@ impl<P: Clone> TaskHost<P> {
         if let Some(until) = &self.careful_until {
             if until.iter().all(|(c, p)| self.engine.fed_up_to(c).is_some_and(|f| f >= *p)) {
                 self.careful_until = None;
+                self.careful_records = 1;
+            } else {
+                self.careful_records = self.careful_records.saturating_mul(2).min(MAX_CAREFUL_RECORDS);
             }
         }
         self.step = StepMarks::default();
@@ -798,6 +816,7 @@ impl<P: Clone> TaskHost<P> {
                 *mark = (*mark).max(p);
             }
         }
+        self.careful_records = 1;
         if !marks.is_empty() {
             let until = self.careful_until.get_or_insert_with(BTreeMap::new);
             for (c, p) in marks {

@@ -261,7 +261,7 @@ fn a_failed_step_cannot_feed_before_it_restores() {
 }
 
 #[test]
-fn careful_after_a_failure_feeds_one_record_at_a_time_until_past_the_failed_steps_positions() {
+fn careful_after_a_failure_feeds_growing_steps_until_past_the_failed_steps_positions() {
     let mut h = started(TaskStatus::Running);
     batch(&mut h, vec![], &[]);
     h.end_step();
@@ -274,18 +274,53 @@ fn careful_after_a_failure_feeds_one_record_at_a_time_until_past_the_failed_step
     start_from(&mut h, persisted.clone(), 0);
     h.assigned();
     assert!(h.careful());
-    assert_eq!(h.next_action(), Next::Poll { max_records: Some(1) });
-    let mut steps = 0;
-    for record in [(a(), 0, None, 10), (a(), 1, None, 11), (b(), 0, None, 20)] {
-        assert_eq!(h.next_action(), Next::Poll { max_records: Some(1) }, "careful until a@1 and b@0 are fed");
-        batch(&mut h, vec![record], &[]);
-        assert!(h.end_step().expect("fed").careful, "projected one record per call");
-        h.committed();
-        steps += 1;
-    }
-    assert_eq!(steps, 3);
+    // One record, then two: the careful steps grow while they commit.
+    assert_eq!(h.next_action(), Next::Poll { max_records: Some(1) }, "careful until a@1 and b@0 are fed");
+    batch(&mut h, vec![(a(), 0, None, 10)], &[]);
+    assert!(h.end_step().expect("fed").careful, "projected one record per call");
+    h.committed();
+    assert!(h.careful());
+    assert_eq!(h.next_action(), Next::Poll { max_records: Some(2) }, "doubled after a careful step committed");
+    batch(&mut h, vec![(a(), 1, None, 11), (b(), 0, None, 20)], &[]);
+    assert!(h.end_step().expect("fed").careful);
+    h.committed();
     assert!(!h.careful());
     assert_eq!(h.next_action(), Next::Poll { max_records: None });
+}
+
+#[test]
+fn careful_steps_double_while_they_commit_and_start_again_from_one_after_a_failure() {
+    let mut h = started(TaskStatus::Running);
+    batch(&mut h, vec![], &[]);
+    h.end_step();
+    h.committed();
+    let persisted = h.engine().snapshot();
+    let records: Vec<_> = (0..40).map(|p| (a(), p, None, 10)).collect();
+    batch(&mut h, records, &[]);
+    h.end_step().expect("fed");
+    h.failed(Failure::Error);
+    start_from(&mut h, persisted.clone(), 0);
+    h.assigned();
+
+    // Careful until a@39: steps of 1, 2, 4 and 8 records commit.
+    let mut next = 0;
+    for want in [1, 2, 4, 8] {
+        assert_eq!(h.next_action(), Next::Poll { max_records: Some(want) });
+        batch(&mut h, (next..next + want as i64).map(|p| (a(), p, None, 10)).collect(), &[]);
+        assert!(h.end_step().expect("fed").careful);
+        h.committed();
+        next += want as i64;
+    }
+    // The step of 16 fails: back to one record, from where the database left it (a@15).
+    assert_eq!(h.next_action(), Next::Poll { max_records: Some(16) });
+    let committed = h.engine().snapshot();
+    batch(&mut h, (next..next + 16).map(|p| (a(), p, None, 10)).collect(), &[]);
+    h.end_step().expect("fed");
+    h.failed(Failure::Error);
+    start_from(&mut h, committed, 0);
+    h.assigned();
+    assert_eq!(h.next_action(), Next::Poll { max_records: Some(1) });
+    assert!(h.careful());
 }
 
 #[test]

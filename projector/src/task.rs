@@ -171,7 +171,7 @@ impl std::fmt::Display for Rejection {
             Some((_, _, coordinate)) => write!(f, "the projection rejected {coordinate}: {}", self.reason),
             None => write!(
                 f,
-                "the projection rejected a record of the step ({}); retrying one record at a time to name it",
+                "the projection rejected a record of the step ({}); retrying carefully (one record per call) to name it",
                 self.reason
             ),
         }
@@ -898,12 +898,14 @@ impl<P: Projection> TaskRunner<P> {
         let step_started_ns = parsley_infra::otlp::now_unix_ns();
         match self.commit(&plan, &deliveries, &commit).await {
             Err(e) => match e.downcast::<Rejection>() {
-                Ok(Rejection { record: Some((channel, position, coordinate)), reason }) => {
+                Ok(Rejection { record: Some((channel, position, coordinate)), reason }) if fed <= 1 => {
                     self.refuse_rejected(channel, position, &coordinate, &reason).await
                 }
-                // A batch cannot say which record the projection rejected: retry one
-                // record at a time, including the held records this step delivered.
-                Ok(batch) => self.fail(anyhow::Error::new(batch), Failure::BatchRejected).await,
+                // A batch cannot say which record the projection rejected, and a careful
+                // step of several records names it but rolled back the records before it:
+                // replay carefully from one record, including the held records this step
+                // delivered, so the refusal comes from a step that fed its record alone.
+                Ok(rejection) => self.fail(anyhow::Error::new(rejection), Failure::BatchRejected).await,
                 Err(e) => self.fail(e, Failure::Error).await,
             },
             Ok(false) => {

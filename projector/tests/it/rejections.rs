@@ -588,3 +588,38 @@ async fn skip_clears_an_undecodable_record_and_a_rejected_record_that_was_held()
     let t = r.task(0).unwrap();
     assert_eq!((t.status, t.held_total, t.skips.len()), (TaskStatus::Running, 0, 2));
 }
+
+/// A rejected batch is replayed carefully in growing steps (1, 2, 4, … records); a step of
+/// several records that meets the rejection starts the replay again from one record, so the
+/// refusal comes from a step that fed the record alone: every record before it committed,
+/// nothing after it did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejection_deep_in_a_large_batch_is_refused_exactly_at_its_record() {
+    let n = Names::new("deepreject");
+    create_topics(&[&n.orders, &n.payments], 1).await;
+    let pool = pool().await;
+    let p = producer();
+    let mut bad_at = None;
+    for i in 0..40 {
+        let value = if i == 27 { b"not json".to_vec() } else { format!(r#"{{"i":{i}}}"#).into_bytes() };
+        let at = produce(&p, &n.orders, 0, &format!("k{i:02}"), Some(&value), None).await;
+        if i == 27 {
+            bad_at = Some(at);
+        }
+    }
+    let bad_at = bad_at.unwrap();
+
+    let mut config = n.config();
+    config.models[0].max_step_ms = 1_000;
+    let mut projector = start(&config, &pool, Recording::new(&config)).await;
+    let refusal = drive_until_refused(&mut projector, &pool, &n.model).await;
+    assert_rejected_at(&refusal, bad_at, &[&format!("{}/0@{bad_at}", n.orders), "not JSON"]);
+    let positions: Vec<i64> = applied(&pool, &n.model).await.iter().map(|a| a.2).collect();
+    assert_eq!(positions, (0..bad_at).collect::<Vec<i64>>(), "every record before it applied once, in order");
+    assert!(document(&pool, &n.model, "k26").await.is_some());
+    assert_eq!(document(&pool, &n.model, "k28").await, None, "nothing after it");
+    let r = report(&pool, &n.model).await;
+    let t = r.task(0).unwrap();
+    let orders = t.channels.iter().find(|c| r.describe(&c.channel) == format!("{}/0", n.orders)).unwrap();
+    assert_eq!(orders.fed_up_to, Some(bad_at - 1), "the rejected record is not marked delivered");
+}
