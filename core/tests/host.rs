@@ -260,13 +260,19 @@ fn a_failed_step_cannot_feed_before_it_restores() {
     assert!(message.contains("host protocol: receive"), "{message}");
 }
 
-#[test]
-fn careful_after_a_failure_feeds_growing_steps_until_past_the_failed_steps_positions() {
+/// A started host that committed an empty step, and the state it persisted.
+fn committed_once() -> (TaskHost<u32>, PersistedState<u32>) {
     let mut h = started(TaskStatus::Running);
     batch(&mut h, vec![], &[]);
     h.end_step();
     h.committed();
     let persisted = h.engine().snapshot();
+    (h, persisted)
+}
+
+#[test]
+fn careful_after_a_failure_feeds_growing_steps_until_past_the_failed_steps_positions() {
+    let (mut h, persisted) = committed_once();
     batch(&mut h, vec![(a(), 0, None, 10), (a(), 1, None, 11), (b(), 0, None, 20)], &[]);
     let commit = h.end_step().expect("fed");
     assert!(!commit.careful, "a batch in one call normally");
@@ -290,11 +296,7 @@ fn careful_after_a_failure_feeds_growing_steps_until_past_the_failed_steps_posit
 
 #[test]
 fn careful_steps_double_while_they_commit_and_start_again_from_one_after_a_failure() {
-    let mut h = started(TaskStatus::Running);
-    batch(&mut h, vec![], &[]);
-    h.end_step();
-    h.committed();
-    let persisted = h.engine().snapshot();
+    let (mut h, persisted) = committed_once();
     let records: Vec<_> = (0..40).map(|p| (a(), p, None, 10)).collect();
     batch(&mut h, records, &[]);
     h.end_step().expect("fed");
