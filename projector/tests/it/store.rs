@@ -256,3 +256,68 @@ async fn the_lock_statement_notifies_only_when_asked_and_locked() {
     assert!(!lock(epoch - 1, true, true).await, "a stale epoch is fenced");
     assert_eq!(heard(&mut listener, &payload).await, 0, "a fenced step notifies nobody");
 }
+
+/// A step's documents go to Postgres in statements of at most `STATEMENT_ROWS` rows: every
+/// one of a step's writes, reads and deletes beyond the first statement's share is done, in
+/// the step's one transaction (a rollback undoes all of them).
+#[tokio::test]
+async fn documents_beyond_one_statement_are_all_written_read_and_deleted() {
+    use parsley_store::documents::{self, DocumentWrite, STATEMENT_ROWS};
+
+    let pool = pool().await;
+    let model = unique("statement-rows");
+    let n = 2 * STATEMENT_ROWS + 5;
+    let keys: Vec<String> = (0..n).map(|i| format!("k{i:05}")).collect();
+    let writes = |applied: i64| -> Vec<DocumentWrite<'_>> {
+        keys.iter()
+            .enumerate()
+            .map(|(i, key)| DocumentWrite {
+                key,
+                doc: format!("{{\"i\":{i},\"applied\":{applied}}}").into(),
+                channel: ch(1, 0),
+                position: i as i64,
+                applied,
+            })
+            .collect()
+    };
+    let versions = |pool: PgPool, model: String| async move {
+        sqlx::query_as::<_, (i64, i64, i64)>(
+            "SELECT count(*), coalesce(min(version), 0), coalesce(max(version), 0) FROM projection.documents WHERE model = $1",
+        )
+        .bind(model)
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+
+    // Inserted, then replaced with their versions increased, in two transactions.
+    for applied in [1, 2] {
+        let mut tx = pool.begin().await.unwrap();
+        documents::write(&mut tx, &model, 0, writes(applied)).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+    assert_eq!(versions(pool.clone(), model.clone()).await, (n as i64, 3, 3));
+    let (doc, version) = document(&pool, &model, &keys[n - 1]).await.unwrap();
+    assert_eq!((doc, version), (serde_json::json!({"i": n - 1, "applied": 2}), 3));
+
+    // Read back beyond the first statement's keys.
+    let mut conn = pool.acquire().await.unwrap();
+    let mut stored = documents::stored(&mut conn, &model, &keys).await.unwrap();
+    stored.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(stored.len(), n);
+    assert_eq!(stored[n - 1], (keys[n - 1].clone(), serde_json::json!({"i": n - 1, "applied": 2})));
+    drop(conn);
+
+    // A rolled-back step leaves every statement's rows as they were.
+    let mut tx = pool.begin().await.unwrap();
+    documents::write(&mut tx, &model, 0, writes(5)).await.unwrap();
+    documents::delete(&mut tx, &model, &keys[..STATEMENT_ROWS + 1]).await.unwrap();
+    tx.rollback().await.unwrap();
+    assert_eq!(versions(pool.clone(), model.clone()).await, (n as i64, 3, 3));
+
+    // Deleted, every statement's share.
+    let mut tx = pool.begin().await.unwrap();
+    documents::delete(&mut tx, &model, &keys).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(versions(pool.clone(), model.clone()).await, (0, 0, 0));
+}
