@@ -52,42 +52,49 @@ pub struct DocumentWrite<'a> {
     pub applied: i64,
 }
 
-/// How many documents one statement of a step writes, reads or deletes at most: a step's
-/// documents go in statements of this many rows, inside the step's one transaction. One
-/// statement of a whole step's rows (tens of thousands under a backlog) made Postgres
-/// receive arrays of megabytes into fresh memory — page faults were a fifth of its time —
-/// and spill the unnested rows past `work_mem` to a temporary file; statements of about a
-/// thousand rows stay in reused memory (docs/projector.md, "Smaller statements and free
-/// space on the documents' pages").
+/// How many documents one upsert statement of a step writes at most: a step's writes go in
+/// statements of this many rows, inside the step's one transaction. One statement of a
+/// whole step's rows (tens of thousands under a backlog) made Postgres receive arrays of
+/// megabytes into fresh memory — page faults were a quarter of its time — and spill the
+/// unnested rows past `work_mem` to a temporary file; statements of about a thousand rows
+/// stay in reused memory (docs/projector.md, "Smaller statements and free space on the
+/// documents' pages").
 pub const STATEMENT_ROWS: usize = 1024;
 
 /// The stored documents of `keys` (those that exist), as `(key, document)`.
+///
+/// One statement for all of `keys`, planned at each call for its own keys and the table as
+/// it is then — not kept as a prepared statement, and so is [`delete`]. A prepared
+/// statement's generic plan, cached after five runs on a connection (which a new model's
+/// first steps reach while its table holds a few rows), looked documents up by model alone
+/// and compared every one of them with each key of the list, and kept doing so as the table
+/// grew: seconds per statement at a few hundred thousand documents. A plan made for the
+/// call looks the keys up by the primary key, or scans the table once with the keys hashed
+/// when that is cheaper — which is why the keys are not split into statements of
+/// [`STATEMENT_ROWS`]: a scan per part would read the table once per thousand keys
+/// (docs/projector.md, "Key lists planned at each call").
 pub async fn stored(
     conn: &mut PgConnection,
     model: &str,
     keys: &[String],
 ) -> Result<Vec<(String, Value)>, sqlx::Error> {
-    let mut found = Vec::new();
-    for part in keys.chunks(STATEMENT_ROWS) {
-        let rows = sqlx::query("SELECT key, doc FROM projection.documents WHERE model = $1 AND key = ANY($2)")
-            .bind(model)
-            .bind(part)
-            .fetch_all(&mut *conn)
-            .await?;
-        found.extend(rows.into_iter().map(|row| (row.get(0), row.get(1))));
-    }
-    Ok(found)
+    let rows = sqlx::query("SELECT key, doc FROM projection.documents WHERE model = $1 AND key = ANY($2)")
+        .bind(model)
+        .bind(keys)
+        .persistent(false)
+        .fetch_all(&mut *conn)
+        .await?;
+    Ok(rows.into_iter().map(|row| (row.get(0), row.get(1))).collect())
 }
 
-/// Deletes the documents of `keys`.
+/// Deletes the documents of `keys`: one statement, planned at each call (see [`stored`]).
 pub async fn delete(conn: &mut PgConnection, model: &str, keys: &[String]) -> Result<(), sqlx::Error> {
-    for part in keys.chunks(STATEMENT_ROWS) {
-        sqlx::query("DELETE FROM projection.documents WHERE model = $1 AND key = ANY($2)")
-            .bind(model)
-            .bind(part)
-            .execute(&mut *conn)
-            .await?;
-    }
+    sqlx::query("DELETE FROM projection.documents WHERE model = $1 AND key = ANY($2)")
+        .bind(model)
+        .bind(keys)
+        .persistent(false)
+        .execute(&mut *conn)
+        .await?;
     Ok(())
 }
 

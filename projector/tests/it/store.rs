@@ -257,9 +257,9 @@ async fn the_lock_statement_notifies_only_when_asked_and_locked() {
     assert_eq!(heard(&mut listener, &payload).await, 0, "a fenced step notifies nobody");
 }
 
-/// A step's documents go to Postgres in statements of at most `STATEMENT_ROWS` rows: every
-/// one of a step's writes, reads and deletes beyond the first statement's share is done, in
-/// the step's one transaction (a rollback undoes all of them).
+/// A step's documents are written in statements of at most `STATEMENT_ROWS` rows: every
+/// write beyond the first statement's share is done, in the step's one transaction (a
+/// rollback undoes all of them), and reads and deletes of more keys than that find them all.
 #[tokio::test]
 async fn documents_beyond_one_statement_are_all_written_read_and_deleted() {
     use parsley_store::documents::{self, DocumentWrite, STATEMENT_ROWS};
@@ -320,4 +320,68 @@ async fn documents_beyond_one_statement_are_all_written_read_and_deleted() {
     documents::delete(&mut tx, &model, &keys).await.unwrap();
     tx.commit().await.unwrap();
     assert_eq!(versions(pool.clone(), model.clone()).await, (0, 0, 0));
+}
+
+/// The documents' reads and deletes by key list are planned at each call, for the table as it
+/// is then: never kept as prepared statements, whose generic plan — cached after five runs,
+/// here while the new database's table holds 50 documents — looked documents up by model
+/// alone and compared each with every key of the list, and went on doing so as the table
+/// grew (seconds per statement at a few hundred thousand documents). The plan's cost itself
+/// is the benchmark's to show; what is checked here is that no such plan can be cached.
+#[tokio::test]
+async fn reads_and_deletes_by_key_list_are_planned_at_each_call() {
+    use parsley_store::documents;
+
+    // A database of its own: its table starts new and small, as a new deployment's does.
+    let admin = parsley_testkit::database_url();
+    let name = unique("plan_growth").to_ascii_lowercase().replace(['-', '.'], "_");
+    parsley_testkit::create_database(&admin, &name).await.unwrap();
+    let url = parsley_testkit::with_database(&admin, &name).unwrap();
+    let pool = parsley_infra::pg::connect(&url, 1, Duration::from_secs(30)).await.unwrap();
+    parsley_projector::migrations::run(&pool).await.unwrap();
+
+    let model = "m";
+    let keys: Vec<String> = (0..1024).map(|i| format!("k{i:05}")).collect();
+    let mut conn = pool.acquire().await.unwrap();
+    let insert = |from: i32, to: i32, prefix: &'static str| {
+        sqlx::query(
+            "INSERT INTO projection.documents (model, key, task, doc, topic_id, partition, position)
+             SELECT $1, $2 || lpad(g::text, 5, '0'), 0, '{}', gen_random_uuid(), 0, g FROM generate_series($3, $4) g",
+        )
+        .bind(model)
+        .bind(prefix)
+        .bind(from)
+        .bind(to)
+    };
+    insert(0, 49, "k").execute(&mut *conn).await.unwrap();
+    // More runs on this connection than a prepared statement takes to cache a generic plan.
+    for _ in 0..8 {
+        assert_eq!(documents::stored(&mut conn, model, &keys).await.unwrap().len(), 50);
+        documents::delete(&mut conn, model, &keys[1000..]).await.unwrap();
+    }
+    insert(1, 20_000, "x").execute(&mut *conn).await.unwrap();
+    let mut stored = documents::stored(&mut conn, model, &keys).await.unwrap();
+    stored.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        stored.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+        keys[..50].iter().map(String::as_str).collect::<Vec<_>>()
+    );
+    documents::delete(&mut conn, model, &keys).await.unwrap();
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM projection.documents WHERE model = $1 AND key LIKE 'k%'")
+        .bind(model)
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    // Statements this connection keeps prepared that look documents up by a key list.
+    let cached: Vec<String> = sqlx::query_scalar(
+        "SELECT statement FROM pg_prepared_statements WHERE statement LIKE '%FROM projection.documents WHERE model%' AND statement LIKE '%key = ANY(%' AND statement NOT LIKE '%pg_prepared%'",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    drop(conn);
+    pool.close().await;
+    parsley_testkit::drop_database(&admin, &name).await.unwrap();
+    assert_eq!(left, 0, "every listed key is deleted");
+    assert!(cached.is_empty(), "kept prepared, so a generic plan can be cached: {cached:?}");
 }
