@@ -373,12 +373,7 @@ async fn reads_and_deletes_by_key_list_are_planned_at_each_call() {
         .await
         .unwrap();
     // Statements this connection keeps prepared that look documents up by a key list.
-    let cached: Vec<String> = sqlx::query_scalar(
-        "SELECT statement FROM pg_prepared_statements WHERE statement LIKE '%FROM projection.documents WHERE model%' AND statement LIKE '%key = ANY(%' AND statement NOT LIKE '%pg_prepared%'",
-    )
-    .fetch_all(&mut *conn)
-    .await
-    .unwrap();
+    let cached = kept_prepared(&mut conn, &["%FROM projection.documents WHERE model%", "%key = ANY(%"]).await;
     drop(conn);
     pool.close().await;
     parsley_testkit::drop_database(&admin, &name).await.unwrap();
@@ -413,12 +408,21 @@ async fn the_delete_of_released_held_records_is_planned_at_each_call() {
         commit(&pool, &model, 0, &mut engine).await;
     }
     assert_eq!(sorted(load(&pool, &model, 0).await), sorted(engine.snapshot()));
-    let cached: Vec<String> = sqlx::query_scalar(
-        "SELECT statement FROM pg_prepared_statements WHERE statement LIKE '%DELETE FROM parsley.held h%' AND statement NOT LIKE '%pg_prepared%'",
-    )
-    .fetch_all(&pool)
-    .await
-    .unwrap();
+    let cached = kept_prepared(&mut *pool.acquire().await.unwrap(), &["%DELETE FROM parsley.held h%"]).await;
     pool.close().await;
     assert!(cached.is_empty(), "kept prepared, so a generic plan can be cached: {cached:?}");
+}
+
+/// The statements `conn` keeps prepared whose text matches every `LIKE` pattern of `like`
+/// (this query's own text left out).
+async fn kept_prepared(conn: &mut sqlx::PgConnection, like: &[&str]) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT statement FROM pg_prepared_statements
+          WHERE statement NOT LIKE '%pg_prepared_statements%'
+            AND (SELECT bool_and(statement LIKE p) FROM unnest($1::text[]) AS p)",
+    )
+    .bind(like)
+    .fetch_all(conn)
+    .await
+    .unwrap()
 }
