@@ -408,7 +408,7 @@ async fn the_delete_of_released_held_records_is_planned_at_each_call() {
         commit(&pool, &model, 0, &mut engine).await;
     }
     assert_eq!(sorted(load(&pool, &model, 0).await), sorted(engine.snapshot()));
-    let cached = kept_prepared(&mut *pool.acquire().await.unwrap(), &["%DELETE FROM parsley.held h%"]).await;
+    let cached = kept_prepared(&mut pool.acquire().await.unwrap(), &["%DELETE FROM parsley.held h%"]).await;
     pool.close().await;
     assert!(cached.is_empty(), "kept prepared, so a generic plan can be cached: {cached:?}");
 }
