@@ -32,8 +32,10 @@
 //!   steps do by default: it waits for a first record (up to 100 ms), then takes only what
 //!   is already fetched, up to this build's default record and byte bounds.
 //!
-//! Each variant reads every record from the start. Printed per run: seconds and records/s
-//! from launch to the last commit, records/s in steady state (from 10 % to 90 % of the
+//! Each variant reads every record from the start. A launched binary's database gets its
+//! schema first (`migrate`; the naive loop runs its migrations before its clock too), so
+//! `run` is timed from its launch. Printed per run: seconds and records/s from launch to
+//! the last commit, seconds to the first committed record, records/s in steady state (from 10 % to 90 % of the
 //! records), and the Postgres CPU per 10⁵ records — utime + stime from `/proc` of the
 //! server's processes working for the run's database (its backends and autovacuum workers;
 //! the harness's own progress connection is left out), and of the whole server (which
@@ -51,7 +53,8 @@
 //! default `4`), `BENCH_INSTANCES` (default 1), `BENCH_ROUNDS` (default 1; rounds alternate
 //! the variants' order), `BENCH_KEEP_LOGS=1` (keep the processes' logs in the temp dir),
 //! `BENCH_LOG` (the launched processes' `RUST_LOG`, default `warn`; e.g.
-//! `parsley::stage=debug` logs every step's size).
+//! `parsley::stage=debug` logs every step's size), `BENCH_TIMELINE=1` (print when each
+//! commit the harness saw landed: seconds from launch, records committed in all).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -134,6 +137,8 @@ struct Produced {
 /// One measured run.
 struct Measured {
     seconds: f64,
+    /// From launch to the first committed record.
+    first_seconds: f64,
     steady_per_s: f64,
     /// Postgres CPU seconds: the run database's processes, whole run and steady part.
     db_cpu: f64,
@@ -269,16 +274,17 @@ async fn measure_all(
 
 /// The measured columns' headings, two lines.
 const COLUMNS: (&str, &str) = (
-    "launch s  launch/s  steady/s   db cpu   steady   server   client  wal B/r rec/xact rec/step rows/rec sessions",
-    "                             s/1e5    s/1e5    s/1e5    s/1e5                                             ",
+    "launch s  first s  launch/s  steady/s   db cpu   steady   server   client  wal B/r rec/xact rec/step rows/rec sessions",
+    "                                      s/1e5    s/1e5    s/1e5    s/1e5                                             ",
 );
 
 fn print_row(workload: &str, tasks: u32, topics: usize, variant: &str, records: usize, m: &Measured) {
     let per = |cpu: f64, n: f64| cpu / n * 1e5;
     let n = records as f64;
     println!(
-        "{workload:<14} {tasks:>5} {variant:<10} {:>8.1} {:>9.0} {:>9.0} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.0} {:>8.0} {:>8.0} {:>8.2} {:>8.0}",
+        "{workload:<14} {tasks:>5} {variant:<10} {:>8.1} {:>8.2} {:>9.0} {:>9.0} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.0} {:>8.0} {:>8.0} {:>8.2} {:>8.0}",
         m.seconds,
+        m.first_seconds,
         n / m.seconds,
         m.steady_per_s,
         per(m.db_cpu, n),
@@ -582,6 +588,18 @@ impl Bench {
         let model = format!("{label}-{}", produced.workload.name);
         let config = self.scratch.join(format!("{database}.toml"));
         std::fs::write(&config, self.config_file(produced, &model))?;
+        // The schema first, as a deployment has it before a projector starts (the naive loop
+        // also runs its migrations before its clock starts): `run` is timed, not `migrate`.
+        let migrated = Command::new(binary)
+            .args(["migrate", "--config"])
+            .arg(&config)
+            .env("PARSLEY_DATABASE_URL", &url)
+            .stdout(Stdio::null())
+            .status()
+            .with_context(|| format!("running {binary} migrate"))?;
+        if !migrated.success() {
+            bail!("{binary} migrate failed: {migrated}");
+        }
         let mut progress = Progress::connect(&url, &database).await?;
         let mut children = Vec::new();
         let started = Instant::now();
@@ -898,8 +916,16 @@ impl Progress {
         let (low, high) = (records as i64 / 10, records as i64 * 9 / 10);
         let mut at_low: Option<(Instant, i64, f64)> = None;
         let mut at_high: Option<(Instant, i64, f64)> = None;
+        let mut first: Option<f64> = None;
+        let mut timeline: Vec<(f64, i64)> = Vec::new();
         loop {
             let done = this.done().await;
+            if timeline.last().is_none_or(|&(_, d)| d != done) {
+                timeline.push((started.elapsed().as_secs_f64(), done));
+            }
+            if first.is_none() && done > 0 {
+                first = Some(started.elapsed().as_secs_f64());
+            }
             if at_low.is_none() && done >= low {
                 at_low = Some((Instant::now(), done, this.cpu.seconds(&this.database, &this.excluded).0));
             }
@@ -915,6 +941,15 @@ impl Progress {
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
         let seconds = started.elapsed().as_secs_f64();
+        if std::env::var("BENCH_TIMELINE").is_ok() {
+            let points: Vec<String> = timeline.iter().map(|(t, d)| format!("{t:.2}s:{}k", d / 1000)).collect();
+            let launched = std::time::SystemTime::now() - started.elapsed();
+            let unix = launched.duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs_f64();
+            println!(
+                "  timeline (launched at unix {unix:.3}; seconds from launch: records committed): {}",
+                points.join(" ")
+            );
+        }
         let (db_cpu, server_cpu) = this.cpu.seconds(&this.database, &this.excluded);
         let client_cpu = client_cpu();
         let wal_bytes = this.wal_lsn().await - wal_at_start;
@@ -922,6 +957,7 @@ impl Progress {
         let steady_records = (n1 - n0).max(1) as f64;
         Ok(Measured {
             seconds,
+            first_seconds: first.unwrap_or(seconds),
             steady_per_s: steady_records / (t1 - t0).as_secs_f64().max(1e-3),
             db_cpu,
             db_cpu_steady: c1 - c0,

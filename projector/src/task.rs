@@ -11,11 +11,18 @@
 //! core's host state machine ([`parsley::host::TaskHost`]), which the simulator drives
 //! too; this module is its I/O: the consumer, the SQL, the projection, the timers.
 //!
+//! While a step's transaction runs, the task reads ahead: the records its consumer returns
+//! meanwhile are copied out and kept with the consumer, up to one step's bounds, and the
+//! next step's poll takes them first. The client's share of a step (reading records out of
+//! librdkafka) then overlaps the database's; the engine sees nothing of it. The read-ahead
+//! lives and dies with its consumer, and the consumer's position, which counts records read
+//! ahead as read, is capped below them.
+//!
 //! A step's stages are debug events of the target `parsley::stage` (`first-record`,
 //! `polled`, `committed`), so a write's way to visibility can be timed (the gateway's
 //! latency benchmark records them); nothing is logged unless that target is enabled.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -191,7 +198,7 @@ pub struct TaskRunner<P: Projection> {
     pool: PgPool,
     projection: Arc<P>,
     metrics: Arc<Metrics>,
-    consumer: Option<Arc<StreamConsumer>>,
+    consumer: Option<TaskConsumer>,
     /// The step protocol, and the engine it owns.
     host: TaskHost<RecordData>,
     state: TaskState,
@@ -209,6 +216,94 @@ pub struct TaskRunner<P: Projection> {
     skips_read: usize,
     /// When each channel's current head started being held.
     head_since: BTreeMap<ChannelId, (Position, Instant)>,
+}
+
+/// The task's consumer, with what it returned that no step has fed yet (read while the
+/// previous step committed). The two go together: a new consumer reads again from the
+/// engine's `fed_up_to + 1`, and what the old one read ahead is dropped with it.
+struct TaskConsumer {
+    kafka: Arc<StreamConsumer>,
+    /// Records (and errors) in the order the consumer returned them.
+    ahead: VecDeque<KafkaResult<Consumed>>,
+    /// The records' weight ([`Consumed::weight`]) in `ahead`.
+    ahead_bytes: usize,
+}
+
+type KafkaResult<T> = Result<T, KafkaError>;
+
+impl TaskConsumer {
+    fn new(kafka: Arc<StreamConsumer>) -> TaskConsumer {
+        TaskConsumer { kafka, ahead: VecDeque::new(), ahead_bytes: 0 }
+    }
+
+    /// The next record or error: what was read ahead first, else what the consumer
+    /// returns, waiting until `until` (`None`: only what librdkafka already holds).
+    async fn next(&mut self, until: Option<tokio::time::Instant>) -> Option<KafkaResult<Consumed>> {
+        // Taking what is already there never waits, so a poll of a backlog would keep its
+        // worker thread for a whole step: other tasks' starts and steps could not run (at
+        // launch, half the tasks began fetching a step later). Yield when the budget is
+        // spent.
+        tokio::task::coop::consume_budget().await;
+        if let Some(item) = self.ahead.pop_front() {
+            if let Ok(c) = &item {
+                self.ahead_bytes -= c.weight();
+            }
+            return Some(item);
+        }
+        let received = match until {
+            Some(until) => tokio::time::timeout_at(until, self.kafka.recv()).await.ok()?,
+            // A zero timeout would still wait for the timer's next tick (tokio rounds
+            // deadlines up to the millisecond), which a lone write paid on its way to
+            // visibility.
+            None => received_now(self.kafka.recv()).await?,
+        };
+        Some(received.map(|m| Consumed::from_message(&m)))
+    }
+
+    /// Runs `work` (a step's transaction) to its end, meanwhile keeping what the consumer
+    /// returns, up to `max_records` and `max_bytes` read ahead in all. Reading ahead stops
+    /// at the first error, which is kept for the next poll too.
+    async fn read_ahead_during<F: std::future::Future>(
+        &mut self,
+        max_records: usize,
+        max_bytes: usize,
+        work: F,
+    ) -> F::Output {
+        let mut work = std::pin::pin!(work);
+        let kafka = Arc::clone(&self.kafka);
+        loop {
+            let room = self.ahead.len() < max_records
+                && self.ahead_bytes < max_bytes
+                && self.ahead.back().is_none_or(|last| last.is_ok());
+            tokio::select! {
+                biased;
+                output = &mut work => return output,
+                // Cancel-safe: a `recv` dropped before it is ready took nothing.
+                received = kafka.recv(), if room => {
+                    let item = received.map(|m| Consumed::from_message(&m));
+                    if let Ok(c) = &item {
+                        self.ahead_bytes += c.weight();
+                    }
+                    self.ahead.push_back(item);
+                    tokio::task::coop::consume_budget().await;
+                }
+            }
+        }
+    }
+
+    /// For each channel with records read ahead, the position of the first: the
+    /// consumer's position there must not pass it (those records are not fed yet). Read
+    /// ahead is bounded as a step is, so the next step takes all of it as a rule; this
+    /// keeps the position right when it does not.
+    fn first_ahead(&self, plan: &ModelPlan) -> BTreeMap<ChannelId, Position> {
+        let mut first = BTreeMap::new();
+        for c in self.ahead.iter().flatten() {
+            if let Some(channel) = plan.channel_of(&c.topic, c.partition) {
+                first.entry(channel).or_insert(c.offset);
+            }
+        }
+        first
+    }
 }
 
 /// `future`'s output if it is ready at its first poll, else `None` (the future is dropped).
@@ -326,6 +421,11 @@ impl<P: Projection> TaskRunner<P> {
 
     pub fn task(&self) -> u32 {
         self.task
+    }
+
+    /// The task's Kafka consumer, if it has one.
+    fn kafka(&self) -> Option<Arc<StreamConsumer>> {
+        self.consumer.as_ref().map(|c| Arc::clone(&c.kafka))
     }
 
     pub fn epoch(&self) -> i64 {
@@ -486,7 +586,7 @@ impl<P: Projection> TaskRunner<P> {
             };
             starts.push(ChannelStart { channel, log_start, initial_fed_up_to });
         }
-        self.consumer = Some(consumer);
+        self.consumer = Some(TaskConsumer::new(consumer));
         self.host.started(&starts);
         Ok(())
     }
@@ -525,7 +625,7 @@ impl<P: Projection> TaskRunner<P> {
     /// Assigns the channels to the consumer at the positions the machine gives
     /// (`fed_up_to + 1`; answer to [`Next::Assign`]).
     fn assign(&mut self, positions: &[(ChannelId, Position)]) -> anyhow::Result<()> {
-        let consumer = self.consumer.clone().context("no consumer to assign the task's channels to")?;
+        let consumer = self.kafka().context("no consumer to assign the task's channels to")?;
         let mut assignment = TopicPartitionList::new();
         for (channel, from) in positions {
             let name = (self.plan.topic_name(&channel.topic))
@@ -618,61 +718,65 @@ impl<P: Projection> TaskRunner<P> {
     /// least one record, however large), waiting at most the step's time bound. Also
     /// answers whether the consumer reported a position out of range.
     async fn poll(&mut self, max_records: Option<usize>) -> (Vec<Consumed>, bool) {
-        let Some(consumer) = self.consumer.clone() else { return (Vec::new(), false) };
-        let max = max_records.map_or(self.plan.max_step_records, |m| m.min(self.plan.max_step_records));
-        let deadline = tokio::time::Instant::now() + self.plan.max_step_time;
-        let max_bytes = self.plan.max_step_bytes.unwrap_or(usize::MAX);
+        let plan = Arc::clone(&self.plan);
+        let Some(consumer) = self.consumer.as_mut() else { return (Vec::new(), false) };
+        let max = max_records.map_or(plan.max_step_records, |m| m.min(plan.max_step_records));
+        let deadline = tokio::time::Instant::now() + plan.max_step_time;
+        let max_bytes = plan.max_step_bytes.unwrap_or(usize::MAX);
         let mut batch = Vec::new();
         let mut bytes = 0usize;
         let mut out_of_range = false;
+        let mut errors = Vec::new();
         while batch.len() < max && bytes < max_bytes {
             // Wait up to the step's deadline for the first record; after that, only while
             // records keep coming (`step_linger`; by default 0: what is already fetched), so a
             // lone write is not held for the window.
-            let received = if batch.is_empty() || !self.plan.step_linger.is_zero() {
-                let until = if batch.is_empty() {
-                    deadline
-                } else {
-                    deadline.min(tokio::time::Instant::now() + self.plan.step_linger)
-                };
-                tokio::time::timeout_at(until, consumer.recv()).await.ok()
+            let until = if batch.is_empty() {
+                Some(deadline)
+            } else if !plan.step_linger.is_zero() {
+                Some(deadline.min(tokio::time::Instant::now() + plan.step_linger))
             } else {
-                // No linger: take only what librdkafka already holds. A zero timeout would
-                // still wait for the timer's next tick (tokio rounds deadlines up to the
-                // millisecond), which a lone write paid on its way to visibility.
-                received_now(consumer.recv()).await
+                None
             };
-            match received {
+            match consumer.next(until).await {
                 None => break,
-                Some(Ok(message)) => {
+                Some(Ok(consumed)) => {
                     if batch.is_empty() {
-                        tracing::debug!(target: "parsley::stage", stage = "first-record", model = %self.plan.name,
+                        tracing::debug!(target: "parsley::stage", stage = "first-record", model = %plan.name,
                             task = self.task, "a step's first record arrived");
                     }
-                    let consumed = Consumed::from_message(&message);
                     bytes = bytes.saturating_add(consumed.weight());
                     batch.push(consumed);
                 }
                 Some(Err(e)) => {
-                    self.metric_add(Metric::KafkaErrorsTotal, 1.0);
-                    if let KafkaError::MessageConsumption(
-                        RDKafkaErrorCode::AutoOffsetReset | RDKafkaErrorCode::OffsetOutOfRange,
-                    ) = e
-                    {
+                    let range = matches!(
+                        e,
+                        KafkaError::MessageConsumption(
+                            RDKafkaErrorCode::AutoOffsetReset | RDKafkaErrorCode::OffsetOutOfRange,
+                        )
+                    );
+                    errors.push(e);
+                    if range {
                         out_of_range = true;
-                        tracing::warn!(model = %self.plan.name, task = self.task, error = %e, "a position is out of range; checking log starts");
                         break;
                     }
-                    tracing::warn!(model = %self.plan.name, task = self.task, error = %e, "Kafka consumer error (retrying)");
                     // Transport errors: librdkafka reconnects; do not spin on them.
                     if batch.is_empty() {
-                        tokio::time::sleep(Duration::from_millis(100).min(self.plan.max_step_time)).await;
+                        tokio::time::sleep(Duration::from_millis(100).min(plan.max_step_time)).await;
                     }
                 }
             }
         }
+        for e in errors {
+            self.metric_add(Metric::KafkaErrorsTotal, 1.0);
+            if out_of_range {
+                tracing::warn!(model = %plan.name, task = self.task, error = %e, "a position is out of range; checking log starts");
+            } else {
+                tracing::warn!(model = %plan.name, task = self.task, error = %e, "Kafka consumer error (retrying)");
+            }
+        }
         if !batch.is_empty() {
-            tracing::debug!(target: "parsley::stage", stage = "polled", model = %self.plan.name, task = self.task,
+            tracing::debug!(target: "parsley::stage", stage = "polled", model = %plan.name, task = self.task,
                 records = batch.len(), "a step's poll ended");
         }
         (batch, out_of_range)
@@ -705,7 +809,7 @@ impl<P: Projection> TaskRunner<P> {
     }
 
     async fn read_log_starts(&self, channels: &[ChannelId]) -> anyhow::Result<Vec<(ChannelId, Position)>> {
-        let consumer = self.consumer.clone().context("no consumer to read log starts with")?;
+        let consumer = self.kafka().context("no consumer to read log starts with")?;
         let mut log_starts = Vec::with_capacity(channels.len());
         for channel in channels {
             let topic = self
@@ -727,7 +831,7 @@ impl<P: Projection> TaskRunner<P> {
     async fn check_widths(&mut self) {
         let plan = Arc::clone(&self.plan);
         let names: Vec<String> = plan.topics.iter().map(|t| t.name.clone()).collect();
-        let counts = match self.consumer.clone() {
+        let counts = match self.kafka() {
             Some(consumer) => kafka::partition_counts(&consumer, names, plan.kafka_timeout()).await,
             None => Err(anyhow::anyhow!("no consumer to read partition counts with")),
         };
@@ -753,8 +857,8 @@ impl<P: Projection> TaskRunner<P> {
     /// aborted runs that yield no record (answer to [`Next::ReadPositions`], asked only once
     /// every record the consumer returned was fed). Nothing when it cannot be read.
     fn read_positions(&self) -> Vec<(ChannelId, Position)> {
-        let Some(consumer) = self.consumer.clone() else { return Vec::new() };
-        let positions = match consumer.position() {
+        let Some(consumer) = &self.consumer else { return Vec::new() };
+        let positions = match consumer.kafka.position() {
             Ok(p) => p,
             Err(e) => {
                 self.metric_add(Metric::KafkaErrorsTotal, 1.0);
@@ -762,11 +866,13 @@ impl<P: Projection> TaskRunner<P> {
                 return Vec::new();
             }
         };
+        let first_ahead = consumer.first_ahead(&self.plan);
         let mut read = Vec::new();
         for element in positions.elements() {
             let Offset::Offset(next) = element.offset() else { continue };
             let Some(channel) = self.plan.channel_of(element.topic(), element.partition()) else { continue };
-            read.push((channel, next));
+            // Records read ahead are returned, not fed: read only up to the first of them.
+            read.push((channel, first_ahead.get(&channel).map_or(next, |&first| next.min(first))));
         }
         read
     }
@@ -776,7 +882,7 @@ impl<P: Projection> TaskRunner<P> {
     /// start, or topic gone; anything not learned is `Unknown`: kept). A broker that cannot
     /// answer is logged and counted, never a failed step: the next interval tries again.
     async fn prune_upstream(&mut self, upstream: Vec<ChannelId>) {
-        let learned = match self.consumer.clone() {
+        let learned = match self.kafka() {
             Some(consumer) => kafka::upstream_facts(&consumer, upstream, self.plan.kafka_timeout()).await,
             None => Err(anyhow::anyhow!("no consumer to learn upstream facts with")),
         };
@@ -896,7 +1002,18 @@ impl<P: Projection> TaskRunner<P> {
         };
         let step_started = Instant::now();
         let step_started_ns = parsley_infra::otlp::now_unix_ns();
-        match self.commit(&plan, &deliveries, &commit).await {
+        // The consumer is taken out while the transaction runs, to read ahead meanwhile; a
+        // step dropped midway restores with a new consumer anyway.
+        let mut consumer = self.consumer.take();
+        let committed = match consumer.as_mut() {
+            Some(c) => {
+                let bytes = plan.max_step_bytes.unwrap_or(usize::MAX);
+                c.read_ahead_during(plan.max_step_records, bytes, self.commit(&plan, &deliveries, &commit)).await
+            }
+            None => self.commit(&plan, &deliveries, &commit).await,
+        };
+        self.consumer = consumer;
+        match committed {
             Err(e) => match e.downcast::<Rejection>() {
                 Ok(Rejection { record: Some((channel, position, coordinate)), reason }) if fed <= 1 => {
                     self.refuse_rejected(channel, position, &coordinate, &reason).await

@@ -283,3 +283,50 @@ async fn a_step_stops_at_its_byte_bound_and_takes_at_least_one_record() {
     assert_eq!(applied, (0..21).collect::<Vec<i64>>(), "applied once each, in order");
     assert_eq!(document(&pool, &n.model, "k10").await.unwrap().0["i"], 10, "the record over the bound is applied");
 }
+
+/// While a step commits, the task reads ahead, and the next step takes those records
+/// first. Kafka transactions put a commit marker after every three records, so the
+/// consumer's position passes positions no record holds. Every record is applied once and
+/// in order (a record read ahead and then lost, or taken for a replay, would be missing),
+/// and the recorded position passes the last marker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_read_ahead_during_a_commit_are_fed_by_the_next_steps_across_markers() {
+    let n = Names::new("readahead");
+    create_topics(&[&n.orders, &n.payments], 1).await;
+    let pool = pool().await;
+    let txp = transactional_producer();
+    let mut last = 0;
+    for t in 0..10 {
+        txp.begin_transaction().unwrap();
+        for i in 0..3 {
+            let k = t * 3 + i;
+            last = produce(&txp, &n.orders, 0, &format!("k{k:02}"), Some(format!(r#"{{"i":{k}}}"#).as_bytes()), None)
+                .await;
+        }
+        txp.commit_transaction(TIMEOUT).unwrap();
+    }
+    // Two records a step: a step's commit always leaves records to read ahead.
+    let mut config = n.config();
+    config.models[0].max_step_records = 2;
+    config.models[0].max_step_ms = 2_000;
+    let mut projector = start(&config, &pool, Recording::new(&config)).await;
+    let (orders, model) = (n.orders.clone(), n.model.clone());
+    drive_until(&mut projector, "every record applied", || {
+        let (pool, model) = (pool.clone(), model.clone());
+        async move { applied(&pool, &model).await.len() >= 30 }
+    })
+    .await;
+    drive(&mut projector, 5).await;
+    let applied: Vec<i64> = applied(&pool, &model).await.iter().map(|a| a.2).collect();
+    let positions: Vec<i64> = (0..10).flat_map(|t| (0..3).map(move |i| t * 4 + i)).collect();
+    assert_eq!(applied, positions, "every record applied once, in order, none taken for a replay");
+    let task = report(&pool, &model).await.task(0).unwrap().clone();
+    assert_eq!((task.status, task.refusal), (parsley_projector::store::TaskStatus::Running, None));
+    // The last marker sits one past the last record: the position passed it.
+    let fed_up_to = {
+        let r = report(&pool, &model).await;
+        let t = r.task(0).unwrap().clone();
+        t.channels.iter().find(|c| r.describe(&c.channel) == format!("{orders}/0")).and_then(|c| c.fed_up_to)
+    };
+    assert_eq!(fed_up_to, Some(last + 1), "read up to the last commit marker");
+}
