@@ -224,12 +224,22 @@ pub struct TaskRunner<P: Projection> {
 struct TaskConsumer {
     kafka: Arc<StreamConsumer>,
     /// Records (and errors) in the order the consumer returned them.
-    ahead: VecDeque<KafkaResult<Consumed>>,
-    /// The records' weight ([`Consumed::weight`]) in `ahead`.
+    ahead: VecDeque<Read>,
+    /// The records' weight in `ahead`.
     ahead_bytes: usize,
 }
 
-type KafkaResult<T> = Result<T, KafkaError>;
+/// What the consumer returned: a record copied out, with its weight ([`Consumed::weight`],
+/// what a step's byte bound counts), or an error.
+type Read = Result<(Consumed, usize), KafkaError>;
+
+fn read(received: Result<rdkafka::message::BorrowedMessage<'_>, KafkaError>) -> Read {
+    received.map(|m| {
+        let consumed = Consumed::from_message(&m);
+        let weight = consumed.weight();
+        (consumed, weight)
+    })
+}
 
 impl TaskConsumer {
     fn new(kafka: Arc<StreamConsumer>) -> TaskConsumer {
@@ -238,15 +248,15 @@ impl TaskConsumer {
 
     /// The next record or error: what was read ahead first, else what the consumer
     /// returns, waiting until `until` (`None`: only what librdkafka already holds).
-    async fn next(&mut self, until: Option<tokio::time::Instant>) -> Option<KafkaResult<Consumed>> {
+    async fn next(&mut self, until: Option<tokio::time::Instant>) -> Option<Read> {
         // Taking what is already there never waits, so a poll of a backlog would keep its
         // worker thread for a whole step: other tasks' starts and steps could not run (at
         // launch, half the tasks began fetching a step later). Yield when the budget is
         // spent.
         tokio::task::coop::consume_budget().await;
         if let Some(item) = self.ahead.pop_front() {
-            if let Ok(c) = &item {
-                self.ahead_bytes -= c.weight();
+            if let Ok((_, weight)) = &item {
+                self.ahead_bytes -= weight;
             }
             return Some(item);
         }
@@ -257,7 +267,7 @@ impl TaskConsumer {
             // visibility.
             None => received_now(self.kafka.recv()).await?,
         };
-        Some(received.map(|m| Consumed::from_message(&m)))
+        Some(read(received))
     }
 
     /// Runs `work` (a step's transaction) to its end, meanwhile keeping what the consumer
@@ -280,9 +290,9 @@ impl TaskConsumer {
                 output = &mut work => return output,
                 // Cancel-safe: a `recv` dropped before it is ready took nothing.
                 received = kafka.recv(), if room => {
-                    let item = received.map(|m| Consumed::from_message(&m));
-                    if let Ok(c) = &item {
-                        self.ahead_bytes += c.weight();
+                    let item = read(received);
+                    if let Ok((_, weight)) = &item {
+                        self.ahead_bytes += weight;
                     }
                     self.ahead.push_back(item);
                     tokio::task::coop::consume_budget().await;
@@ -297,7 +307,7 @@ impl TaskConsumer {
     /// keeps the position right when it does not.
     fn first_ahead(&self, plan: &ModelPlan) -> BTreeMap<ChannelId, Position> {
         let mut first = BTreeMap::new();
-        for c in self.ahead.iter().flatten() {
+        for (c, _) in self.ahead.iter().flatten() {
             if let Some(channel) = plan.channel_of(&c.topic, c.partition) {
                 first.entry(channel).or_insert(c.offset);
             }
@@ -740,12 +750,12 @@ impl<P: Projection> TaskRunner<P> {
             };
             match consumer.next(until).await {
                 None => break,
-                Some(Ok(consumed)) => {
+                Some(Ok((consumed, weight))) => {
                     if batch.is_empty() {
                         tracing::debug!(target: "parsley::stage", stage = "first-record", model = %plan.name,
                             task = self.task, "a step's first record arrived");
                     }
-                    bytes = bytes.saturating_add(consumed.weight());
+                    bytes = bytes.saturating_add(weight);
                     batch.push(consumed);
                 }
                 Some(Err(e)) => {
