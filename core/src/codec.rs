@@ -112,6 +112,43 @@ pub fn decode_headers(values: &[Option<&[u8]>], budget: usize) -> Result<CausalP
     }
 }
 
+/// [`decode_headers`] for a reader that meets a record's headers one at a time and cannot
+/// keep them (a consumer handing out borrowed values): each value is given as it is met,
+/// the first decoded at once, while its bytes are at hand. [`HeaderDecoder::finish`] is
+/// `decode_headers` of every value given, in the same order of checks.
+#[derive(Debug)]
+pub struct HeaderDecoder {
+    budget: usize,
+    count: usize,
+    first: Option<Result<CausalPast, DecodeError>>,
+}
+
+impl HeaderDecoder {
+    pub fn new(budget: usize) -> Self {
+        HeaderDecoder { budget, count: 0, first: None }
+    }
+
+    /// One `parsley.causes` header's value (`None` for a null value). Values after the
+    /// first are counted, not read: the record is then undecodable whatever they hold.
+    pub fn push(&mut self, value: Option<&[u8]>) {
+        self.count += 1;
+        if self.count == 1 {
+            self.first = Some(decode_headers(&[value], self.budget));
+        } else {
+            self.first = None;
+        }
+    }
+
+    /// The record's causes: what [`decode_headers`] makes of the values given.
+    pub fn finish(self) -> Result<CausalPast, DecodeError> {
+        match (self.count, self.first) {
+            (0, _) => Ok(CausalPast::new()),
+            (1, Some(decoded)) => decoded,
+            (count, _) => Err(Malformation::DuplicateHeader { count }.into()),
+        }
+    }
+}
+
 /// Decodes one `parsley.causes` value strictly: every malformation is refused, and a value
 /// larger than `budget` bytes is refused before it is read.
 pub fn decode(bytes: &[u8], budget: usize) -> Result<CausalPast, DecodeError> {

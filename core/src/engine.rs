@@ -615,7 +615,29 @@ impl<P: Clone> Engine<P> {
             if self.sabotage == EngineSabotage::IgnoreBudget { usize::MAX } else { self.config.metadata_budget };
         #[cfg(not(feature = "sim"))]
         let budget = self.config.metadata_budget;
-        let causes = match codec::decode_headers(causes_headers, budget) {
+        self.receive_result_into(channel, position, codec::decode_headers(causes_headers, budget), payload, out)
+    }
+
+    /// The budget `parsley.causes` values are decoded with (a host decoding them itself,
+    /// for [`Engine::receive_result_into`], uses this one).
+    pub fn metadata_budget(&self) -> usize {
+        self.config.metadata_budget
+    }
+
+    /// As [`Engine::receive_into`], given what decoding the record's `parsley.causes`
+    /// headers with [`Engine::metadata_budget`] gave ([`codec::decode_headers`], or a
+    /// [`codec::HeaderDecoder`] fed while the headers were read): an error is refused as
+    /// `receive_into` refuses it.
+    pub fn receive_result_into(
+        &mut self,
+        channel: ChannelId,
+        position: Position,
+        decoded: Result<CausalPast, DecodeError>,
+        payload: P,
+        out: &mut Vec<Delivery<P>>,
+    ) -> Result<Fed, Refusal> {
+        self.check_not_refused()?;
+        let causes = match decoded {
             Ok(causes) => causes,
             #[cfg(feature = "sim")]
             Err(DecodeError::Undecodable(_)) if self.sabotage == EngineSabotage::UndecodableAsEmpty => {

@@ -76,6 +76,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::channel::{ChannelId, Position, TopicId};
+use crate::codec::DecodeError;
 #[cfg(feature = "sim")]
 use crate::engine::EngineSabotage;
 use crate::engine::{ChannelFact, Delivery, Engine, EngineConfig, Fed, PersistedState, Receipt, StepChanges};
@@ -693,6 +694,44 @@ impl<P: Clone> TaskHost<P> {
         payload: P,
         out: &mut Vec<Delivery<P>>,
     ) -> Result<Fed, Refusal> {
+        self.feed_one(channel, position, payload, out, |engine, payload, out| {
+            engine.receive_into(channel, position, causes_headers, payload, out)
+        })
+    }
+
+    /// The budget `parsley.causes` values are decoded with, for a host that decodes them
+    /// while it reads a record ([`TaskHost::receive_result_into`]).
+    pub fn metadata_budget(&self) -> usize {
+        self.engine.metadata_budget()
+    }
+
+    /// As [`TaskHost::receive_into`], given what decoding the record's `parsley.causes`
+    /// headers with [`TaskHost::metadata_budget`] gave (see
+    /// [`Engine::receive_result_into`]). A record an operator skipped ignores it, as
+    /// `receive_into` ignores its headers.
+    pub fn receive_result_into(
+        &mut self,
+        channel: ChannelId,
+        position: Position,
+        decoded: Result<CausalPast, DecodeError>,
+        payload: P,
+        out: &mut Vec<Delivery<P>>,
+    ) -> Result<Fed, Refusal> {
+        self.feed_one(channel, position, payload, out, |engine, payload, out| {
+            engine.receive_result_into(channel, position, decoded, payload, out)
+        })
+    }
+
+    /// One record of the batch: the step's marks, an operator's skip, and `receive` (the
+    /// engine's receipt of the record's causes) for any other record.
+    fn feed_one(
+        &mut self,
+        channel: ChannelId,
+        position: Position,
+        payload: P,
+        out: &mut Vec<Delivery<P>>,
+        receive: impl FnOnce(&mut Engine<P>, P, &mut Vec<Delivery<P>>) -> Result<Fed, Refusal>,
+    ) -> Result<Fed, Refusal> {
         let ready = self.in_step(&[Batch::Feeding]) || (self.in_step(&[Batch::Polled]) && !self.drain_due);
         self.expect(ready, "receive");
         self.phase = Phase::Step(Batch::Feeding);
@@ -704,7 +743,7 @@ impl<P: Clone> TaskHost<P> {
             let payload = (self.skip)(payload);
             self.engine.receive_decoded_into(channel, position, CausalPast::new(), payload, out)
         } else {
-            self.engine.receive_into(channel, position, causes_headers, payload, out)
+            receive(&mut self.engine, payload, out)
         };
         self.mark_delivered(&out[before..]);
         fed

@@ -96,4 +96,20 @@ proptest! {
         let expected: Vec<ChannelId> = token.iter().filter(|(c, p)| rec.get(c).is_none_or(|r| r < *p)).map(|(c, _)| c).collect();
         prop_assert_eq!(cov.gaps.iter().map(|g| g.channel).collect::<Vec<_>>(), expected);
     }
+
+    /// Values given one at a time decode as the whole list does: same causes, same error.
+    #[test]
+    fn header_decoder_is_decode_headers(values in prop::collection::vec(prop_oneof![
+        1 => Just(None),
+        1 => Just(Some(Vec::new())),
+        4 => past().prop_map(|p| Some(p.encode())),
+        2 => prop::collection::vec(any::<u8>(), 0..40).prop_map(Some),
+    ], 0..4), budget in prop_oneof![Just(DEFAULT_METADATA_BUDGET), 0usize..64]) {
+        let borrowed: Vec<Option<&[u8]>> = values.iter().map(|v| v.as_deref()).collect();
+        let mut decoder = codec::HeaderDecoder::new(budget);
+        for v in &borrowed {
+            decoder.push(*v);
+        }
+        prop_assert_eq!(decoder.finish(), codec::decode_headers(&borrowed, budget));
+    }
 }

@@ -496,17 +496,11 @@ fn a_width_change_refuses_on_the_grown_topics_channel() {
     assert!(refusal.diagnosis.starts_with("model m, topic payments: "), "{}", refusal.diagnosis);
 }
 
-#[test]
-fn a_skipped_record_is_fed_without_causes_and_marked() {
-    let mut h: TaskHost<u32> =
-        TaskHost::new(EngineConfig::default(), [a(), b()], TaskStatus::Running).with_skipped(|p| p + 1000);
+/// Starts `h` (channels `a` and `b`, both from 0) from `state` with the records operators
+/// `skipped`, and polls its first step: the drain is next.
+fn restored_to_drain(h: &mut TaskHost<u32>, state: PersistedState<u32>, skipped: BTreeSet<(ChannelId, Position)>) {
     assert_eq!(h.next_action(), Next::Restore);
-    let mut state = PersistedState::default();
-    state.fed_up_to.insert(a(), -1);
-    state.fed_up_to.insert(b(), 0);
-    // A held record skipped while held, and one skipped before it was fed.
-    state.held.push(HeldRecord { channel: b(), position: 0, causes: CausalPast::from_pairs([(a(), 5)]), payload: 1 });
-    h.restored(state, BTreeSet::from([(b(), 0), (b(), 1)]));
+    h.restored(state, skipped);
     h.started(&[
         ChannelStart { channel: a(), log_start: 0, initial_fed_up_to: -1 },
         ChannelStart { channel: b(), log_start: 0, initial_fed_up_to: -1 },
@@ -514,9 +508,21 @@ fn a_skipped_record_is_fed_without_causes_and_marked() {
     h.take_start();
     h.committed();
     h.assigned();
-    let mut payloads = BTreeMap::new();
     h.polled(false);
     assert_eq!(h.next_action(), Next::Drain);
+}
+
+#[test]
+fn a_skipped_record_is_fed_without_causes_and_marked() {
+    let mut h: TaskHost<u32> =
+        TaskHost::new(EngineConfig::default(), [a(), b()], TaskStatus::Running).with_skipped(|p| p + 1000);
+    let mut state = PersistedState::default();
+    state.fed_up_to.insert(a(), -1);
+    state.fed_up_to.insert(b(), 0);
+    // A held record skipped while held, and one skipped before it was fed.
+    state.held.push(HeldRecord { channel: b(), position: 0, causes: CausalPast::from_pairs([(a(), 5)]), payload: 1 });
+    restored_to_drain(&mut h, state, BTreeSet::from([(b(), 0), (b(), 1)]));
+    let mut payloads = BTreeMap::new();
     for d in h.drain() {
         payloads.insert((d.channel, d.position), d.payload);
     }
@@ -573,4 +579,52 @@ fn a_fence_is_final_and_an_abandoned_round_restores() {
     h.failed(Failure::Error);
     h.interrupted();
     assert_eq!(h.next_action(), Next::Fenced);
+}
+
+/// A record's `parsley.causes` header values as a consumer hands them out.
+type Headers<'a> = Vec<Option<&'a [u8]>>;
+
+#[test]
+fn causes_the_host_decoded_as_it_read_are_fed_as_the_headers_would_be() {
+    // Two hosts, one step each: one given the headers, one given what a `HeaderDecoder`
+    // made of them while they were read. A skipped record's undecodable header is ignored
+    // by both; the first undecodable one refuses both alike.
+    let new_host = || {
+        let mut h: TaskHost<u32> =
+            TaskHost::new(EngineConfig::default(), [a(), b()], TaskStatus::Running).with_skipped(|p| p + 1000);
+        restored_to_drain(&mut h, PersistedState::default(), BTreeSet::from([(a(), 1)]));
+        assert!(h.drain().is_empty());
+        h
+    };
+    let good = causes(&[(up(), 3), (b(), 0)]);
+    let records: Vec<(ChannelId, Position, Headers<'_>, u32)> = vec![
+        (a(), 0, vec![Some(&good)], 1),
+        (b(), 0, vec![], 2),
+        (a(), 1, vec![None], 3),
+        (a(), 2, vec![Some(&good), Some(&good)], 4),
+        (b(), 1, vec![], 5),
+    ];
+    let (mut by_headers, mut by_result) = (new_host(), new_host());
+    let (mut out_headers, mut out_result) = (Vec::new(), Vec::new());
+    let mut refusals = Vec::new();
+    for (c, p, headers, payload) in records {
+        let one = by_headers.receive_into(c, p, &headers, payload, &mut out_headers);
+        let mut decoder = parsley::codec::HeaderDecoder::new(by_result.metadata_budget());
+        for h in &headers {
+            decoder.push(*h);
+        }
+        let other = by_result.receive_result_into(c, p, decoder.finish(), payload, &mut out_result);
+        assert_eq!(one, other, "record {c}@{p}");
+        if let Err(refusal) = one {
+            refusals.push(refusal);
+            break;
+        }
+    }
+    let delivered = |out: &[parsley::engine::Delivery<u32>]| -> Vec<(Position, u32)> {
+        out.iter().map(|d| (d.position, d.payload)).collect()
+    };
+    assert_eq!(delivered(&out_result), delivered(&out_headers));
+    assert_eq!(delivered(&out_headers), vec![(0, 2), (0, 1), (1, 1003)], "the skipped record delivered, marked");
+    assert_eq!(refusals.len(), 1, "the duplicate header refuses");
+    assert_eq!(refusals[0].reason, RefusalReason::UndecodableMetadata);
 }

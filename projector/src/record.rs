@@ -8,7 +8,8 @@
 //! `rdkafka` accessors panic on a name that is not UTF-8). Only `parsley.causes` means
 //! anything to the engine; every other header is data.
 
-use parsley::codec::CAUSES_HEADER;
+use parsley::codec::{DecodeError, HeaderDecoder, CAUSES_HEADER};
+use parsley::{CausalPast, ChannelId};
 use rdkafka::message::BorrowedMessage;
 use rdkafka::Message as _;
 
@@ -29,10 +30,9 @@ impl Consumed {
     /// The record's bytes as a step's byte bound counts them: key, value, and the names and
     /// values of its headers (`parsley.causes` included).
     pub fn weight(&self) -> usize {
-        let headers: usize = self.data.headers.iter().map(|(n, v)| n.len() + v.as_ref().map_or(0, Vec::len)).sum();
         let causes: usize =
             self.causes_headers.iter().map(|v| CAUSES_HEADER.len() + v.as_ref().map_or(0, Vec::len)).sum();
-        self.data.key.as_ref().map_or(0, Vec::len) + self.data.value.as_ref().map_or(0, Vec::len) + headers + causes
+        step_weight(&self.data, causes)
     }
 
     /// Copies what the projector needs out of a borrowed librdkafka message, whatever its
@@ -48,15 +48,73 @@ impl Consumed {
             partition: m.partition(),
             offset: m.offset(),
             causes_headers,
-            data: RecordData {
-                key: m.key().map(|k| k.to_vec()),
-                value: m.payload().map(|v| v.to_vec()),
-                headers,
-                timestamp_ms: m.timestamp().to_millis(),
-                skipped: false,
-            },
+            data: record_data(m, headers),
         }
     }
+}
+
+/// A record as a task's step feeds it, read out of a borrowed librdkafka message in one
+/// pass: its channel resolved, its `parsley.causes` headers decoded while their bytes are at
+/// hand (never copied), the rest copied as [`Consumed::from_message`] copies it.
+#[derive(Debug)]
+pub struct Fetched {
+    /// The record's channel; `Err`: `topic/partition` of a record the task does not receive.
+    pub channel: Result<ChannelId, String>,
+    pub offset: i64,
+    /// What [`parsley::codec::decode_headers`] makes of its `parsley.causes` headers.
+    pub causes: Result<CausalPast, DecodeError>,
+    pub data: RecordData,
+    /// Its bytes as a step's byte bound counts them (as [`Consumed::weight`]).
+    pub weight: usize,
+}
+
+impl Fetched {
+    /// `channel_of` names the channel of a topic and partition the task receives; causes are
+    /// decoded with `budget` (the engine's).
+    pub fn from_message(
+        m: &BorrowedMessage<'_>,
+        channel_of: impl FnOnce(&str, i32) -> Option<ChannelId>,
+        budget: usize,
+    ) -> Fetched {
+        let mut causes = HeaderDecoder::new(budget);
+        let mut causes_bytes = 0usize;
+        let mut headers = Vec::new();
+        parsley_infra::headers::for_each_header(m, |name, value| {
+            if name == CAUSES_HEADER.as_bytes() {
+                causes_bytes += CAUSES_HEADER.len() + value.map_or(0, <[u8]>::len);
+                causes.push(value);
+            } else {
+                headers.push((name.to_vec(), value.map(<[u8]>::to_vec)));
+            }
+        });
+        let (topic, partition) = (m.topic(), m.partition());
+        let data = record_data(m, headers);
+        Fetched {
+            channel: channel_of(topic, partition).ok_or_else(|| format!("{topic}/{partition}")),
+            offset: m.offset(),
+            causes: causes.finish(),
+            weight: step_weight(&data, causes_bytes),
+            data,
+        }
+    }
+}
+
+/// A record's data: key, value and timestamp copied from `m`, with its application `headers`.
+fn record_data(m: &BorrowedMessage<'_>, headers: Vec<Header>) -> RecordData {
+    RecordData {
+        key: m.key().map(|k| k.to_vec()),
+        value: m.payload().map(|v| v.to_vec()),
+        headers,
+        timestamp_ms: m.timestamp().to_millis(),
+        skipped: false,
+    }
+}
+
+/// What a step's byte bound counts of a record: key, value, application headers' names and
+/// values, and `causes_bytes` (its `parsley.causes` headers' names and values).
+fn step_weight(data: &RecordData, causes_bytes: usize) -> usize {
+    let headers: usize = data.headers.iter().map(|(n, v)| n.len() + v.as_ref().map_or(0, Vec::len)).sum();
+    data.key.as_ref().map_or(0, Vec::len) + data.value.as_ref().map_or(0, Vec::len) + headers + causes_bytes
 }
 
 /// Splits a record's headers, in record order, into the values of its `parsley.causes`

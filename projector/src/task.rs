@@ -43,7 +43,7 @@ use crate::kafka;
 use crate::metrics::{Metric, Metrics};
 use crate::model::ModelPlan;
 use crate::projection::{Delivered, Projection, ProjectionError, StepContext};
-use crate::record::{self, Consumed, RecordData};
+use crate::record::{self, Fetched, RecordData};
 use crate::store::{self, LoadError};
 use parsley_store::leases;
 
@@ -223,27 +223,38 @@ pub struct TaskRunner<P: Projection> {
 /// engine's `fed_up_to + 1`, and what the old one read ahead is dropped with it.
 struct TaskConsumer {
     kafka: Arc<StreamConsumer>,
+    /// How a record is read: the task's channels, the engine's metadata budget.
+    reader: Reader,
     /// Records (and errors) in the order the consumer returned them.
     ahead: VecDeque<Read>,
     /// The records' weight in `ahead`.
     ahead_bytes: usize,
 }
 
-/// What the consumer returned: a record copied out, with its weight ([`Consumed::weight`],
-/// what a step's byte bound counts), or an error.
-type Read = Result<(Consumed, usize), KafkaError>;
+/// What the consumer returned: a record read out ([`Fetched`]), or an error.
+type Read = Result<Fetched, KafkaError>;
 
-fn read(received: Result<rdkafka::message::BorrowedMessage<'_>, KafkaError>) -> Read {
-    received.map(|m| {
-        let consumed = Consumed::from_message(&m);
-        let weight = consumed.weight();
-        (consumed, weight)
-    })
+/// Reads records out of the consumer for one task.
+struct Reader {
+    plan: Arc<ModelPlan>,
+    task: u32,
+    /// The engine's metadata budget: causes are decoded as they are read.
+    budget: usize,
+}
+
+impl Reader {
+    fn read(&self, received: Result<rdkafka::message::BorrowedMessage<'_>, KafkaError>) -> Read {
+        received.map(|m| {
+            let channel_of =
+                |topic: &str, partition| self.plan.channel_of(topic, partition).filter(|c| c.partition == self.task);
+            Fetched::from_message(&m, channel_of, self.budget)
+        })
+    }
 }
 
 impl TaskConsumer {
-    fn new(kafka: Arc<StreamConsumer>) -> TaskConsumer {
-        TaskConsumer { kafka, ahead: VecDeque::new(), ahead_bytes: 0 }
+    fn new(kafka: Arc<StreamConsumer>, reader: Reader) -> TaskConsumer {
+        TaskConsumer { kafka, reader, ahead: VecDeque::new(), ahead_bytes: 0 }
     }
 
     /// The next record or error: what was read ahead first, else what the consumer
@@ -255,8 +266,8 @@ impl TaskConsumer {
         // spent.
         tokio::task::coop::consume_budget().await;
         if let Some(item) = self.ahead.pop_front() {
-            if let Ok((_, weight)) = &item {
-                self.ahead_bytes -= weight;
+            if let Ok(record) = &item {
+                self.ahead_bytes -= record.weight;
             }
             return Some(item);
         }
@@ -267,7 +278,7 @@ impl TaskConsumer {
             // visibility.
             None => received_now(self.kafka.recv()).await?,
         };
-        Some(read(received))
+        Some(self.reader.read(received))
     }
 
     /// Runs `work` (a step's transaction) to its end, meanwhile keeping what the consumer
@@ -290,9 +301,9 @@ impl TaskConsumer {
                 output = &mut work => return output,
                 // Cancel-safe: a `recv` dropped before it is ready took nothing.
                 received = kafka.recv(), if room => {
-                    let item = read(received);
-                    if let Ok((_, weight)) = &item {
-                        self.ahead_bytes += weight;
+                    let item = self.reader.read(received);
+                    if let Ok(record) = &item {
+                        self.ahead_bytes += record.weight;
                     }
                     self.ahead.push_back(item);
                     tokio::task::coop::consume_budget().await;
@@ -305,11 +316,11 @@ impl TaskConsumer {
     /// consumer's position there must not pass it (those records are not fed yet). Read
     /// ahead is bounded as a step is, so the next step takes all of it as a rule; this
     /// keeps the position right when it does not.
-    fn first_ahead(&self, plan: &ModelPlan) -> BTreeMap<ChannelId, Position> {
+    fn first_ahead(&self) -> BTreeMap<ChannelId, Position> {
         let mut first = BTreeMap::new();
-        for (c, _) in self.ahead.iter().flatten() {
-            if let Some(channel) = plan.channel_of(&c.topic, c.partition) {
-                first.entry(channel).or_insert(c.offset);
+        for record in self.ahead.iter().flatten() {
+            if let Ok(channel) = record.channel {
+                first.entry(channel).or_insert(record.offset);
             }
         }
         first
@@ -596,7 +607,8 @@ impl<P: Projection> TaskRunner<P> {
             };
             starts.push(ChannelStart { channel, log_start, initial_fed_up_to });
         }
-        self.consumer = Some(TaskConsumer::new(consumer));
+        let reader = Reader { plan: Arc::clone(&self.plan), task: self.task, budget: self.host.metadata_budget() };
+        self.consumer = Some(TaskConsumer::new(consumer, reader));
         self.host.started(&starts);
         Ok(())
     }
@@ -727,7 +739,7 @@ impl<P: Projection> TaskRunner<P> {
     /// Collects up to the step's record and byte bounds (one record in a careful step; at
     /// least one record, however large), waiting at most the step's time bound. Also
     /// answers whether the consumer reported a position out of range.
-    async fn poll(&mut self, max_records: Option<usize>) -> (Vec<Consumed>, bool) {
+    async fn poll(&mut self, max_records: Option<usize>) -> (Vec<Fetched>, bool) {
         let plan = Arc::clone(&self.plan);
         let Some(consumer) = self.consumer.as_mut() else { return (Vec::new(), false) };
         let max = max_records.map_or(plan.max_step_records, |m| m.min(plan.max_step_records));
@@ -750,13 +762,13 @@ impl<P: Projection> TaskRunner<P> {
             };
             match consumer.next(until).await {
                 None => break,
-                Some(Ok((consumed, weight))) => {
+                Some(Ok(record)) => {
                     if batch.is_empty() {
                         tracing::debug!(target: "parsley::stage", stage = "first-record", model = %plan.name,
                             task = self.task, "a step's first record arrived");
                     }
-                    bytes = bytes.saturating_add(weight);
-                    batch.push(consumed);
+                    bytes = bytes.saturating_add(record.weight);
+                    batch.push(record);
                 }
                 Some(Err(e)) => {
                     let range = matches!(
@@ -876,7 +888,7 @@ impl<P: Projection> TaskRunner<P> {
                 return Vec::new();
             }
         };
-        let first_ahead = consumer.first_ahead(&self.plan);
+        let first_ahead = consumer.first_ahead();
         let mut read = Vec::new();
         for element in positions.elements() {
             let Offset::Offset(next) = element.offset() else { continue };
@@ -922,41 +934,23 @@ impl<P: Projection> TaskRunner<P> {
     /// Feeds the polled batch (answer to [`Next::Feed`]); returns how many records were
     /// fed and how many were replays. A record of a channel the task does not receive
     /// refuses `SUBSTRATE_MISCONFIGURED`; a refusal stops the feed.
-    fn feed(&mut self, batch: Vec<Consumed>, deliveries: &mut Vec<Delivery<RecordData>>) -> (usize, usize) {
+    fn feed(&mut self, batch: Vec<Fetched>, deliveries: &mut Vec<Delivery<RecordData>>) -> (usize, usize) {
         let mut fed = 0usize;
         let mut replayed = 0usize;
         // Most records of a step are delivered in it: one allocation for the step's list.
         deliveries.reserve(batch.len());
         for record in batch {
-            let channel = match self.plan.channel_of(&record.topic, record.partition) {
-                Some(c) if c.partition == self.task => c,
-                _ => {
+            let channel = match record.channel {
+                Ok(channel) => channel,
+                Err(where_) => {
                     self.host.refuse(Refusal::new(
                         RefusalReason::SubstrateMisconfigured,
-                        format!(
-                            "task {} was handed a record of {}/{}, which it does not receive",
-                            self.task, record.topic, record.partition
-                        ),
+                        format!("task {} was handed a record of {where_}, which it does not receive", self.task),
                     ));
                     break;
                 }
             };
-            // A record carries one `parsley.causes` header (or none): viewed in place, not
-            // collected into a list of its own.
-            let one: [Option<&[u8]>; 1];
-            let more: Vec<Option<&[u8]>>;
-            let headers: &[Option<&[u8]>] = match record.causes_headers.as_slice() {
-                [] => &[],
-                [h] => {
-                    one = [h.as_deref()];
-                    &one
-                }
-                all => {
-                    more = all.iter().map(|h| h.as_deref()).collect();
-                    &more
-                }
-            };
-            match self.host.receive_into(channel, record.offset, headers, record.data, deliveries) {
+            match self.host.receive_result_into(channel, record.offset, record.causes, record.data, deliveries) {
                 Ok(Fed::Duplicate) => replayed += 1,
                 Ok(Fed::Accepted) => fed += 1,
                 Err(_refusal) => break,
