@@ -315,21 +315,6 @@ impl Past {
         }
     }
 
-    fn upsert(self) -> &'static str {
-        match self {
-            Past::Frontier => {
-                "INSERT INTO parsley.frontier (model, task, topic_id, partition, position)
-                 SELECT $1, $2, * FROM UNNEST($3::uuid[], $4::int4[], $5::int8[])
-                 ON CONFLICT (model, task, topic_id, partition) DO UPDATE SET position = EXCLUDED.position"
-            }
-            Past::Clock => {
-                "INSERT INTO parsley.clock (model, task, topic_id, partition, position)
-                 SELECT $1, $2, * FROM UNNEST($3::uuid[], $4::int4[], $5::int8[])
-                 ON CONFLICT (model, task, topic_id, partition) DO UPDATE SET position = EXCLUDED.position"
-            }
-        }
-    }
-
     fn delete(self) -> &'static str {
         match self {
             Past::Frontier => {
@@ -445,21 +430,40 @@ pub async fn apply_changes(
         .await
         .context("inserting held records")?;
     }
-    if !changes.fed_up_to.is_empty() {
-        let (topics, partitions, positions) = split_pairs(&changes.fed_up_to);
+    // How far each channel was fed and the pasts' raised pairs — a step's usual writes — in
+    // one statement (three round trips were a third of a one-record step's transaction).
+    if !changes.fed_up_to.is_empty() || !changes.frontier_upserts.is_empty() || !changes.clock_upserts.is_empty() {
+        let fed = split_pairs(&changes.fed_up_to);
+        let frontier = split_pairs(&changes.frontier_upserts);
+        let clock = split_pairs(&changes.clock_upserts);
         sqlx::query(
-            "INSERT INTO parsley.channels (model, task, topic_id, partition, fed_up_to)
-             SELECT $1, $2, * FROM UNNEST($3::uuid[], $4::int4[], $5::int8[])
-             ON CONFLICT (model, task, topic_id, partition) DO UPDATE SET fed_up_to = EXCLUDED.fed_up_to",
+            "WITH fed AS (
+               INSERT INTO parsley.channels (model, task, topic_id, partition, fed_up_to)
+               SELECT $1, $2, * FROM UNNEST($3::uuid[], $4::int4[], $5::int8[])
+               ON CONFLICT (model, task, topic_id, partition) DO UPDATE SET fed_up_to = EXCLUDED.fed_up_to
+             ), frontier AS (
+               INSERT INTO parsley.frontier (model, task, topic_id, partition, position)
+               SELECT $1, $2, * FROM UNNEST($6::uuid[], $7::int4[], $8::int8[])
+               ON CONFLICT (model, task, topic_id, partition) DO UPDATE SET position = EXCLUDED.position
+             )
+             INSERT INTO parsley.clock (model, task, topic_id, partition, position)
+             SELECT $1, $2, * FROM UNNEST($9::uuid[], $10::int4[], $11::int8[])
+             ON CONFLICT (model, task, topic_id, partition) DO UPDATE SET position = EXCLUDED.position",
         )
         .bind(model)
         .bind(task_i)
-        .bind(&topics)
-        .bind(&partitions)
-        .bind(&positions)
+        .bind(&fed.0)
+        .bind(&fed.1)
+        .bind(&fed.2)
+        .bind(&frontier.0)
+        .bind(&frontier.1)
+        .bind(&frontier.2)
+        .bind(&clock.0)
+        .bind(&clock.1)
+        .bind(&clock.2)
         .execute(&mut *conn)
         .await
-        .context("writing fed_up_to")?;
+        .context("writing fed_up_to, the frontier and the clock")?;
     }
     if !changes.channels_removed.is_empty() {
         let (topics, partitions) = split_channels(changes.channels_removed.iter().copied());
@@ -475,37 +479,12 @@ pub async fn apply_changes(
         .await
         .context("deleting channels that left the received set")?;
     }
-    upsert_past(conn, Past::Frontier, model, task_i, &changes.frontier_upserts).await?;
     remove_past(conn, Past::Frontier, model, task_i, &changes.frontier_removed).await?;
-    upsert_past(conn, Past::Clock, model, task_i, &changes.clock_upserts).await?;
     remove_past(conn, Past::Clock, model, task_i, &changes.clock_removed).await?;
     if let Some(refusal) = &changes.refusal {
         record_refusal(conn, model, task, refusal).await?;
     }
     Ok(!changes.clock_upserts.is_empty() || !changes.clock_removed.is_empty())
-}
-
-async fn upsert_past(
-    conn: &mut PgConnection,
-    past: Past,
-    model: &str,
-    task: i32,
-    pairs: &[(ChannelId, Position)],
-) -> anyhow::Result<()> {
-    if pairs.is_empty() {
-        return Ok(());
-    }
-    let (topics, partitions, positions) = split_pairs(pairs);
-    sqlx::query(past.upsert())
-        .bind(model)
-        .bind(task)
-        .bind(&topics)
-        .bind(&partitions)
-        .bind(&positions)
-        .execute(&mut *conn)
-        .await
-        .with_context(|| format!("writing {}", past.table()))?;
-    Ok(())
 }
 
 async fn remove_past(
