@@ -313,9 +313,10 @@ impl TaskConsumer {
     }
 
     /// For each channel with records read ahead, the position of the first: the
-    /// consumer's position there must not pass it (those records are not fed yet). Read
-    /// ahead is bounded as a step is, so the next step takes all of it as a rule; this
-    /// keeps the position right when it does not.
+    /// consumer's position there must not pass it (those records are not fed yet). A
+    /// full step takes all that was read ahead; a careful step (one record, then growing)
+    /// takes less, and without this cap the records it left would be dropped as replays
+    /// (three rejection tests fail so).
     fn first_ahead(&self) -> BTreeMap<ChannelId, Position> {
         let mut first = BTreeMap::new();
         for record in self.ahead.iter().flatten() {
