@@ -4,6 +4,7 @@
 //! projection rejects, and transient projection failures, are in `rejections.rs`.
 
 use parsley::refusal::RefusalReason;
+use parsley_infra::headers::produce::produce_with_raw_headers;
 use parsley_projector::status::render;
 use parsley_projector::store::TaskStatus;
 use parsley_projector::task::StepOutcome;
@@ -58,6 +59,62 @@ async fn an_undecodable_header_refuses_and_nothing_after_it_is_delivered() {
     assert_eq!(recurred, refusal);
     drive(&mut again, 2).await;
     assert_eq!(document(&pool, &n.model, "o3").await, None);
+}
+
+/// Produces one record with `headers` exactly as given (names and values as bytes).
+async fn produce_raw(
+    topic: &str,
+    partition: i32,
+    key: &'static [u8],
+    headers: Vec<(&'static [u8], Option<Vec<u8>>)>,
+) -> i64 {
+    let topic = topic.to_string();
+    tokio::task::spawn_blocking(move || {
+        let headers: Vec<(&[u8], Option<&[u8]>)> = headers.iter().map(|(k, v)| (*k, v.as_deref())).collect();
+        produce_with_raw_headers(&bootstrap(), &topic, partition, key, Some(b"{}"), &headers, TIMEOUT)
+    })
+    .await
+    .unwrap()
+    .unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_causes_headers_or_a_null_one_refuse_as_undecodable_where_they_stand() {
+    // The task's reader decodes the causes as it walks a record's headers: a second
+    // `parsley.causes` header (even a valid one, even the same bytes) and a null value are
+    // each undecodable, refused at the record, with what came before it delivered.
+    let n = Names::new("dup-causes");
+    create_topics(&[&n.orders, &n.payments], 2).await;
+    let orders_id = topic_id(&n.orders).await;
+    let pool = pool().await;
+    let p = producer();
+    let good = causes(&[(orders_id, 0, 0)]);
+    let causes_name: &[u8] = b"parsley.causes";
+    produce(&p, &n.payments, 0, "a1", Some(b"{}"), None).await;
+    let twice_at = produce_raw(
+        &n.payments,
+        0,
+        b"a2",
+        vec![(causes_name, Some(good.clone())), (b"x", None), (causes_name, Some(good))],
+    )
+    .await;
+    produce(&p, &n.payments, 1, "b1", Some(b"{}"), None).await;
+    let null_at = produce_raw(&n.payments, 1, b"b2", vec![(causes_name, None)]).await;
+
+    let config = n.config();
+    let mut projector = start(&config, &pool, Recording::new(&config)).await;
+    drive_until(&mut projector, "both tasks to refuse", || async {
+        refused_task(&pool, &n.model, 0).await.is_some() && refused_task(&pool, &n.model, 1).await.is_some()
+    })
+    .await;
+    for (task, at, class) in [(0, twice_at, "duplicate_header"), (1, null_at, "null_value")] {
+        let refusal = refused_task(&pool, &n.model, task).await.unwrap();
+        assert_eq!((refusal.reason, refusal.position), (RefusalReason::UndecodableMetadata, Some(at)), "task {task}");
+        assert!(refusal.diagnosis.contains(class), "task {task}: {}", refusal.diagnosis);
+    }
+    assert!(document(&pool, &n.model, "a1").await.is_some() && document(&pool, &n.model, "b1").await.is_some());
+    assert_eq!(document(&pool, &n.model, "a2").await, None);
+    assert_eq!(document(&pool, &n.model, "b2").await, None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
