@@ -609,7 +609,6 @@ impl<P: Clone> Engine<P> {
         payload: P,
         out: &mut Vec<Delivery<P>>,
     ) -> Result<Fed, Refusal> {
-        self.check_not_refused()?;
         #[cfg(feature = "sim")]
         let budget =
             if self.sabotage == EngineSabotage::IgnoreBudget { usize::MAX } else { self.config.metadata_budget };

@@ -80,12 +80,10 @@ impl Fetched {
         let mut causes_bytes = 0usize;
         let mut headers = Vec::new();
         parsley_infra::headers::for_each_header(m, |name, value| {
-            if name == CAUSES_HEADER.as_bytes() {
+            split_header(name, value, &mut headers, |value| {
                 causes_bytes += CAUSES_HEADER.len() + value.map_or(0, <[u8]>::len);
                 causes.push(value);
-            } else {
-                headers.push((name.to_vec(), value.map(<[u8]>::to_vec)));
-            }
+            });
         });
         let (topic, partition) = (m.topic(), m.partition());
         let data = record_data(m, headers);
@@ -137,12 +135,17 @@ struct HeaderSplit {
 
 impl HeaderSplit {
     fn push(&mut self, name: &[u8], value: Option<&[u8]>) {
-        let value = value.map(<[u8]>::to_vec);
-        if name == CAUSES_HEADER.as_bytes() {
-            self.causes.push(value);
-        } else {
-            self.headers.push((name.to_vec(), value));
-        }
+        split_header(name, value, &mut self.headers, |v| self.causes.push(v.map(<[u8]>::to_vec)));
+    }
+}
+
+/// One header of a record, split: a `parsley.causes` value (the name exactly those bytes)
+/// goes to `causes`; any other header is copied into `headers`.
+fn split_header(name: &[u8], value: Option<&[u8]>, headers: &mut Vec<Header>, causes: impl FnOnce(Option<&[u8]>)) {
+    if name == CAUSES_HEADER.as_bytes() {
+        causes(value);
+    } else {
+        headers.push((name.to_vec(), value.map(<[u8]>::to_vec)));
     }
 }
 
