@@ -104,7 +104,17 @@ fn resolve_topics_blocking(
         // DescribeTopics is the later answer; prefer its partition count.
         r.partitions = d.partitions;
     }
+    close_in_background(consumer);
     Ok(resolved)
+}
+
+/// Drops `client` on a thread of its own. Destroying a librdkafka client waits for its
+/// threads to wind down, about 100 ms here, more than half of a start's time to its first
+/// task; nothing depends on the close, so the start does not wait for it (docs/projector.md,
+/// "A start that does not wait for its metadata client"). A thread that cannot be started
+/// drops the client where it is (the closure is dropped with the failed spawn).
+fn close_in_background<C: Send + 'static>(client: C) {
+    let _ = std::thread::Builder::new().name("parsley-close".into()).spawn(move || drop(client));
 }
 
 /// `(log start, last stable offset)` of a partition, as a read-committed consumer sees them.

@@ -216,6 +216,31 @@ pub struct TaskRunner<P: Projection> {
     skips_read: usize,
     /// When each channel's current head started being held.
     head_since: BTreeMap<ChannelId, (Position, Instant)>,
+    /// A step's lists, kept empty between steps with their room (bounded by the step's
+    /// record bound), so a step under a backlog fills memory it already has.
+    buffers: StepBuffers,
+}
+
+/// The lists a step fills: the records its poll returned, its deliveries, and the views
+/// handed to the projection. Kept from step to step: allocated anew for every step, lists
+/// of tens of thousands of records came from fresh pages each time, a page fault per 4 KiB
+/// (docs/projector.md, "A start that does not wait for its metadata client, and a step's
+/// lists kept").
+#[derive(Default)]
+struct StepBuffers {
+    batch: Vec<Fetched>,
+    deliveries: Vec<Delivery<RecordData>>,
+    /// The room of the views a batch hands the projection (empty: they borrow the step's
+    /// deliveries, so only the allocation outlives it; [`recycled`]).
+    views: Vec<Delivered<'static>>,
+}
+
+/// `list`'s allocation for another type of the same size and alignment, emptied: a collect
+/// of an empty iterator over it keeps the allocation in place (for a type that differs
+/// only in a lifetime, as the views of a step's deliveries do).
+fn recycled<T, U>(mut list: Vec<T>) -> Vec<U> {
+    list.clear();
+    list.into_iter().map(|_| unreachable!("the list is empty")).collect()
 }
 
 /// The task's consumer, with what it returned that no step has fed yet (read while the
@@ -430,6 +455,7 @@ impl<P: Projection> TaskRunner<P> {
             owner: owner.to_string(),
             skips_read: 0,
             head_since: BTreeMap::new(),
+            buffers: StepBuffers::default(),
         };
         tracing::info!(model = %runner.plan.name, task, epoch = row.epoch, owner, "took task");
         // A refusal recorded by an earlier execution is not restored: it is derived again
@@ -740,13 +766,13 @@ impl<P: Projection> TaskRunner<P> {
     /// Collects up to the step's record and byte bounds (one record in a careful step; at
     /// least one record, however large), waiting at most the step's time bound. Also
     /// answers whether the consumer reported a position out of range.
-    async fn poll(&mut self, max_records: Option<usize>) -> (Vec<Fetched>, bool) {
+    async fn poll(&mut self, max_records: Option<usize>, batch: &mut Vec<Fetched>) -> bool {
         let plan = Arc::clone(&self.plan);
-        let Some(consumer) = self.consumer.as_mut() else { return (Vec::new(), false) };
+        let Some(consumer) = self.consumer.as_mut() else { return false };
         let max = max_records.map_or(plan.max_step_records, |m| m.min(plan.max_step_records));
         let deadline = tokio::time::Instant::now() + plan.max_step_time;
         let max_bytes = plan.max_step_bytes.unwrap_or(usize::MAX);
-        let mut batch = Vec::new();
+        debug_assert!(batch.is_empty(), "a step polls once, into an empty list");
         let mut bytes = 0usize;
         let mut out_of_range = false;
         let mut errors = Vec::new();
@@ -802,7 +828,7 @@ impl<P: Projection> TaskRunner<P> {
             tracing::debug!(target: "parsley::stage", stage = "polled", model = %plan.name, task = self.task,
                 records = batch.len(), "a step's poll ended");
         }
-        (batch, out_of_range)
+        out_of_range
     }
 
     /// Reads the log start of each of `channels` (answer to [`Next::ObserveLogStarts`]).
@@ -935,12 +961,13 @@ impl<P: Projection> TaskRunner<P> {
     /// Feeds the polled batch (answer to [`Next::Feed`]); returns how many records were
     /// fed and how many were replays. A record of a channel the task does not receive
     /// refuses `SUBSTRATE_MISCONFIGURED`; a refusal stops the feed.
-    fn feed(&mut self, batch: Vec<Fetched>, deliveries: &mut Vec<Delivery<RecordData>>) -> (usize, usize) {
+    fn feed(&mut self, batch: &mut Vec<Fetched>, deliveries: &mut Vec<Delivery<RecordData>>) -> (usize, usize) {
         let mut fed = 0usize;
         let mut replayed = 0usize;
         // Most records of a step are delivered in it: one allocation for the step's list.
         deliveries.reserve(batch.len());
-        for record in batch {
+        // What a refusal leaves unfed is dropped with the drain, as the step's poll ends.
+        for record in batch.drain(..) {
             let channel = match record.channel {
                 Ok(channel) => channel,
                 Err(where_) => {
@@ -965,17 +992,29 @@ impl<P: Projection> TaskRunner<P> {
     /// after a restore, the feed, the consumer's position, then the transaction (or none
     /// when the step is idle).
     async fn step(&mut self) -> StepOutcome {
+        let mut buffers = std::mem::take(&mut self.buffers);
+        let outcome = self.step_with(&mut buffers.batch, &mut buffers.deliveries, &mut buffers.views).await;
+        buffers.batch.clear();
+        buffers.deliveries.clear();
+        self.buffers = buffers;
+        outcome
+    }
+
+    /// [`TaskRunner::step`] with its lists (empty when it starts).
+    async fn step_with(
+        &mut self,
+        batch: &mut Vec<Fetched>,
+        deliveries: &mut Vec<Delivery<RecordData>>,
+        views: &mut Vec<Delivered<'static>>,
+    ) -> StepOutcome {
         let plan = Arc::clone(&self.plan);
-        let mut deliveries: Vec<Delivery<RecordData>> = Vec::new();
-        let mut batch = Vec::new();
         let mut polled = false;
         let mut fed = 0usize;
         let mut replayed = 0usize;
         loop {
             match self.host.next_action() {
                 Next::Poll { max_records } if !polled => {
-                    let (records, out_of_range) = self.poll(max_records).await;
-                    batch = records;
+                    let out_of_range = self.poll(max_records, batch).await;
                     polled = true;
                     self.tick();
                     self.host.polled(out_of_range);
@@ -990,7 +1029,7 @@ impl<P: Projection> TaskRunner<P> {
                 Next::CheckWidths => self.check_widths().await,
                 Next::LearnUpstream(channels) => self.prune_upstream(channels).await,
                 Next::Drain => deliveries.extend(self.host.drain()),
-                Next::Feed => (fed, replayed) = self.feed(std::mem::take(&mut batch), &mut deliveries),
+                Next::Feed => (fed, replayed) = self.feed(batch, deliveries),
                 Next::ReadPositions => {
                     let positions = self.read_positions();
                     self.host.read_positions(&positions);
@@ -1013,9 +1052,9 @@ impl<P: Projection> TaskRunner<P> {
         let committed = match consumer.as_mut() {
             Some(c) => {
                 let bytes = plan.max_step_bytes.unwrap_or(usize::MAX);
-                c.read_ahead_during(plan.max_step_records, bytes, self.commit(&plan, &deliveries, &commit)).await
+                c.read_ahead_during(plan.max_step_records, bytes, self.commit(&plan, deliveries, &commit, views)).await
             }
-            None => self.commit(&plan, &deliveries, &commit).await,
+            None => self.commit(&plan, deliveries, &commit, views).await,
         };
         self.consumer = consumer;
         match committed {
@@ -1055,7 +1094,7 @@ impl<P: Projection> TaskRunner<P> {
                 let held = self.host.engine().held_count();
                 tracing::debug!(model = %plan.name, task = self.task, fed, replayed, delivered = deliveries.len(),
                     held, "step committed");
-                log_traced(&plan, self.task, &deliveries, step_started_ns);
+                log_traced(&plan, self.task, deliveries, step_started_ns);
                 if let Some(r) = commit.changes.refusal {
                     self.metric_reason(&r);
                     self.become_refused(r.clone());
@@ -1072,6 +1111,7 @@ impl<P: Projection> TaskRunner<P> {
         plan: &ModelPlan,
         deliveries: &[Delivery<RecordData>],
         commit: &StepCommit<RecordData>,
+        views: &mut Vec<Delivered<'static>>,
     ) -> anyhow::Result<bool> {
         // The clock's NOTIFY goes with the lock, the step's first statement (a round trip
         // fewer; delivered at commit like any NOTIFY, never if the step rolls back).
@@ -1083,7 +1123,7 @@ impl<P: Projection> TaskRunner<P> {
             return Ok(false);
         }
         let locked_at = Instant::now();
-        let (skipped, dead_lettered) = self.project(&mut tx, plan, deliveries, commit.careful).await?;
+        let (skipped, dead_lettered) = self.project(&mut tx, plan, deliveries, commit.careful, views).await?;
         let clock_changed = store::apply_changes(&mut tx, &plan.name, self.task, changes).await?;
         debug_assert!(!clock_changed || notify, "a step changed the clock without a NOTIFY");
         if commit.write_running {
@@ -1124,16 +1164,21 @@ impl<P: Projection> TaskRunner<P> {
         plan: &ModelPlan,
         deliveries: &[Delivery<RecordData>],
         careful: bool,
+        room: &mut Vec<Delivered<'static>>,
     ) -> anyhow::Result<(usize, usize)> {
-        let (skipped, effective): (Vec<_>, Vec<_>) = deliveries.iter().partition(|d| d.payload.skipped);
-        if effective.is_empty() {
-            return Ok((skipped.len(), 0));
+        let skipped = deliveries.iter().filter(|d| d.payload.skipped).count();
+        if skipped == deliveries.len() {
+            return Ok((skipped, 0));
         }
+        let effective = deliveries.iter().filter(|d| !d.payload.skipped);
         let ctx = StepContext { model: &plan.name, task: self.task };
         if !careful {
-            let views: Vec<Delivered<'_>> = effective.iter().map(|d| view(plan, d)).collect();
-            return match self.projection.apply_batch(conn, ctx, &views).await {
-                Ok(()) => Ok((skipped.len(), 0)),
+            let mut views: Vec<Delivered<'_>> = recycled(std::mem::take(room));
+            views.extend(effective.map(|d| view(plan, d)));
+            let applied = self.projection.apply_batch(conn, ctx, &views).await;
+            *room = recycled(views);
+            return match applied {
+                Ok(()) => Ok((skipped, 0)),
                 Err(ProjectionError::Rejected { reason }) => {
                     Err(anyhow::Error::new(Rejection { record: None, reason }))
                 }
@@ -1168,7 +1213,7 @@ impl<P: Projection> TaskRunner<P> {
                 }
             }
         }
-        Ok((skipped.len(), dead_lettered))
+        Ok((skipped, dead_lettered))
     }
 
     /// The projection rejected one record for good (applied alone, so the record is
@@ -1251,5 +1296,24 @@ impl<P: Projection> TaskRunner<P> {
         self.metric_set(Metric::HeldBytes, bytes as f64);
         self.metric_set(Metric::HeadHoldAgeSeconds, oldest.as_secs_f64());
         self.metric_set(Metric::ClockWidth, clock as f64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::recycled;
+
+    /// A step's views reuse the last step's allocation: the list comes back empty, with
+    /// its room, as a list of a type of the same layout.
+    #[test]
+    fn a_recycled_list_keeps_its_room() {
+        let text = String::from("borrowed");
+        let mut borrowed: Vec<&str> = Vec::with_capacity(1000);
+        borrowed.extend(std::iter::repeat_n(text.as_str(), 700));
+        let at = borrowed.as_ptr() as usize;
+        let kept: Vec<&'static str> = recycled(borrowed);
+        assert!(kept.is_empty());
+        assert_eq!(kept.capacity(), 1000);
+        assert_eq!(kept.as_ptr() as usize, at, "the allocation is the same");
     }
 }

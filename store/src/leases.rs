@@ -258,6 +258,14 @@ pub enum Claim {
     Locked { holder: Option<String> },
 }
 
+/// Ends a claim that takes nothing, releasing the row lock before the claim returns. A
+/// transaction merely dropped is rolled back only when its connection is next used, and
+/// until then the row stays locked: a renewal right after a claim that found the task held
+/// skipped the row (`SKIP LOCKED`) and recorded nothing.
+async fn release_lock(tx: sqlx::Transaction<'_, sqlx::Postgres>) -> anyhow::Result<()> {
+    tx.rollback().await.context("ending a claim that took nothing")
+}
+
 /// Takes `task` for `instance` if its lease is free (never held, handed back, or expired),
 /// raising the epoch — which fences the previous owner's steps — and starting a lease of
 /// `lease`. Waits at most `lock_wait` for the row's lock.
@@ -291,7 +299,11 @@ pub async fn claim(
         Err(e) => return Err(anyhow::Error::new(e).context(format!("locking task {model}/{task} to claim it"))),
     };
     let from = match &current {
-        Some(row) if row.get::<bool, _>("live") => return Ok(Claim::Held { owner: row.get("owner") }),
+        Some(row) if row.get::<bool, _>("live") => {
+            let owner = row.get("owner");
+            release_lock(tx).await?;
+            return Ok(Claim::Held { owner });
+        }
         Some(row) if row.get::<bool, _>("leased") => Some(row.get::<String, _>("owner")),
         _ => None,
     };
@@ -320,6 +332,7 @@ pub async fn claim(
             .fetch_one(&mut *tx)
             .await
             .with_context(|| format!("reading the owner of task {model}/{task}"))?;
+        release_lock(tx).await?;
         return Ok(Claim::Held { owner });
     };
     let row = task_row(&row)?;
