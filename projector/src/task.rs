@@ -235,6 +235,30 @@ struct StepBuffers {
     views: Vec<Delivered<'static>>,
 }
 
+impl StepBuffers {
+    /// Empties the lists, each keeping its room unless the step used far less of it
+    /// ([`emptied`]).
+    fn end_step(&mut self) {
+        let used = self.deliveries.len().max(self.batch.len());
+        emptied(&mut self.batch, used);
+        emptied(&mut self.deliveries, used);
+        emptied(&mut self.views, used);
+    }
+}
+
+/// Empties `list`. A list whose room is over four times what the step `used` gives most of
+/// it back: a backlog's steps keep their room from step to step, and once the backlog is
+/// worked off the small steps after it do not hold a backlog's worth per task.
+fn emptied<T>(list: &mut Vec<T>, used: usize) {
+    list.clear();
+    if list.capacity() > KEPT_ROOM_MIN && used < list.capacity() / 4 {
+        list.shrink_to(used.max(KEPT_ROOM_MIN));
+    }
+}
+
+/// The room a step's lists keep however small the steps (entries).
+const KEPT_ROOM_MIN: usize = 1024;
+
 /// `list`'s allocation for another type of the same size and alignment, emptied: a collect
 /// of an empty iterator over it keeps the allocation in place (for a type that differs
 /// only in a lifetime, as the views of a step's deliveries do).
@@ -994,8 +1018,7 @@ impl<P: Projection> TaskRunner<P> {
     async fn step(&mut self) -> StepOutcome {
         let mut buffers = std::mem::take(&mut self.buffers);
         let outcome = self.step_with(&mut buffers.batch, &mut buffers.deliveries, &mut buffers.views).await;
-        buffers.batch.clear();
-        buffers.deliveries.clear();
+        buffers.end_step();
         self.buffers = buffers;
         outcome
     }
@@ -1301,7 +1324,7 @@ impl<P: Projection> TaskRunner<P> {
 
 #[cfg(test)]
 mod tests {
-    use super::recycled;
+    use super::{emptied, recycled, KEPT_ROOM_MIN};
 
     /// A step's views reuse the last step's allocation: the list comes back empty, with
     /// its room, as a list of a type of the same layout.
@@ -1315,5 +1338,24 @@ mod tests {
         assert!(kept.is_empty());
         assert_eq!(kept.capacity(), 1000);
         assert_eq!(kept.as_ptr() as usize, at, "the allocation is the same");
+    }
+
+    /// A backlog's room is kept while steps stay large, and given back once they are small.
+    #[test]
+    fn a_step_s_list_keeps_its_room_only_while_the_steps_use_it() {
+        let mut list: Vec<u64> = Vec::with_capacity(100_000);
+        list.extend(0..60_000);
+        emptied(&mut list, 60_000);
+        assert!(list.is_empty() && list.capacity() >= 100_000, "a large step keeps the room");
+        list.extend(0..30_000);
+        emptied(&mut list, 30_000);
+        assert!(list.capacity() >= 100_000, "a step using over a quarter keeps it too");
+        list.extend(0..10);
+        emptied(&mut list, 10);
+        assert!(list.is_empty() && list.capacity() < 100_000, "a small step gives most of it back");
+        assert!(list.capacity() >= KEPT_ROOM_MIN);
+        let kept = list.capacity();
+        emptied(&mut list, 0);
+        assert_eq!(list.capacity(), kept, "the least room is kept");
     }
 }
