@@ -31,6 +31,11 @@
 //!   same transaction: no causal gating, no ordering state. It batches as the projector's
 //!   steps do by default: it waits for a first record (up to 100 ms), then takes only what
 //!   is already fetched, up to this build's default record and byte bounds.
+//! - `naive-proc`: the same loop in a process of its own (this benchmark's executable
+//!   launched again), timed from its launch as the projector is: it starts with a fresh
+//!   heap, opens its own pool and consumers on the clock. The in-process `naive` loop runs
+//!   in a process whose heap the producer already grew, and its pool is open before its
+//!   clock starts.
 //!
 //! Each variant reads every record from the start. A launched binary's database gets its
 //! schema first (`migrate`; the naive loop runs its migrations before its clock too), so
@@ -97,6 +102,9 @@ fn env_list(name: &str, default: &str) -> Vec<String> {
 }
 
 fn main() -> anyhow::Result<()> {
+    if std::env::var_os(NAIVE_CHILD).is_some() {
+        return naive_child();
+    }
     // `cargo bench` passes `--bench`; `cargo test --benches` does not, and should not run
     // a multi-minute measurement against the services.
     if !std::env::args().any(|a| a == "--bench") {
@@ -184,10 +192,10 @@ async fn bench() -> anyhow::Result<()> {
     let variants = env_list("BENCH_VARIANTS", default_variants);
     for v in &variants {
         match v.as_str() {
-            "projector" | "naive" => {}
+            "projector" | "naive" | "naive-proc" => {}
             "baseline" if baseline.is_some() => {}
             "baseline" => bail!("the baseline variant needs BENCH_BASELINE_BIN"),
-            other => bail!("unknown variant {other:?} (projector, baseline, naive)"),
+            other => bail!("unknown variant {other:?} (projector, baseline, naive, naive-proc)"),
         }
     }
     let workloads = env_list("BENCH_WORKLOADS", "upsert-100b")
@@ -258,6 +266,7 @@ async fn measure_all(
                 for variant in order {
                     let m = match variant.as_str() {
                         "naive" => bench.run_naive(&produced).await?,
+                        "naive-proc" => bench.run_naive_process(&produced).await?,
                         "baseline" => bench.run_binary(&produced, baseline.expect("checked"), "baseline").await?,
                         _ => bench.run_binary(&produced, &projector, "projector").await?,
                     };
@@ -310,7 +319,13 @@ fn print_ratios(results: &HashMap<&str, Vec<Measured>>) {
     let launch = |m: &Measured| 1.0 / m.seconds;
     let steady = |m: &Measured| m.steady_per_s;
     let cpu = |m: &Measured| m.db_cpu_steady / m.steady_records;
-    let pairs = [("projector", "naive"), ("projector", "baseline"), ("baseline", "naive")];
+    let pairs = [
+        ("projector", "naive"),
+        ("projector", "naive-proc"),
+        ("naive-proc", "naive"),
+        ("projector", "baseline"),
+        ("baseline", "naive"),
+    ];
     for (a, b) in pairs {
         if let (Some(la), Some(lb), Some(sa), Some(sb), Some(ca), Some(cb)) =
             (stat(a, launch), stat(b, launch), stat(a, steady), stat(b, steady), stat(a, cpu), stat(b, cpu))
@@ -663,42 +678,36 @@ impl Bench {
         )
     }
 
-    /// One consumer per partition, each applying its batches with the document projection
-    /// and storing its offsets in the same transaction.
-    async fn run_naive(&self, produced: &Produced) -> anyhow::Result<Measured> {
-        let database = self.create_database("naive").await?;
+    /// The naive loop's database, with the project's schema and the loop's offsets table:
+    /// made before any clock starts (returns the database, its URL and the model).
+    async fn naive_database(&self, label: &str, produced: &Produced) -> anyhow::Result<(String, String, String)> {
+        let database = self.create_database(label).await?;
         let url = with_database(&self.database_url, &database).map_err(anyhow::Error::msg)?;
-        let model = format!("naive-{}", produced.workload.name);
-        let pool = parsley_infra::pg::connect(&url, produced.partitions + 1, Duration::from_secs(30)).await?;
+        let model = format!("{label}-{}", produced.workload.name);
+        let pool = parsley_infra::pg::connect(&url, 1, Duration::from_secs(30)).await?;
         migrations::run(&pool).await?;
-        sqlx::query(
-            "CREATE TABLE public.bench_naive_offsets (
-               model text NOT NULL, topic text NOT NULL, partition int NOT NULL, next_offset bigint NOT NULL,
-               PRIMARY KEY (model, topic, partition))",
-        )
-        .execute(&pool)
-        .await?;
+        sqlx::query(NAIVE_OFFSETS_TABLE).execute(&pool).await?;
+        pool.close().await;
+        Ok((database, url, model))
+    }
+
+    /// One consumer per partition, each applying its batches with the document projection
+    /// and storing its offsets in the same transaction, in this process.
+    async fn run_naive(&self, produced: &Produced) -> anyhow::Result<Measured> {
+        let (database, url, model) = self.naive_database("naive", produced).await?;
+        let pool = parsley_infra::pg::connect(&url, produced.partitions + 1, Duration::from_secs(30)).await?;
         let mut progress = Progress::connect(&url, &database).await?;
-        let mut config = Config::parse("")?;
-        config.kafka.bootstrap = self.bootstrap.clone();
         let started = Instant::now();
         let own_cpu_at_start = cpu_ticks(std::process::id()).unwrap_or(0);
         let (stop, shutdown) = watch::channel(false);
-        let mut handles = Vec::new();
-        for partition in 0..produced.partitions {
-            let consumer: StreamConsumer = kafka::consumer_config(&config.kafka, &model).create()?;
-            let mut tpl = TopicPartitionList::new();
-            for (topic, _) in &produced.topics {
-                tpl.add_partition_offset(topic, partition as i32, Offset::Offset(0))?;
-            }
-            consumer.assign(&tpl)?;
-            let (pool, model, topics, step) =
-                (pool.clone(), model.clone(), produced.topics.clone(), self.step.unwrap_or(DEFAULT_MAX_STEP_RECORDS));
-            let shutdown = shutdown.clone();
-            handles.push(tokio::spawn(async move {
-                naive_loop(consumer, pool, model, topics, partition, step, shutdown).await
-            }));
-        }
+        let spec = NaiveSpec {
+            bootstrap: self.bootstrap.clone(),
+            model: model.clone(),
+            topics: produced.topics.clone(),
+            partitions: produced.partitions,
+            step: self.step.unwrap_or(DEFAULT_MAX_STEP_RECORDS),
+        };
+        let handles = spec.spawn(&pool, &shutdown)?;
         let outcome = progress
             .follow(self.records, started, &mut || {
                 (cpu_ticks(std::process::id()).unwrap_or(0) - own_cpu_at_start) as f64 / TICKS_PER_SECOND
@@ -709,17 +718,143 @@ impl Bench {
             h.await??;
         }
         pool.close().await;
+        self.naive_finish(outcome, progress, &database, &url, &model, produced).await
+    }
+
+    /// The naive loop in a process of its own, launched on the clock as the projector is.
+    async fn run_naive_process(&self, produced: &Produced) -> anyhow::Result<Measured> {
+        let (database, url, model) = self.naive_database("naive-proc", produced).await?;
+        let mut progress = Progress::connect(&url, &database).await?;
+        let topics: Vec<String> = produced
+            .topics
+            .iter()
+            .map(|(t, apply)| format!("{t}:{}", if matches!(apply, Apply::Merge) { "merge" } else { "replace" }))
+            .collect();
+        let log = std::fs::File::create(self.scratch.join(format!("{database}.log")))?;
+        let started = Instant::now();
+        let mut child = Command::new(std::env::current_exe()?)
+            .env(NAIVE_CHILD, "1")
+            .env("NAIVE_DATABASE_URL", &url)
+            .env("NAIVE_BOOTSTRAP", &self.bootstrap)
+            .env("NAIVE_MODEL", &model)
+            .env("NAIVE_TOPICS", topics.join(","))
+            .env("NAIVE_PARTITIONS", produced.partitions.to_string())
+            .env("NAIVE_STEP", self.step.unwrap_or(DEFAULT_MAX_STEP_RECORDS).to_string())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("launching the naive loop's process")?;
+        let pid = child.id();
+        let outcome =
+            progress.follow(self.records, started, &mut || cpu_ticks(pid).unwrap_or(0) as f64 / TICKS_PER_SECOND).await;
+        stop(&mut child);
+        if outcome.is_err() {
+            eprintln!("  log of the failed run: {}", self.scratch.join(format!("{database}.log")).display());
+        }
+        self.naive_finish(outcome, progress, &database, &url, &model, produced).await
+    }
+
+    /// A naive run's end: its counters, the check of its documents, its database dropped.
+    async fn naive_finish(
+        &self,
+        outcome: anyhow::Result<Measured>,
+        mut progress: Progress,
+        database: &str,
+        url: &str,
+        model: &str,
+        produced: &Produced,
+    ) -> anyhow::Result<Measured> {
         let outcome = match outcome {
             Ok(mut m) => {
                 progress.database_counters(&mut m).await;
-                check(&url, &model, produced, self.records).await.map(|()| m)
+                check(url, model, produced, self.records).await.map(|()| m)
             }
             Err(e) => Err(e),
         };
         drop(progress);
-        self.drop_database(&database).await?;
+        self.drop_database(database).await?;
         outcome
     }
+}
+
+/// The naive loop's offsets, stored in each batch's transaction.
+const NAIVE_OFFSETS_TABLE: &str = "CREATE TABLE public.bench_naive_offsets (
+    model text NOT NULL, topic text NOT NULL, partition int NOT NULL, next_offset bigint NOT NULL,
+    PRIMARY KEY (model, topic, partition))";
+
+/// Set in the environment of the naive loop's own process (`naive-proc`).
+const NAIVE_CHILD: &str = "BENCH_NAIVE_CHILD";
+
+/// What the naive loop runs on: one consumer per partition of the topics.
+struct NaiveSpec {
+    bootstrap: String,
+    model: String,
+    topics: Vec<(String, Apply)>,
+    partitions: u32,
+    step: usize,
+}
+
+impl NaiveSpec {
+    /// From the environment the benchmark launched the naive loop's process with.
+    fn from_env() -> anyhow::Result<NaiveSpec> {
+        let var = |name: &str| std::env::var(name).with_context(|| format!("{name} is not set"));
+        let topics = var("NAIVE_TOPICS")?
+            .split(',')
+            .map(|t| match t.rsplit_once(':') {
+                Some((name, "merge")) => Ok((name.to_string(), Apply::Merge)),
+                Some((name, "replace")) => Ok((name.to_string(), Apply::Replace)),
+                _ => bail!("NAIVE_TOPICS: {t:?} is not name:replace or name:merge"),
+            })
+            .collect::<anyhow::Result<_>>()?;
+        Ok(NaiveSpec {
+            bootstrap: var("NAIVE_BOOTSTRAP")?,
+            model: var("NAIVE_MODEL")?,
+            topics,
+            partitions: var("NAIVE_PARTITIONS")?.parse().context("NAIVE_PARTITIONS")?,
+            step: var("NAIVE_STEP")?.parse().context("NAIVE_STEP")?,
+        })
+    }
+
+    /// A consumer per partition, assigned from the start, each with its loop.
+    fn spawn(
+        &self,
+        pool: &sqlx::PgPool,
+        shutdown: &watch::Receiver<bool>,
+    ) -> anyhow::Result<Vec<tokio::task::JoinHandle<anyhow::Result<()>>>> {
+        let mut config = Config::parse("")?;
+        config.kafka.bootstrap = self.bootstrap.clone();
+        let mut handles = Vec::new();
+        for partition in 0..self.partitions {
+            let consumer: StreamConsumer = kafka::consumer_config(&config.kafka, &self.model).create()?;
+            let mut tpl = TopicPartitionList::new();
+            for (topic, _) in &self.topics {
+                tpl.add_partition_offset(topic, partition as i32, Offset::Offset(0))?;
+            }
+            consumer.assign(&tpl)?;
+            let (pool, model, topics, step) = (pool.clone(), self.model.clone(), self.topics.clone(), self.step);
+            let shutdown = shutdown.clone();
+            handles.push(tokio::spawn(async move {
+                naive_loop(consumer, pool, model, topics, partition, step, shutdown).await
+            }));
+        }
+        Ok(handles)
+    }
+}
+
+/// The naive loop's own process (`naive-proc`): runs until SIGTERM.
+fn naive_child() -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    runtime.block_on(async {
+        let spec = NaiveSpec::from_env()?;
+        let shutdown = parsley_infra::process::shutdown_on_signal(|| {});
+        let url = std::env::var("NAIVE_DATABASE_URL").context("NAIVE_DATABASE_URL is not set")?;
+        let pool = parsley_infra::pg::connect(&url, spec.partitions + 1, Duration::from_secs(30)).await?;
+        for h in spec.spawn(&pool, &shutdown)? {
+            h.await??;
+        }
+        pool.close().await;
+        Ok(())
+    })
 }
 
 async fn naive_loop(
