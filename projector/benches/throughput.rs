@@ -660,13 +660,7 @@ impl Bench {
         let topics: Vec<String> = produced
             .topics
             .iter()
-            .map(|(t, apply)| {
-                let apply = match apply {
-                    Apply::Replace => "replace",
-                    Apply::Merge => "merge",
-                };
-                format!("{{ name = \"{t}\", apply = \"{apply}\" }}")
-            })
+            .map(|(t, apply)| format!("{{ name = \"{t}\", apply = \"{}\" }}", apply_name(*apply)))
             .collect();
         format!(
             "[kafka]\nbootstrap = \"{}\"\n\n[projector]\nmetrics_address = \"\"\n\n[[models]]\nname = \"{model}\"\n\
@@ -725,11 +719,8 @@ impl Bench {
     async fn run_naive_process(&self, produced: &Produced) -> anyhow::Result<Measured> {
         let (database, url, model) = self.naive_database("naive-proc", produced).await?;
         let mut progress = Progress::connect(&url, &database).await?;
-        let topics: Vec<String> = produced
-            .topics
-            .iter()
-            .map(|(t, apply)| format!("{t}:{}", if matches!(apply, Apply::Merge) { "merge" } else { "replace" }))
-            .collect();
+        let topics: Vec<String> =
+            produced.topics.iter().map(|(t, apply)| format!("{t}:{}", apply_name(*apply))).collect();
         let log = std::fs::File::create(self.scratch.join(format!("{database}.log")))?;
         let started = Instant::now();
         let mut child = Command::new(std::env::current_exe()?)
@@ -782,6 +773,14 @@ const NAIVE_OFFSETS_TABLE: &str = "CREATE TABLE public.bench_naive_offsets (
     model text NOT NULL, topic text NOT NULL, partition int NOT NULL, next_offset bigint NOT NULL,
     PRIMARY KEY (model, topic, partition))";
 
+/// A topic's apply rule as the configuration names it (`topics[].apply`).
+fn apply_name(apply: Apply) -> &'static str {
+    match apply {
+        Apply::Replace => "replace",
+        Apply::Merge => "merge",
+    }
+}
+
 /// Set in the environment of the naive loop's own process (`naive-proc`).
 const NAIVE_CHILD: &str = "BENCH_NAIVE_CHILD";
 
@@ -800,10 +799,14 @@ impl NaiveSpec {
         let var = |name: &str| std::env::var(name).with_context(|| format!("{name} is not set"));
         let topics = var("NAIVE_TOPICS")?
             .split(',')
-            .map(|t| match t.rsplit_once(':') {
-                Some((name, "merge")) => Ok((name.to_string(), Apply::Merge)),
-                Some((name, "replace")) => Ok((name.to_string(), Apply::Replace)),
-                _ => bail!("NAIVE_TOPICS: {t:?} is not name:replace or name:merge"),
+            .map(|t| {
+                let named = t.rsplit_once(':').and_then(|(name, rule)| {
+                    [Apply::Replace, Apply::Merge]
+                        .into_iter()
+                        .find(|a| apply_name(*a) == rule)
+                        .map(|a| (name.to_string(), a))
+                });
+                named.with_context(|| format!("NAIVE_TOPICS: {t:?} is not name:replace or name:merge"))
             })
             .collect::<anyhow::Result<_>>()?;
         Ok(NaiveSpec {
