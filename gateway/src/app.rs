@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::ops::Deref;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
@@ -57,6 +57,8 @@ pub struct Inner {
     pub feeds: crate::feed::Feeds,
     /// Per model, the shape gated reads choose their clock rows by.
     pub shapes: crate::gated::Shapes,
+    /// Per model, covered single-key snapshots kept in memory (`gateway.read_cache_bytes`).
+    pub kept: crate::kept::KeptReads,
     /// The span exporter, when `otlp_endpoint` is set.
     pub otlp: Option<parsley_infra::otlp::Exporter>,
     pub metrics: Arc<Metrics>,
@@ -125,6 +127,11 @@ impl AppState {
         let facts = KafkaFacts::new(&cluster, config.settings.kafka_timeout())?;
         let notifier = Arc::new(ClockNotifier::new(config.shared.models.iter().map(|m| m.name.as_str())));
         let feeds = crate::feed::Feeds::new(config.shared.models.iter().map(|m| m.name.as_str()));
+        let kept = crate::kept::KeptReads::new(
+            config.shared.models.iter().map(|m| m.name.as_str()),
+            config.settings.read_cache_bytes,
+            Duration::from_millis(config.settings.read_cache_max_age_ms),
+        );
         let otlp = match &config.settings.otlp_endpoint {
             Some(url) => Some(parsley_infra::otlp::Exporter::start(
                 parsley_infra::otlp::Endpoint::parse(url)?,
@@ -158,6 +165,7 @@ impl AppState {
             notifier,
             feeds,
             shapes: crate::gated::Shapes::default(),
+            kept,
             otlp,
             metrics,
             received_topics,

@@ -109,6 +109,17 @@ pub struct Settings {
     /// Most reads of one model waiting for coverage at once; beyond it a read not covered at
     /// its first attempt is answered `503 overloaded` at once.
     pub max_waiting_reads: usize,
+    /// Memory for covered single-key snapshots kept between reads, in bytes over all models
+    /// (each model gets an even share); 0 (the default): every read asks Postgres. A kept
+    /// snapshot serves a read only if its own clock rows cover the session, and only until
+    /// the gateway hears the next notification of its key's owner task or of its model — so
+    /// a change made by hand (a rebuild, a shape change, an edited document) reaches a read of
+    /// a kept key only once its notification has arrived (see `docs/gateway.md`, "Kept
+    /// snapshots").
+    pub read_cache_bytes: usize,
+    /// The longest a kept snapshot is served, in milliseconds, notifications or not (for
+    /// changes that send none, e.g. a document edited by hand); 0: nothing is kept.
+    pub read_cache_max_age_ms: u64,
     /// Address of the admin listener (`/v1/status`, `/metrics`); empty: none.
     pub admin_listen: String,
     /// File holding the admin bearer token; with one, the main listener serves the admin
@@ -169,6 +180,8 @@ impl Default for Settings {
             max_header_bytes: 32 * 1024,
             max_in_flight: 1024,
             max_waiting_reads: 256,
+            read_cache_bytes: 0,
+            read_cache_max_age_ms: 1_000,
             admin_listen: "127.0.0.1:9091".to_string(),
             admin_token_file: None,
             cors_allowed_origins: Vec::new(),
@@ -284,6 +297,9 @@ impl Settings {
         }
         if self.max_waiting_reads == 0 {
             bail!("gateway.max_waiting_reads must be at least 1");
+        }
+        if self.read_cache_max_age_ms > 60_000 {
+            bail!("gateway.read_cache_max_age_ms must be at most 60000 (0 keeps nothing)");
         }
         for origin in &self.cors_allowed_origins {
             crate::cors::check_origin(origin).map_err(|e| anyhow::anyhow!("gateway.cors_allowed_origins: {e}"))?;

@@ -72,7 +72,7 @@ use axum::extract::{FromRef, FromRequestParts};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
-use parsley::gate::{gate, refresh, GateGap, ModelShape, Verdict};
+use parsley::gate::{gate, refresh, ClockRow, GateGap, ModelShape, Verdict};
 use parsley::murmur2::partition_for_key;
 use parsley::{CausalPast, ChannelId, TopicId};
 use parsley_store::config::ModelConfig;
@@ -144,6 +144,40 @@ pub trait Snapshot: Sync {
         model: &str,
         inputs: &GateInputs,
     ) -> impl Future<Output = Result<GatedSnapshot<Self::Data>, ApiError>> + Send;
+
+    /// A covered snapshot an earlier read kept in memory that may serve this read without a
+    /// statement ([`crate::kept`]): it is served only if its own rows cover the session, like
+    /// any snapshot. `None` (the default): every attempt reads.
+    fn kept(&self, _state: &AppState, _model: &str) -> Option<KeptSnapshot<Self::Data>> {
+        None
+    }
+
+    /// What a snapshot about to be read would be kept under (read before the statement, for
+    /// [`Snapshot::keep`]; `shape`: the shape its rows are chosen by). `None` (the default):
+    /// nothing is kept.
+    fn generation(&self, _state: &AppState, _model: &str, _shape: &ModelShape) -> Option<u64> {
+        None
+    }
+
+    /// Offers a covered snapshot, read under `generation` and `shape`, to later reads.
+    fn keep(
+        &self,
+        _state: &AppState,
+        _model: &str,
+        _generation: u64,
+        _shape: &ModelShape,
+        _rows: &[ClockRow],
+        _data: &Self::Data,
+    ) {
+    }
+}
+
+/// A snapshot kept in memory ([`Snapshot::kept`]): the clock rows and data of one statement,
+/// and the shape the rows were chosen by.
+pub struct KeptSnapshot<T> {
+    pub shape: Arc<ModelShape>,
+    pub rows: Arc<[ClockRow]>,
+    pub data: T,
 }
 
 /// A future borrowing a connection, as a data statement's closure returns it.
@@ -409,18 +443,33 @@ async fn attempt<S: Snapshot>(
     state: &AppState,
     model: &ModelConfig,
     scope: Scope<'_>,
-    snapshot: &S,
+    reader: &S,
     demand: &CausalPast,
     token: &CausalPast,
 ) -> Result<Result<Served<S::Data>, Uncovered>, ApiError> {
+    #[cfg(feature = "unsafe-ungated-reads")]
+    let keeping = !crate::read::ungated::on();
+    #[cfg(not(feature = "unsafe-ungated-reads"))]
+    let keeping = true;
+    // A snapshot kept in memory serves the read if its own rows cover the session.
+    if let Some(kept) = keeping.then(|| reader.kept(state, &model.name)).flatten() {
+        let served = served_tasks(scope, &kept.shape);
+        if gate(demand, &kept.shape, &kept.rows, &served).is_covered() {
+            state.metrics.add(Metric::ReadCacheTotal, &[("model", &model.name), ("result", "hit")], 1.0);
+            let refreshed = refresh(token, &kept.shape, &kept.rows, &served);
+            return Ok(Ok(Served { data: kept.data, refreshed }));
+        }
+    }
     // The row the rows are chosen by: the cached one (none yet: the broker's description is
     // the likely shape, checked like any other).
     let mut known = state.shapes.get(&model.name);
     let mut shape = model_shape(state, model, known.as_deref().map(|k| &k.row));
+    let generation = keeping.then(|| reader.generation(state, &model.name, &shape)).flatten();
+    let mut moved = false;
     let mut clock = clock_scope(scope, &shape, demand);
     let snapshot = loop {
         let inputs = GateInputs { clock, cached: known.as_ref().map(|k| k.shape) };
-        let snapshot = snapshot.read(state, &model.name, &inputs).await?;
+        let snapshot = reader.read(state, &model.name, &inputs).await?;
         let recorded = match &snapshot.model {
             RecordedModel::Unchanged => known.clone(),
             RecordedModel::Absent => None,
@@ -431,6 +480,7 @@ async fn attempt<S: Snapshot>(
         }
         let recorded_shape = model_shape(state, model, recorded.as_deref().map(|r| &r.row));
         let stale = recorded_shape != shape;
+        moved |= stale;
         (known, shape) = (recorded, recorded_shape);
         // Rows chosen by the shape this snapshot records (or all of them) are what the gate
         // needs; rows chosen by a stale shape may not be: read again, every row.
@@ -446,6 +496,11 @@ async fn attempt<S: Snapshot>(
     match verdict {
         Verdict::Covered => {
             let refreshed = refresh(token, &shape, &snapshot.clock, &served);
+            // Kept only when its rows were chosen by the shape the generation was read for.
+            if let (Some(generation), false, true) = (generation, moved, snapshot.model.is_recorded()) {
+                state.metrics.add(Metric::ReadCacheTotal, &[("model", &model.name), ("result", "miss")], 1.0);
+                reader.keep(state, &model.name, generation, &shape, &snapshot.clock, &snapshot.data);
+            }
             Ok(Ok(Served { data: snapshot.data, refreshed }))
         }
         Verdict::NotCovered { gaps } => Ok(Err(Uncovered { gaps, shape, recorded: snapshot.model.is_recorded() })),

@@ -26,7 +26,9 @@
 //!   documents, the named queries, and an embedding program's own routes ([`gated::Gate`]).
 //! - [`read`]: the gated reads, `GET /v1/models/{model}/documents[/{key}]`.
 //! - [`queries`]: the named queries, `GET /v1/models/{model}/queries/{name}`.
-//! - [`notify`]: the `LISTEN` task waking waiting reads.
+//! - [`notify`]: the `LISTEN` task waking waiting reads, and the generations of a model's
+//!   tasks that kept snapshots are served under.
+//! - [`kept`]: covered single-key snapshots kept in memory, served while nothing changed.
 //! - [`feed`]: one clock fetch per model per wake-up, shared by every waiting read.
 //! - [`ops`]: `/healthz`, `/readyz`, `/metrics`, `/v1/status` (from SQL aggregates).
 //! - [`openapi`]: the API's OpenAPI 3.1 document, `GET /openapi.json` (`gateway/openapi.json`).
@@ -57,6 +59,7 @@ pub mod facts;
 #[doc(hidden)]
 pub mod feed;
 pub mod gated;
+pub mod kept;
 #[doc(hidden)]
 pub mod keys;
 #[doc(hidden)]

@@ -40,6 +40,11 @@ parsley_infra::metric_names! {
             "Reads answered 503 not-yet-covered, by model.",
         ),
         GateChecksTotal = ("parsley_gateway_gate_checks_total", Counter, "Gate transactions run, by model."),
+        ReadCacheTotal = (
+            "parsley_gateway_read_cache_total",
+            Counter,
+            "Covered single-key reads served from a snapshot kept in memory (hit) or read from Postgres and kept (miss), by model.",
+        ),
         ClockFetchesTotal = (
             "parsley_gateway_clock_fetches_total",
             Counter,

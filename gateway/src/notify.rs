@@ -2,11 +2,18 @@
 //! per-model counter (a `tokio::sync::watch`) for every notification; each model's feed
 //! ([`crate::feed`]) fetches the clock once per bump for all of the model's waiting reads.
 //! Notifications sent while the listener is reconnecting are lost, so the listener bumps
-//! every model after a reconnect, and the feeds also re-check on a timer. Each notification
+//! every model after a reconnect, and the feeds also re-check on a timer.
+//!
+//! The same notifications also count, per model and task, the changes a snapshot kept in
+//! memory ([`crate::kept`]) must not outlive: [`ClockNotifier::generation`] changes with
+//! every notification of the task or of the whole model, and a kept snapshot is served only
+//! while the generation it was read under is still the current one and the listener is
+//! connected ([`ClockNotifier::listening`]). Each notification
 //! is a debug event of the target `parsley::stage` (`notified`), for timing a write's way to
 //! visibility.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,22 +24,71 @@ use tokio::sync::watch;
 
 use crate::metrics::{Metric, Metrics};
 
-/// Per-model wake-up counters.
+/// Slots of a model's per-task notification counts: task `t` counts in slot `t %
+/// TASK_SLOTS` (two tasks sharing a slot only see each other's changes as their own).
+const TASK_SLOTS: usize = 64;
+
+/// Per-model wake-up counters, and per model and task how many notifications arrived.
 #[derive(Debug)]
 pub struct ClockNotifier {
-    models: BTreeMap<String, watch::Sender<u64>>,
+    models: BTreeMap<String, Counters>,
+    /// Whether the listener is connected and listening (notifications are being heard).
+    listening: AtomicBool,
+}
+
+#[derive(Debug)]
+struct Counters {
+    wake: watch::Sender<u64>,
+    /// Notifications of the whole model (`<model>`), and wake-ups of every model.
+    model: AtomicU64,
+    /// Notifications of one task (`<model>:<task>`), by slot.
+    tasks: [AtomicU64; TASK_SLOTS],
+}
+
+impl Counters {
+    fn new() -> Counters {
+        Counters {
+            wake: watch::Sender::new(0),
+            model: AtomicU64::new(0),
+            tasks: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
 }
 
 impl ClockNotifier {
     /// Counters for the configured models.
     pub fn new<'a>(models: impl IntoIterator<Item = &'a str>) -> ClockNotifier {
-        ClockNotifier { models: models.into_iter().map(|m| (m.to_string(), watch::Sender::new(0))).collect() }
+        ClockNotifier {
+            models: models.into_iter().map(|m| (m.to_string(), Counters::new())).collect(),
+            listening: AtomicBool::new(false),
+        }
+    }
+
+    /// A value that changes whenever a notification of `model`'s task `task` or of the
+    /// whole model arrives, or the listener reconnects (`None`: not configured). Never the
+    /// same value again after a change.
+    pub fn generation(&self, model: &str, task: u32) -> Option<u64> {
+        let c = self.models.get(model)?;
+        // Both only grow: their sum changes whenever either does.
+        Some(c.model.load(Ordering::SeqCst).wrapping_add(c.tasks[task as usize % TASK_SLOTS].load(Ordering::SeqCst)))
+    }
+
+    /// Whether notifications are being heard now: the listener is connected and `LISTEN`ing.
+    pub fn listening(&self) -> bool {
+        self.listening.load(Ordering::SeqCst)
+    }
+
+    /// The listener connected (`true`) or lost its connection (`false`); either way every
+    /// generation changes.
+    pub fn set_listening(&self, on: bool) {
+        self.listening.store(on, Ordering::SeqCst);
+        self.wake_all();
     }
 
     /// A receiver that sees every bump of `model` after this call (`None`: not configured).
     pub fn subscribe(&self, model: &str) -> Option<watch::Receiver<u64>> {
         self.models.get(model).map(|s| {
-            let mut rx = s.subscribe();
+            let mut rx = s.wake.subscribe();
             rx.mark_unchanged();
             rx
         })
@@ -41,10 +97,17 @@ impl ClockNotifier {
     /// Handles one notification payload: `<model>:<task>` or `<model>`. Returns whether a
     /// configured model was woken.
     pub fn notified(&self, payload: &str) -> bool {
-        let model = payload.rsplit_once(':').map_or(payload, |(m, _)| m);
+        let (model, task) = match payload.rsplit_once(':') {
+            Some((m, t)) => (m, t.parse::<u32>().ok()),
+            None => (payload, None),
+        };
         match self.models.get(model) {
             Some(s) => {
-                s.send_modify(|n| *n = n.wrapping_add(1));
+                match task {
+                    Some(t) => s.tasks[t as usize % TASK_SLOTS].fetch_add(1, Ordering::SeqCst),
+                    None => s.model.fetch_add(1, Ordering::SeqCst),
+                };
+                s.wake.send_modify(|n| *n = n.wrapping_add(1));
                 true
             }
             None => false,
@@ -54,7 +117,8 @@ impl ClockNotifier {
     /// Wakes every model (after a reconnect, when notifications may have been lost).
     pub fn wake_all(&self) {
         for s in self.models.values() {
-            s.send_modify(|n| *n = n.wrapping_add(1));
+            s.model.fetch_add(1, Ordering::SeqCst);
+            s.wake.send_modify(|n| *n = n.wrapping_add(1));
         }
     }
 }
@@ -95,7 +159,7 @@ pub async fn listen(
         tracing::info!(channel = CLOCK_NOTIFY_CHANNEL, "listening for clock changes");
         backoff = Duration::from_millis(100);
         // Anything committed before LISTEN took effect was not heard: re-check everyone.
-        notifier.wake_all();
+        notifier.set_listening(true);
         loop {
             let next = tokio::select! {
                 _ = shutdown.wait_for(|stop| *stop) => return,
@@ -113,12 +177,12 @@ pub async fn listen(
                     // are gone.
                     metrics.add(Metric::ListenerReconnectsTotal, &[], 1.0);
                     tracing::warn!("clock listener reconnected; re-checking every waiting read");
-                    notifier.wake_all();
+                    notifier.set_listening(true);
                 }
                 Err(e) => {
                     metrics.add(Metric::ListenerReconnectsTotal, &[], 1.0);
                     tracing::warn!(error = %e, "clock listener failed; reconnecting");
-                    notifier.wake_all();
+                    notifier.set_listening(false);
                     break;
                 }
             }
@@ -145,5 +209,32 @@ mod tests {
         assert!(!n.notified("other:1"));
         n.wake_all();
         assert!(shop.has_changed().unwrap());
+    }
+
+    #[test]
+    fn a_generation_changes_with_its_task_its_model_and_the_listener() {
+        let n = ClockNotifier::new(["shop", "audit"]);
+        assert_eq!(n.generation("nope", 0), None);
+        let g = |t| n.generation("shop", t).unwrap();
+        let (t0, t1) = (g(0), g(1));
+        n.notified("shop:1");
+        assert_eq!(g(0), t0, "another task's step");
+        assert_ne!(g(1), t1);
+        let (t0, t1) = (g(0), g(1));
+        n.notified("audit:0");
+        assert_eq!((g(0), g(1)), (t0, t1), "another model's step");
+        n.notified("shop");
+        assert!(g(0) != t0 && g(1) != t1, "a model-wide change");
+        let (t0, t1) = (g(0), g(1));
+        assert!(!n.listening());
+        n.set_listening(true);
+        assert!(n.listening());
+        assert!(g(0) != t0 && g(1) != t1, "connecting: what was missed is unknown");
+        let t0 = g(0);
+        n.set_listening(false);
+        assert!(!n.listening() && g(0) != t0);
+        let t0 = g(0);
+        n.notified("shop:x");
+        assert_ne!(g(0), t0, "a payload whose task does not parse counts as the whole model");
     }
 }

@@ -23,19 +23,24 @@
 //! (503) only when the database did not answer ([`crate::database`]).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
+use axum::body::Bytes;
 use axum::extract::path::ErrorKind;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
+use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use parsley::gate::{ClockRow, ModelShape};
+use parsley::murmur2::partition_for_key;
 use parsley_store::documents::{self, Document, GateInputs, GatedSnapshot};
 use serde_json::{json, Value};
 
 use crate::app::AppState;
 use crate::database;
-use crate::gated::{self, Scope, Snapshot};
+use crate::gated::{self, KeptSnapshot, Scope, Snapshot};
 use crate::problem::{ApiError, Problem, ProblemType};
 use crate::session::SESSION_HEADER;
 
@@ -193,10 +198,11 @@ async fn gated_read(
         Target::Page { .. } => Scope::AllTasks,
     };
     let read = gated::read(state, headers, model_name, scope, &Documents(&target)).await?;
-    Ok(respond(&target, body(read.data), read.token))
+    Ok(respond(&target, read.data, read.token))
 }
 
-/// A document read's snapshot: one statement ([`read_snapshot`]).
+/// A document read's snapshot: one statement ([`read_snapshot`]). A single key's covered
+/// snapshot is kept in memory for the next reads of the key ([`crate::kept`]).
 struct Documents<'a>(&'a Target);
 
 impl Snapshot for Documents<'_> {
@@ -205,9 +211,40 @@ impl Snapshot for Documents<'_> {
     async fn read(&self, state: &AppState, model: &str, inputs: &GateInputs) -> Result<GatedSnapshot<Data>, ApiError> {
         read_snapshot(state, model, self.0, inputs).await
     }
+
+    fn kept(&self, state: &AppState, model: &str) -> Option<KeptSnapshot<Data>> {
+        let Target::One { key } = self.0 else { return None };
+        let kept = state.kept.get(&state.notifier, model, key)?;
+        Some(KeptSnapshot {
+            shape: Arc::clone(&kept.shape),
+            rows: Arc::clone(&kept.rows),
+            data: Data::One(kept.body.clone()),
+        })
+    }
+
+    fn generation(&self, state: &AppState, model: &str, shape: &ModelShape) -> Option<u64> {
+        let Target::One { key } = self.0 else { return None };
+        state.kept.before_read(&state.notifier, model, partition_for_key(key.as_bytes(), shape.task_count))
+    }
+
+    fn keep(&self, state: &AppState, model: &str, generation: u64, shape: &ModelShape, rows: &[ClockRow], data: &Data) {
+        let (Target::One { key }, Data::One(body)) = (self.0, data) else { return };
+        let owner = partition_for_key(key.as_bytes(), shape.task_count);
+        state.kept.keep(&state.notifier, model, key, owner, generation, Arc::new(shape.clone()), rows, body.clone());
+    }
 }
 
-fn respond(target: &Target, body: Option<Value>, token: HeaderValue) -> Response {
+fn respond(target: &Target, data: Data, token: HeaderValue) -> Response {
+    let body = match data {
+        Data::One(Some(body)) => {
+            let mut r =
+                (StatusCode::OK, [(CONTENT_TYPE, HeaderValue::from_static("application/json"))], body).into_response();
+            r.headers_mut().insert(SESSION_HEADER, token);
+            return r;
+        }
+        Data::One(None) => None,
+        Data::Page { documents, limit } => Some(page_body(documents, limit)),
+    };
     match body {
         Some(body) => (StatusCode::OK, [(SESSION_HEADER, token)], Json(body)).into_response(),
         None => {
@@ -229,12 +266,10 @@ fn respond(target: &Target, body: Option<Value>, token: HeaderValue) -> Response
 
 /// What a read asks for, as data still to be served.
 enum Data {
-    One(Option<Document>),
+    /// The answer's body, `{"key", "document", "version"}` (`None`: no such document).
+    One(Option<Bytes>),
     /// The page with one document more than its limit, if there are more.
-    Page {
-        documents: Vec<Document>,
-        limit: u32,
-    },
+    Page { documents: Vec<Document>, limit: u32 },
 }
 
 /// The model's row, the clock rows `inputs` names and the data, in one statement (a page
@@ -261,7 +296,7 @@ async fn read_snapshot(
     let snapshot = match target {
         Target::One { key } => {
             let s = documents::gated_document(&mut conn, model, key, inputs).await.map_err(failed)?;
-            GatedSnapshot { model: s.model, clock: s.clock, data: Data::One(s.data) }
+            GatedSnapshot { model: s.model, clock: s.clock, data: Data::One(s.data.map(one_body)) }
         }
         Target::Page { after, limit } => {
             let s = documents::gated_page(&mut conn, model, inputs.cached, after.as_deref(), i64::from(*limit) + 1)
@@ -274,18 +309,23 @@ async fn read_snapshot(
     Ok(snapshot)
 }
 
-/// The answer's body (`None`: no such document).
-fn body(data: Data) -> Option<Value> {
-    let json_of = |d: Document| json!({"key": d.key, "document": d.doc, "version": d.version});
-    match data {
-        Data::One(found) => found.map(json_of),
-        Data::Page { documents, limit } => {
-            let more = documents.len() > limit as usize;
-            let documents: Vec<Value> = documents.into_iter().take(limit as usize).map(json_of).collect();
-            let next = if more { documents.last().map(|d| d["key"].clone()) } else { None };
-            Some(json!({"documents": documents, "next": next}))
-        }
-    }
+/// A document as an answer gives it.
+fn document_json(d: Document) -> Value {
+    json!({"key": d.key, "document": d.doc, "version": d.version})
+}
+
+/// A single key's answer body.
+fn one_body(d: Document) -> Bytes {
+    Bytes::from(serde_json::to_vec(&document_json(d)).expect("a JSON value serializes"))
+}
+
+/// A page's answer body: at most `limit` documents, and the cursor of the next page if
+/// `documents` has more.
+fn page_body(documents: Vec<Document>, limit: u32) -> Value {
+    let more = documents.len() > limit as usize;
+    let documents: Vec<Value> = documents.into_iter().take(limit as usize).map(document_json).collect();
+    let next = if more { documents.last().map(|d| d["key"].clone()) } else { None };
+    json!({"documents": documents, "next": next})
 }
 
 /// Reads served without the gate, stale data and all: the broken gateway that proves

@@ -103,8 +103,12 @@ impl Stack {
         let raw_topic = format!("{run}.raw");
         create_topics(&[&topic, &raw_topic], PARTITIONS).await;
 
+        // Kept snapshots are off by default, as in the gateway; `BENCH_READ_CACHE_BYTES` turns
+        // them on.
+        let read_cache_bytes = env_usize("BENCH_READ_CACHE_BYTES", 0);
         let mut config = Config::parse(&format!(
-            "[gateway]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"\"\nread_wait_ms = {READ_WAIT_MS}\n\n\
+            "[gateway]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"\"\nread_wait_ms = {READ_WAIT_MS}\n\
+             read_cache_bytes = {read_cache_bytes}\n\n\
              [[models]]\nname = \"{run}\"\n{model_settings}topics = [{{ name = \"{topic}\" }}]\n"
         ))?;
         config.kafka.bootstrap = bootstrap.clone();

@@ -1,0 +1,240 @@
+//! Snapshots kept in memory: a covered single-key read's whole snapshot — the clock rows the
+//! gate and the refresh read, the shape they were chosen by, and the answer's body — kept so
+//! that the next reads of the key are served without asking Postgres while nothing has
+//! changed.
+//!
+//! A kept snapshot is one snapshot's rows and data, exactly as a statement returned them, so
+//! serving it is serving that snapshot: the gate runs over its rows like over any other, and
+//! only a session those rows cover is served from it (with the token refreshed over the same
+//! rows). A session they do not cover — a write of its own the snapshot predates — reads
+//! Postgres as before. So what a read proves does not depend on the cache; the cache only
+//! decides how old a covering snapshot may be, and the answer is: no older than the next
+//! change of the key's owner. A snapshot is kept under the **generation** of its key's owner
+//! task ([`ClockNotifier::generation`]) read before its statement ran, and is served only
+//! while that is still the current generation, the listener is connected, and it is younger
+//! than `gateway.read_cache_max_age_ms`. Every step that changes a task's clock notifies
+//! (`NOTIFY parsley_clock`, in the step's transaction), a change of a model's shape or its
+//! removal notifies the whole model (migration `20261205000000`), and a reconnect of the
+//! listener changes every generation — so a kept snapshot is dropped by the notification of
+//! the first commit after it, which is as soon as a waiting read learns of that commit. The
+//! age bound covers what sends no notification (a document edited by hand).
+//!
+//! A snapshot is kept only if the generation did not change while its statement ran (a
+//! notification that arrived meanwhile may be of a commit the snapshot does not have).
+//! Memory: at most `gateway.read_cache_bytes` over all models (split evenly between them);
+//! a model's snapshots are all dropped when a new one would pass its share. `0` turns
+//! keeping off.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use parsley::gate::{ClockRow, ModelShape};
+
+use crate::notify::ClockNotifier;
+
+/// What a kept snapshot holds besides its rows: the answer's body (`None`: no document).
+#[derive(Debug)]
+pub struct Kept {
+    /// The owner task of the key under `shape`, whose generation the snapshot was kept under.
+    owner: u32,
+    generation: u64,
+    at: Instant,
+    size: usize,
+    pub shape: Arc<ModelShape>,
+    pub rows: Arc<[ClockRow]>,
+    pub body: Option<Bytes>,
+}
+
+/// Per model, its kept snapshots by key.
+#[derive(Debug)]
+pub struct KeptReads {
+    models: BTreeMap<String, Mutex<Model>>,
+    /// Each model's share of `read_cache_bytes`; 0: nothing is kept.
+    model_bytes: usize,
+    max_age: Duration,
+}
+
+#[derive(Debug, Default)]
+struct Model {
+    bytes: usize,
+    keys: HashMap<String, Arc<Kept>>,
+}
+
+/// What an entry is counted as besides its key and body: the rows, the map's slot, the
+/// entry's own fields.
+const ENTRY_OVERHEAD: usize = 160;
+
+impl KeptReads {
+    /// Room for `bytes` over the configured `models`, each snapshot served for at most `max_age`.
+    pub fn new<'a>(models: impl IntoIterator<Item = &'a str>, bytes: usize, max_age: Duration) -> KeptReads {
+        let models: BTreeMap<String, Mutex<Model>> =
+            models.into_iter().map(|m| (m.to_string(), Mutex::new(Model::default()))).collect();
+        let model_bytes = bytes / models.len().max(1);
+        KeptReads { models, model_bytes, max_age }
+    }
+
+    /// Whether anything is kept at all.
+    pub fn on(&self) -> bool {
+        self.model_bytes > 0 && !self.max_age.is_zero()
+    }
+
+    /// The generation to keep a snapshot of `key` under, read before its statement runs:
+    /// that of its owner under `shape` (`None`: nothing will be kept).
+    pub fn before_read(&self, notifier: &ClockNotifier, model: &str, owner: u32) -> Option<u64> {
+        if !self.on() || !notifier.listening() {
+            return None;
+        }
+        notifier.generation(model, owner)
+    }
+
+    /// The snapshot kept for `key`, if it may still be served.
+    pub fn get(&self, notifier: &ClockNotifier, model: &str, key: &str) -> Option<Arc<Kept>> {
+        if !self.on() || !notifier.listening() {
+            return None;
+        }
+        let mut m = self.models.get(model)?.lock().unwrap_or_else(|e| e.into_inner());
+        let kept = m.keys.get(key)?;
+        if notifier.generation(model, kept.owner) == Some(kept.generation) && kept.at.elapsed() < self.max_age {
+            return Some(Arc::clone(kept));
+        }
+        let gone = m.keys.remove(key).map_or(0, |k| k.size);
+        m.bytes -= gone;
+        None
+    }
+
+    /// Keeps a covered snapshot of `key` read under `generation` (from [`Self::before_read`]
+    /// for `owner`), unless a notification has arrived since.
+    #[allow(clippy::too_many_arguments)]
+    pub fn keep(
+        &self,
+        notifier: &ClockNotifier,
+        model: &str,
+        key: &str,
+        owner: u32,
+        generation: u64,
+        shape: Arc<ModelShape>,
+        rows: &[ClockRow],
+        body: Option<Bytes>,
+    ) {
+        let size = key.len() + body.as_ref().map_or(0, Bytes::len) + std::mem::size_of_val(rows) + ENTRY_OVERHEAD;
+        if size > self.model_bytes || !notifier.listening() || notifier.generation(model, owner) != Some(generation) {
+            return;
+        }
+        let Some(m) = self.models.get(model) else { return };
+        let mut m = m.lock().unwrap_or_else(|e| e.into_inner());
+        if m.bytes + size > self.model_bytes {
+            m.keys.clear();
+            m.bytes = 0;
+        }
+        let kept = Kept { owner, generation, at: Instant::now(), size, shape, rows: rows.into(), body };
+        let gone = m.keys.insert(key.to_string(), Arc::new(kept)).map_or(0, |k| k.size);
+        m.bytes = m.bytes + size - gone;
+    }
+
+    /// Bytes held for `model` now (for tests).
+    pub fn bytes(&self, model: &str) -> usize {
+        self.models.get(model).map_or(0, |m| m.lock().unwrap_or_else(|e| e.into_inner()).bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    fn shape() -> Arc<ModelShape> {
+        Arc::new(ModelShape { received_topics: BTreeSet::new(), task_count: 4 })
+    }
+
+    fn listening() -> ClockNotifier {
+        let n = ClockNotifier::new(["shop", "audit"]);
+        n.set_listening(true);
+        n
+    }
+
+    fn keep(k: &KeptReads, n: &ClockNotifier, key: &str, owner: u32, generation: u64, body: &'static str) {
+        k.keep(n, "shop", key, owner, generation, shape(), &[], Some(Bytes::from_static(body.as_bytes())));
+    }
+
+    fn body(k: &KeptReads, n: &ClockNotifier, key: &str) -> Option<Bytes> {
+        k.get(n, "shop", key).and_then(|kept| kept.body.clone())
+    }
+
+    #[test]
+    fn a_snapshot_is_served_until_its_owner_changes() {
+        let n = listening();
+        let k = KeptReads::new(["shop", "audit"], 1 << 20, Duration::from_secs(60));
+        let g = k.before_read(&n, "shop", 2).unwrap();
+        keep(&k, &n, "a", 2, g, "{}");
+        assert_eq!(body(&k, &n, "a").as_deref(), Some(&b"{}"[..]));
+        assert!(body(&k, &n, "b").is_none());
+        n.notified("shop:1");
+        n.notified("audit:2");
+        assert!(body(&k, &n, "a").is_some(), "another task's or model's step keeps it");
+        n.notified("shop:2");
+        assert!(body(&k, &n, "a").is_none(), "its owner's step drops it");
+        assert_eq!(k.bytes("shop"), 0);
+        let g = k.before_read(&n, "shop", 2).unwrap();
+        keep(&k, &n, "a", 2, g, "{}");
+        n.notified("shop");
+        assert!(body(&k, &n, "a").is_none(), "a change of the whole model drops it");
+    }
+
+    #[test]
+    fn a_snapshot_read_while_a_notification_arrived_is_not_kept() {
+        let n = listening();
+        let k = KeptReads::new(["shop"], 1 << 20, Duration::from_secs(60));
+        let g = k.before_read(&n, "shop", 0).unwrap();
+        n.notified("shop:0");
+        keep(&k, &n, "a", 0, g, "{}");
+        assert!(body(&k, &n, "a").is_none());
+    }
+
+    #[test]
+    fn nothing_is_kept_or_served_while_the_listener_is_not_connected() {
+        let n = ClockNotifier::new(["shop"]);
+        let k = KeptReads::new(["shop"], 1 << 20, Duration::from_secs(60));
+        assert!(k.before_read(&n, "shop", 0).is_none());
+        n.set_listening(true);
+        let g = k.before_read(&n, "shop", 0).unwrap();
+        keep(&k, &n, "a", 0, g, "{}");
+        assert!(body(&k, &n, "a").is_some());
+        n.set_listening(false);
+        assert!(body(&k, &n, "a").is_none());
+        n.set_listening(true);
+        assert!(body(&k, &n, "a").is_none(), "notifications may have been missed meanwhile");
+    }
+
+    #[test]
+    fn a_snapshot_is_served_for_its_age_at_most() {
+        let n = listening();
+        let k = KeptReads::new(["shop"], 1 << 20, Duration::from_millis(30));
+        let g = k.before_read(&n, "shop", 0).unwrap();
+        keep(&k, &n, "a", 0, g, "{}");
+        assert!(body(&k, &n, "a").is_some());
+        std::thread::sleep(Duration::from_millis(40));
+        assert!(body(&k, &n, "a").is_none());
+    }
+
+    #[test]
+    fn a_model_s_share_bounds_what_it_keeps_and_zero_keeps_nothing() {
+        let n = listening();
+        let share = 2 * (ENTRY_OVERHEAD + 8);
+        let k = KeptReads::new(["shop", "audit"], 2 * share, Duration::from_secs(60));
+        let g = k.before_read(&n, "shop", 0).unwrap();
+        keep(&k, &n, "a", 0, g, "1234567");
+        keep(&k, &n, "b", 0, g, "1234567");
+        assert!(body(&k, &n, "a").is_some() && body(&k, &n, "b").is_some());
+        assert_eq!(k.bytes("shop"), share);
+        keep(&k, &n, "c", 0, g, "1234567");
+        assert!(body(&k, &n, "a").is_none() && body(&k, &n, "c").is_some(), "full: the model's snapshots go");
+        assert!(k.bytes("shop") <= share);
+        keep(&k, &n, "big", 0, g, "a body larger than the model's whole share of the room........................................................................................................................................................................................................................................................................................................................");
+        assert!(body(&k, &n, "big").is_none());
+        let off = KeptReads::new(["shop"], 0, Duration::from_secs(60));
+        assert!(!off.on() && off.before_read(&n, "shop", 0).is_none());
+    }
+}
