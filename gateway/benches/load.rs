@@ -19,6 +19,12 @@
 //!    bytes, the client's session as the `parsley.causes` header) with the gateway's
 //!    producer settings, awaiting the acknowledgement. Both go to the model's topic, so the
 //!    projector applies both alike.
+//! 4. **Covered reads while the documents change** (`mixed`): each client reads the
+//!    documents in turn (all of them, not one key), gated against the plain handler, while a
+//!    writer updates those documents at `BENCH_LOAD_WRITE_RATE` records per second (default
+//!    100, bare produce, during both sides' slices) — so the projector steps all along, and a
+//!    gateway keeping snapshots (`BENCH_READ_CACHE_BYTES`) sees them dropped by each step of
+//!    their key's owner.
 //!
 //! Prints per workload and connection count the requests per second and the median and p99
 //! latency of each side, and the ratios subject / baseline. Absolute numbers on a shared
@@ -28,7 +34,8 @@
 //! (comma-separated connection counts, default `1,16,64`), `BENCH_LOAD_ROUNDS` (slices per
 //! side, default 3), `BENCH_LOAD_SLICE_MS` (one slice, default 1000; a warm-up slice of a
 //! fifth of it per side comes first), `BENCH_LOAD_WORKLOADS` (comma-separated, of `read`,
-//! `page` and `write`; default all three), `BENCH_LOAD_ONLY` (`subject` or `baseline`:
+//! `page`, `write` and `mixed`; default `read,page,write`), `BENCH_READ_CACHE_BYTES` (the
+//! gateway's `read_cache_bytes`, default 0: off, as in the gateway), `BENCH_LOAD_ONLY` (`subject` or `baseline`:
 //! measure one side only, to profile it; its ratios are then meaningless). The defaults
 //! take about a minute.
 
@@ -40,6 +47,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context as _};
+use parsley_gateway::metrics::Metric;
 use parsley_gateway::session::unix_now;
 use parsley_gateway::token::{self, KeyRing, TokenLimits};
 use rdkafka::producer::FutureProducer;
@@ -62,6 +70,8 @@ fn main() -> anyhow::Result<()> {
 
 struct Plan {
     conns: Vec<usize>,
+    /// Documents updated a second during the `mixed` workload.
+    write_rate: usize,
     rounds: usize,
     slice: Duration,
     sides: Sides,
@@ -94,13 +104,17 @@ enum Op {
     PlainPage,
     GatewayWrite,
     BareProduce,
+    /// Reads of every document in turn.
+    GatewayReadAny,
+    PlainReadAny,
 }
 
 /// The workloads: name, subject, baseline.
-const WORKLOADS: [(&str, Op, Op); 3] = [
+const WORKLOADS: [(&str, Op, Op); 4] = [
     ("covered single-key read", Op::GatewayRead, Op::PlainRead),
     ("collection page of 100", Op::GatewayPage, Op::PlainPage),
     ("write", Op::GatewayWrite, Op::BareProduce),
+    ("covered reads, documents changing", Op::GatewayReadAny, Op::PlainReadAny),
 ];
 
 async fn bench() -> anyhow::Result<()> {
@@ -108,6 +122,7 @@ async fn bench() -> anyhow::Result<()> {
     let plan = Plan {
         conns: conns.split(',').map(|c| c.trim().parse::<usize>().map(|n| n.max(1))).collect::<Result<_, _>>()?,
         rounds: env_usize("BENCH_LOAD_ROUNDS", 3).max(1),
+        write_rate: env_usize("BENCH_LOAD_WRITE_RATE", 100),
         slice: Duration::from_millis(env_usize("BENCH_LOAD_SLICE_MS", 1000).max(10) as u64),
         sides: match std::env::var("BENCH_LOAD_ONLY").as_deref() {
             Err(_) | Ok("") => Sides::Both,
@@ -133,6 +148,8 @@ async fn bench() -> anyhow::Result<()> {
 struct Target {
     document: String,
     plain_document: String,
+    /// Every document's path, gateway and plain.
+    documents: Vec<(String, String)>,
     page: String,
     plain_page: String,
     records: String,
@@ -147,7 +164,7 @@ async fn measure(stack: &Stack, plan: &Plan) -> anyhow::Result<()> {
     let mut setup = Http::connect(stack.gateway_address).await?;
     let mut token: Option<String> = None;
     for n in 0..DOCUMENTS {
-        let body = serde_json::to_vec(&json!({"key": format!("d-{n:04}"), "value": {"n": n, "status": "placed"}}))?;
+        let body = serde_json::to_vec(&json!({"key": document_key(n), "value": {"n": n, "status": "placed"}}))?;
         let reply = setup.send("POST", &stack.records_path(), token.as_deref(), Some(&body)).await?;
         ensure!(reply.status == 201, "a setup write answered {}: {}", reply.status, reply.text());
         token = reply.token;
@@ -161,6 +178,9 @@ async fn measure(stack: &Stack, plan: &Plan) -> anyhow::Result<()> {
     let target = Arc::new(Target {
         document: stack.document_path("d-0000"),
         plain_document: stack.plain_document_path("d-0000"),
+        documents: (0..DOCUMENTS)
+            .map(|n| (stack.document_path(&document_key(n)), stack.plain_document_path(&document_key(n))))
+            .collect(),
         page: stack.page_path(PAGE),
         plain_page: stack.plain_page_path(PAGE),
         records: stack.records_path(),
@@ -176,11 +196,19 @@ async fn measure(stack: &Stack, plan: &Plan) -> anyhow::Result<()> {
         let short = match subject {
             Op::GatewayRead => "read",
             Op::GatewayPage => "page",
+            Op::GatewayReadAny => "mixed",
             _ => "write",
         };
         if !only.contains(&short) {
             continue;
         }
+        // The documents change while both sides read them.
+        let (stop_writer, writer) = if subject == Op::GatewayReadAny {
+            let (stop, stopped) = tokio::sync::watch::channel(false);
+            (Some(stop), Some(tokio::spawn(update_documents(Arc::clone(&target), plan.write_rate, stopped))))
+        } else {
+            (None, None)
+        };
         for &n in &plan.conns {
             println!("{workload}, {n} connection(s)...");
             let mut clients = Vec::with_capacity(n);
@@ -208,10 +236,49 @@ async fn measure(stack: &Stack, plan: &Plan) -> anyhow::Result<()> {
                 }
             }
             rows.push(Row { workload, conns: n, subject: s, baseline: b, paired });
+            let kept = |result| {
+                let labels = [("model", stack.model.as_str()), ("result", result)];
+                stack.state.metrics.value(Metric::ReadCacheTotal, &labels).unwrap_or(0.0)
+            };
+            let (hits, misses) = (kept("hit"), kept("miss"));
+            if hits + misses > 0.0 {
+                println!("  kept snapshots so far: {hits} reads served from memory, {misses} read and kept");
+            }
+        }
+        if let (Some(stop), Some(writer)) = (stop_writer, writer) {
+            stop.send_replace(true);
+            let updates = writer.await??;
+            println!("  ({updates} documents updated meanwhile)");
         }
     }
     print_rows(&rows);
     Ok(())
+}
+
+fn document_key(n: usize) -> String {
+    format!("d-{n:04}")
+}
+
+/// Updates the documents in turn, `rate` a second (bare produce, awaiting each
+/// acknowledgement), until `stop`; returns how many it updated.
+async fn update_documents(
+    target: Arc<Target>,
+    rate: usize,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<usize> {
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate.max(1) as f64));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut n = 0;
+    loop {
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => return Ok(n),
+            _ = tick.tick() => {}
+        }
+        let payload = serde_json::to_vec(&json!({"n": n, "status": "updated"}))?;
+        let key = document_key(n % DOCUMENTS);
+        support::produce(&target.producer, target.produce_timeout, &target.topic, &key, &payload, None).await?;
+        n += 1;
+    }
 }
 
 /// One client: a connection to the gateway, one to the plain server, its session.
@@ -223,6 +290,8 @@ struct Client {
     /// The session's pairs as a `parsley.causes` value, for the bare produce.
     causes: Option<Vec<u8>>,
     writes: usize,
+    /// Reads made, for reading the documents in turn.
+    reads: usize,
     target: Arc<Target>,
 }
 
@@ -235,6 +304,7 @@ impl Client {
             token,
             causes: None,
             writes: 0,
+            reads: 0,
             target,
         })
     }
@@ -262,6 +332,19 @@ impl Client {
                 let reply = self.gateway.send("GET", path, self.token.as_deref(), None).await?;
                 ensure!(reply.status == 200, "the gated read answered {}: {}", reply.status, reply.text());
                 self.token = reply.token;
+            }
+            Op::GatewayReadAny | Op::PlainReadAny => {
+                // Each client starts at a document of its own.
+                let (gated, plain) = &t.documents[(self.id * 7 + self.reads) % t.documents.len()];
+                self.reads += 1;
+                if op == Op::GatewayReadAny {
+                    let reply = self.gateway.send("GET", gated, self.token.as_deref(), None).await?;
+                    ensure!(reply.status == 200, "the gated read answered {}: {}", reply.status, reply.text());
+                    self.token = reply.token;
+                } else {
+                    let reply = self.plain.send("GET", plain, None, None).await?;
+                    ensure!(reply.status == 200, "the plain handler answered {}: {}", reply.status, reply.text());
+                }
             }
             Op::PlainRead | Op::PlainPage => {
                 let path = if op == Op::PlainRead { &t.plain_document } else { &t.plain_page };

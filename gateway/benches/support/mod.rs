@@ -72,6 +72,8 @@ pub struct Stack {
     /// The baseline producer: the gateway's settings.
     pub producer: FutureProducer,
     pub produce_timeout: Duration,
+    /// The gateway's state (its metrics).
+    pub state: parsley_gateway::AppState,
     projector_pool: PgPool,
     /// The services' database URL, and the run's database made through it.
     admin_url: String,
@@ -175,6 +177,7 @@ impl Stack {
             plain_address,
             producer,
             produce_timeout: state.config.settings.produce_timeout(),
+            state: state.clone(),
             projector_pool,
             admin_url,
             database,
