@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::bail;
+use parsley_gateway::metrics::Metric;
 use parsley_gateway::{Gateway, GatewayConfig};
 use parsley_infra::cli::{self, Command};
 use parsley_infra::process;
@@ -51,8 +52,19 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
     let models: Vec<String> = gateway.state().config.shared.models.iter().map(|m| m.name.clone()).collect();
     let admin = listeners.admin_addr().transpose()?.map(|a| a.to_string());
     let bearer = gateway.state().config.admin_token.is_some();
-    tracing::info!(address = %listeners.local_addr()?, admin = ?admin, admin_bearer = bearer, ?models, "serving");
+    let read_cache_bytes = gateway.state().config.settings.read_cache_bytes;
+    tracing::info!(address = %listeners.local_addr()?, admin = ?admin, admin_bearer = bearer, ?models, read_cache_bytes, "serving");
+    let state = gateway.state().clone();
     gateway.serve(listeners, shutdown).await?;
+    if state.kept.on() {
+        // What the kept snapshots did over the process's life, per model.
+        for model in &models {
+            let count = |result| {
+                state.metrics.value(Metric::ReadCacheTotal, &[("model", model), ("result", result)]).unwrap_or(0.0)
+            };
+            tracing::info!(model, served_from_memory = count("hit"), read_and_kept = count("miss"), "kept snapshots");
+        }
+    }
     tracing::info!("stopped");
     Ok(())
 }
