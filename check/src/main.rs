@@ -29,6 +29,7 @@ fn command() -> Command {
                 .arg(value("ops", "stop after this many operations"))
                 .arg(value("sessions", "concurrent sessions").default_value("8"))
                 .arg(value("keys", "the hot key set's size").default_value("16"))
+                .arg(value("write-percent", "how many of every 100 operations are writes").default_value("45"))
                 .arg(
                     value("nemesis", "faults: all, none, or kill,stop,gateway-restart,pg-terminate,broker-restart")
                         .default_value("none"),
@@ -109,6 +110,7 @@ fn options(m: &ArgMatches) -> anyhow::Result<Options> {
         max_ops: number(m, "ops")?,
         sessions: number(m, "sessions")?.unwrap_or(8).max(1),
         keys: number(m, "keys")?.unwrap_or(16).max(1),
+        write_percent: number(m, "write-percent")?.unwrap_or(45).min(100),
         nemesis: Fault::parse_list(&s("nemesis"))?,
         interval: duration(&s("nemesis-interval"))?,
         projector_pids: m

@@ -50,6 +50,9 @@ pub struct Options {
     pub max_ops: Option<u64>,
     pub sessions: usize,
     pub keys: usize,
+    /// Of every 100 operations, how many are writes (the rest are reads, single keys and
+    /// pages 8 to 3).
+    pub write_percent: u64,
     pub nemesis: Vec<Fault>,
     pub interval: Duration,
     pub projector_pids: Vec<u32>,
@@ -162,6 +165,7 @@ pub async fn run(options: Options) -> anyhow::Result<(Verdict, Vec<Event>)> {
         merge_topic: options.merge_topic.clone(),
         run: run_id.clone(),
         keys,
+        write_percent: options.write_percent,
     });
     eprintln!(
         "[check] run {run_id}: {} session(s) on {} gateway(s) for {:?}, nemesis: {}",

@@ -83,6 +83,9 @@ pub struct Target {
     /// The run's keys; they share a prefix no other run uses, `<run>-`.
     pub run: String,
     pub keys: Vec<String>,
+    /// Of every 100 operations, how many are writes; of the rest, 8 in 11 read one key and
+    /// 3 in 11 a page.
+    pub write_percent: u64,
 }
 
 /// The run's hot keys, `<run>-kNN`: at least `wanted`, and enough that every partition of
@@ -205,7 +208,8 @@ async fn step(target: &Target, recorder: &Recorder, slot: &mut Slot, rng: &mut R
     let headers: Vec<(&str, &str)> = slot.token.as_deref().map(|t| vec![(SESSION_HEADER, t)]).unwrap_or_default();
     let start_ms = recorder.now_ms();
     let dice = rng.below(100);
-    if dice < 45 {
+    let writes = target.write_percent.min(100);
+    if dice < writes {
         let key = target.keys[rng.below(target.keys.len() as u64) as usize].clone();
         let apply = if rng.below(2) == 0 { Apply::Replace } else { Apply::Merge };
         let topic = match apply {
@@ -229,7 +233,7 @@ async fn step(target: &Target, recorder: &Recorder, slot: &mut Slot, rng: &mut R
             end_ms: recorder.now_ms(),
         });
         outcome
-    } else if dice < 85 {
+    } else if dice < writes + (100 - writes) * 8 / 11 {
         let key = target.keys[rng.below(target.keys.len() as u64) as usize].clone();
         let answer = client.get(&format!("/v1/models/{}/documents/{key}", target.model), &headers).await;
         let mut outcome = outcome(&answer, 200);

@@ -345,6 +345,19 @@ pub mod ungated {
     pub(crate) fn on() -> bool {
         ON.load(Ordering::SeqCst)
     }
+
+    static KEPT_UNCHECKED: AtomicBool = AtomicBool::new(false);
+
+    /// Every kept snapshot of this process from now on is served without the gate over its
+    /// rows (`true`), or only to the sessions its rows cover again: the broken cache that
+    /// proves `parsley-check` sees what kept snapshots would break.
+    pub fn serve_kept_snapshots_unchecked(on: bool) {
+        KEPT_UNCHECKED.store(on, Ordering::SeqCst);
+    }
+
+    pub(crate) fn kept_unchecked() -> bool {
+        KEPT_UNCHECKED.load(Ordering::SeqCst)
+    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,10 @@
 //! - a short run under the nemesis (`pg-terminate`, `kill`, `stop`) judges reads of both
 //!   kinds and finds no violation;
 //! - with the gate switched off, the same workload is caught serving stale reads: the proof
-//!   that the checker is not vacuous.
+//!   that the checker is not vacuous;
+//! - a read-heavy run through a gateway keeping snapshots (`read_cache_bytes`), with the
+//!   projectors killed and frozen, finds no violation while reads are served from memory;
+//!   the same run with kept snapshots served without the gate over their rows is caught.
 //!
 //! The runs share one database of their own (a `pg-terminate` cuts only its sessions) and
 //! take turns: the switch is process-wide, and the nemesis must not hit the other run.
@@ -18,7 +21,7 @@ use parsley_check::history::Event;
 use parsley_check::judge::{Kind, Verdict};
 use parsley_check::nemesis::Fault;
 use parsley_check::run::{self, Options, Spawn};
-use parsley_gateway::read::ungated::serve_ungated_reads;
+use parsley_gateway::read::ungated::{serve_kept_snapshots_unchecked, serve_ungated_reads};
 use parsley_gateway::token::{KeyRing, SecretKey};
 use parsley_gateway::{Gateway, GatewayConfig};
 use parsley_store::Config;
@@ -48,7 +51,7 @@ fn bin_dir() -> PathBuf {
 
 /// A model of its own (a replace and a merge topic of 4 partitions), as config/check.toml
 /// has it but for the names; the gateway's listener is chosen by the system.
-fn config_text(model: &str, replace: &str, merge: &str) -> String {
+fn config_text(model: &str, replace: &str, merge: &str, gateway: &str) -> String {
     format!(
         r#"
 [kafka]
@@ -82,6 +85,7 @@ admin_listen = ""
 read_wait_ms = 2000
 recheck_ms = 250
 retry_after_s = 1
+{gateway}
 "#,
         bootstrap = bootstrap(),
     )
@@ -90,6 +94,7 @@ retry_after_s = 1
 /// A gateway serving over TCP in this process, stopped on drop of `stop`.
 struct Served {
     address: SocketAddr,
+    state: parsley_gateway::AppState,
     stop: watch::Sender<bool>,
     server: JoinHandle<anyhow::Result<()>>,
 }
@@ -105,9 +110,20 @@ impl Served {
 /// The checker's options for a run of `duration` on a fresh model, the topics and the
 /// database prepared and migrated, and the gateway it goes through, serving.
 async fn stack(name: &str, projectors: usize, nemesis: &[Fault], duration: Duration) -> (Options, Served) {
+    stack_with(name, projectors, nemesis, duration, "").await
+}
+
+/// [`stack`] with extra `[gateway]` settings.
+async fn stack_with(
+    name: &str,
+    projectors: usize,
+    nemesis: &[Fault],
+    duration: Duration,
+    gateway: &str,
+) -> (Options, Served) {
     let model = unique(name);
     let (replace, merge) = (format!("{model}.replace"), format!("{model}.merge"));
-    let text = config_text(&model, &replace, &merge);
+    let text = config_text(&model, &replace, &merge, gateway);
     // Read by the projectors the checker starts; removed with the temporary directory.
     let config_path = std::env::temp_dir().join(format!("{model}.toml"));
     std::fs::write(&config_path, &text).unwrap();
@@ -129,6 +145,7 @@ async fn stack(name: &str, projectors: usize, nemesis: &[Fault], duration: Durat
         max_ops: None,
         sessions: 4,
         keys: 8,
+        write_percent: 45,
         nemesis: nemesis.to_vec(),
         interval: Duration::from_millis(1500),
         projector_pids: Vec::new(),
@@ -151,10 +168,11 @@ async fn stack(name: &str, projectors: usize, nemesis: &[Fault], duration: Durat
     let gateway = Gateway::new(GatewayConfig::with_keys(config, ring).unwrap()).unwrap();
     let listeners = gateway.bind().await.unwrap();
     let address = listeners.local_addr().unwrap();
+    let state = gateway.state().clone();
     let (stop, shutdown) = watch::channel(false);
     let server = tokio::spawn(gateway.serve(listeners, shutdown));
     options.gateways.push(format!("http://{address}"));
-    (options, Served { address, stop, server })
+    (options, Served { address, state, stop, server })
 }
 
 /// The summary line, for the test's output.
@@ -227,6 +245,60 @@ async fn ungated_reads_are_caught_within_thirty_seconds() {
         first.detail
     );
     assert!(caught_at < 30_000, "caught only after {caught_at} ms");
+    assert!(
+        verdict.violations.iter().all(|v| v.kind != Kind::Inconsistent),
+        "stale reads are session-guarantee violations, never inconsistent documents: {}",
+        verdict.summary()
+    );
+}
+
+/// Kept snapshots under the checker: mostly reads (one in ten operations writes), the
+/// projectors killed and frozen, and the gateway keeping covered single-key snapshots. The
+/// judge finds no violation, and reads were served from memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_read_heavy_run_through_kept_snapshots_finds_no_violation() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let (verdict, hits, misses) = read_heavy_through_kept_snapshots("check-kept", &[Fault::Kill, Fault::Stop]).await;
+
+    for v in verdict.violations.iter().take(5) {
+        eprintln!("{} session {} op {} key {}: {}", v.kind.name(), v.session, v.seq, v.key, v.detail);
+    }
+    assert!(verdict.violations.is_empty(), "{}", verdict.summary());
+    assert!(verdict.judged_reads > 0, "{}", verdict.summary());
+    assert!(hits > 0.0, "no read was served from a kept snapshot ({misses} kept): the run did not exercise them");
+}
+
+/// A read-heavy run of 12 s (one in ten operations writes) under `nemesis` through a gateway
+/// keeping snapshots: the verdict and how many reads it served from memory and kept.
+async fn read_heavy_through_kept_snapshots(name: &str, nemesis: &[Fault]) -> (Verdict, f64, f64) {
+    let kept = "read_cache_bytes = 16777216\nread_cache_max_age_ms = 5000";
+    let (mut options, gateway) = stack_with(name, 2, nemesis, Duration::from_secs(12), kept).await;
+    options.write_percent = 10;
+    let began = Instant::now();
+    let (verdict, _) = run::run(options).await.expect("the run");
+    told(name, &verdict, began.elapsed());
+    let model = gateway.state.config.shared.models[0].name.clone();
+    let count = |result| {
+        let labels = [("model", model.as_str()), ("result", result)];
+        gateway.state.metrics.value(parsley_gateway::metrics::Metric::ReadCacheTotal, &labels).unwrap_or(0.0)
+    };
+    let (hits, misses) = (count("hit"), count("miss"));
+    eprintln!("[{name}] {hits} reads served from memory, {misses} read and kept");
+    gateway.stop().await;
+    (verdict, hits, misses)
+}
+
+/// Kept snapshots served to every session, covered or not: sessions soon read documents that
+/// lack their own writes, and the judge says so — the read-heavy run above would catch a
+/// kept snapshot served past its gate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kept_snapshots_served_without_their_gate_are_caught() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    serve_kept_snapshots_unchecked(true);
+    let (verdict, hits, _) = read_heavy_through_kept_snapshots("check-kept-unchecked", &[]).await;
+    serve_kept_snapshots_unchecked(false);
+    assert!(hits > 0.0, "no read was served from a kept snapshot");
+    assert!(!verdict.violations.is_empty(), "nothing caught: {}", verdict.summary());
     assert!(
         verdict.violations.iter().all(|v| v.kind != Kind::Inconsistent),
         "stale reads are session-guarantee violations, never inconsistent documents: {}",
