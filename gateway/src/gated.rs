@@ -11,6 +11,11 @@
 //! clock has not proven. At most `max_waiting_reads` reads of a model wait at once; beyond that
 //! an uncovered read is refused `503 overloaded` at once.
 //!
+//! A [`Snapshot`] may also offer a snapshot an earlier read kept in memory (the documents'
+//! single-key reads do, with `gateway.read_cache_bytes` set: [`crate::kept`]). It is one
+//! snapshot like any other and passes through the same gate over its own rows; only when
+//! that gate does not cover the session is a statement run.
+//!
 //! What a read is served by is its [`Scope`]: the task owning one record key (the key is routed
 //! exactly as the producer's partitioner routes it, so the owner is the task that applies every
 //! record of that key), or every task (the data may come from any of them, so every task's

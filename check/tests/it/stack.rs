@@ -283,7 +283,7 @@ async fn read_heavy_through_kept_snapshots(name: &str, nemesis: &[Fault]) -> (Ve
         gateway.state.metrics.value(parsley_gateway::metrics::Metric::ReadCacheTotal, &labels).unwrap_or(0.0)
     };
     let (hits, misses) = (count("hit"), count("miss"));
-    eprintln!("[{name}] {hits} reads served from memory, {misses} read and kept");
+    eprintln!("[{name}] {hits} reads served from memory, {misses} read and offered to keep");
     gateway.stop().await;
     (verdict, hits, misses)
 }
