@@ -21,9 +21,10 @@
 //!
 //! A snapshot is kept only if the generation did not change while its statement ran (a
 //! notification that arrived meanwhile may be of a commit the snapshot does not have).
-//! Memory: at most `gateway.read_cache_bytes` over all models (split evenly between them);
-//! a model's snapshots are all dropped when a new one would pass its share. `0` turns
-//! keeping off.
+//! Memory: at most `gateway.read_cache_bytes` over all models (split evenly between them).
+//! When a new snapshot would pass its model's share, the snapshots that can no longer be
+//! served go first, and all of the model's if that is not room enough. `0` turns keeping
+//! off.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -125,8 +126,15 @@ impl KeptReads {
         let Some(m) = self.models.get(model) else { return };
         let mut m = m.lock().unwrap_or_else(|e| e.into_inner());
         if m.bytes + size > self.model_bytes {
-            m.keys.clear();
-            m.bytes = 0;
+            // First the snapshots that can no longer be served; if that is not room enough,
+            // all of them.
+            let max_age = self.max_age;
+            m.keys.retain(|_, k| notifier.generation(model, k.owner) == Some(k.generation) && k.at.elapsed() < max_age);
+            m.bytes = m.keys.values().map(|k| k.size).sum();
+            if m.bytes + size > self.model_bytes {
+                m.keys.clear();
+                m.bytes = 0;
+            }
         }
         let kept = Kept { owner, generation, at: Instant::now(), size, shape, rows: rows.into(), body };
         let gone = m.keys.insert(key.to_string(), Arc::new(kept)).map_or(0, |k| k.size);
@@ -232,6 +240,14 @@ mod tests {
         keep(&k, &n, "c", 0, g, "1234567");
         assert!(body(&k, &n, "a").is_none() && body(&k, &n, "c").is_some(), "full: the model's snapshots go");
         assert!(k.bytes("shop") <= share);
+        // Full again, with one snapshot dropped by its owner's step: only that one goes.
+        let g1 = k.before_read(&n, "shop", 1).unwrap();
+        keep(&k, &n, "d", 1, g1, "1234567");
+        n.notified("shop:1");
+        let g0 = k.before_read(&n, "shop", 0).unwrap();
+        keep(&k, &n, "e", 0, g0, "1234567");
+        assert!(body(&k, &n, "c").is_some() && body(&k, &n, "e").is_some(), "the servable ones stay");
+        assert_eq!(k.bytes("shop"), share);
         keep(&k, &n, "big", 0, g, "a body larger than the model's whole share of the room........................................................................................................................................................................................................................................................................................................................");
         assert!(body(&k, &n, "big").is_none());
         let off = KeptReads::new(["shop"], 0, Duration::from_secs(60));
