@@ -57,7 +57,7 @@ pub struct Inner {
     pub feeds: crate::feed::Feeds,
     /// Per model, the shape gated reads choose their clock rows by.
     pub shapes: crate::gated::Shapes,
-    /// Per model, covered single-key snapshots kept in memory (`gateway.read_cache_bytes`).
+    /// Per model, covered document snapshots (keys and pages) kept in memory (`gateway.read_cache_bytes`).
     pub kept: crate::kept::KeptReads,
     /// The span exporter, when `otlp_endpoint` is set.
     pub otlp: Option<parsley_infra::otlp::Exporter>,

@@ -109,7 +109,7 @@ pub struct Settings {
     /// Most reads of one model waiting for coverage at once; beyond it a read not covered at
     /// its first attempt is answered `503 overloaded` at once.
     pub max_waiting_reads: usize,
-    /// Memory for covered single-key snapshots kept between reads, in bytes over all models
+    /// Memory for covered document snapshots (single keys and pages) kept between reads, in bytes over all models
     /// (each model gets an even share); 0 (the default): every read asks Postgres. A kept
     /// snapshot serves a read only if its own clock rows cover the session, and only until
     /// the gateway hears the next notification of its key's owner task or of its model — so

@@ -1,7 +1,8 @@
-//! Snapshots kept in memory: a covered single-key read's whole snapshot — the clock rows the
+//! Snapshots kept in memory: a covered document read's whole snapshot — the clock rows the
 //! gate and the refresh read, the shape they were chosen by, and the answer's body — kept so
-//! that the next reads of the key are served without asking Postgres while nothing has
-//! changed.
+//! that the next reads of the same key (or page) are served without asking Postgres while
+//! nothing has changed. A page is served by every task, so "its owner" below is every task
+//! for a page: any task's step drops it.
 //!
 //! A kept snapshot is one snapshot's rows and data, exactly as a statement returned them, so
 //! serving it is serving that snapshot: the gate runs over its rows like over any other, and
@@ -38,14 +39,23 @@ use crate::notify::ClockNotifier;
 /// What a kept snapshot holds besides its rows: the answer's body (`None`: no document).
 #[derive(Debug)]
 pub struct Kept {
-    /// The owner task of the key under `shape`, whose generation the snapshot was kept under.
-    owner: u32,
+    /// The task that serves the snapshot's data (a key's owner under `shape`), or every task
+    /// (`None`, a page): whose generation it was kept under.
+    owner: Option<u32>,
     generation: u64,
     at: Instant,
     size: usize,
     pub shape: Arc<ModelShape>,
     pub rows: Arc<[ClockRow]>,
     pub body: Option<Bytes>,
+}
+
+/// The generation of `owner` (`None`: of every task of the model).
+fn generation(notifier: &ClockNotifier, model: &str, owner: Option<u32>) -> Option<u64> {
+    match owner {
+        Some(task) => notifier.generation(model, task),
+        None => notifier.model_generation(model),
+    }
 }
 
 /// Per model, its kept snapshots by key.
@@ -81,13 +91,13 @@ impl KeptReads {
         self.model_bytes > 0 && !self.max_age.is_zero()
     }
 
-    /// The generation to keep a snapshot of `key` under, read before its statement runs:
-    /// that of its owner under `shape` (`None`: nothing will be kept).
-    pub fn before_read(&self, notifier: &ClockNotifier, model: &str, owner: u32) -> Option<u64> {
+    /// The generation to keep a snapshot under, read before its statement runs: that of the
+    /// task serving it (`owner`), or of every task (`None`). `None`: nothing will be kept.
+    pub fn before_read(&self, notifier: &ClockNotifier, model: &str, owner: Option<u32>) -> Option<u64> {
         if !self.on() || !notifier.listening() {
             return None;
         }
-        notifier.generation(model, owner)
+        generation(notifier, model, owner)
     }
 
     /// The snapshot kept for `key`, if it may still be served.
@@ -97,7 +107,7 @@ impl KeptReads {
         }
         let mut m = self.models.get(model)?.lock().unwrap_or_else(|e| e.into_inner());
         let kept = m.keys.get(key)?;
-        if notifier.generation(model, kept.owner) == Some(kept.generation) && kept.at.elapsed() < self.max_age {
+        if generation(notifier, model, kept.owner) == Some(kept.generation) && kept.at.elapsed() < self.max_age {
             return Some(Arc::clone(kept));
         }
         let gone = m.keys.remove(key).map_or(0, |k| k.size);
@@ -105,22 +115,22 @@ impl KeptReads {
         None
     }
 
-    /// Keeps a covered snapshot of `key` read under `generation` (from [`Self::before_read`]
-    /// for `owner`), unless a notification has arrived since.
+    /// Keeps a covered snapshot under `key`, read under the generation `read_under` (from
+    /// [`Self::before_read`] for `owner`), unless a notification has arrived since.
     #[allow(clippy::too_many_arguments)]
     pub fn keep(
         &self,
         notifier: &ClockNotifier,
         model: &str,
         key: &str,
-        owner: u32,
-        generation: u64,
+        owner: Option<u32>,
+        read_under: u64,
         shape: Arc<ModelShape>,
         rows: &[ClockRow],
         body: Option<Bytes>,
     ) {
         let size = key.len() + body.as_ref().map_or(0, Bytes::len) + std::mem::size_of_val(rows) + ENTRY_OVERHEAD;
-        if size > self.model_bytes || !notifier.listening() || notifier.generation(model, owner) != Some(generation) {
+        if size > self.model_bytes || !notifier.listening() || generation(notifier, model, owner) != Some(read_under) {
             return;
         }
         let Some(m) = self.models.get(model) else { return };
@@ -129,14 +139,15 @@ impl KeptReads {
             // First the snapshots that can no longer be served; if that is not room enough,
             // all of them.
             let max_age = self.max_age;
-            m.keys.retain(|_, k| notifier.generation(model, k.owner) == Some(k.generation) && k.at.elapsed() < max_age);
+            m.keys
+                .retain(|_, k| generation(notifier, model, k.owner) == Some(k.generation) && k.at.elapsed() < max_age);
             m.bytes = m.keys.values().map(|k| k.size).sum();
             if m.bytes + size > self.model_bytes {
                 m.keys.clear();
                 m.bytes = 0;
             }
         }
-        let kept = Kept { owner, generation, at: Instant::now(), size, shape, rows: rows.into(), body };
+        let kept = Kept { owner, generation: read_under, at: Instant::now(), size, shape, rows: rows.into(), body };
         let gone = m.keys.insert(key.to_string(), Arc::new(kept)).map_or(0, |k| k.size);
         m.bytes = m.bytes + size - gone;
     }
@@ -164,7 +175,7 @@ mod tests {
     }
 
     fn keep(k: &KeptReads, n: &ClockNotifier, key: &str, owner: u32, generation: u64, body: &'static str) {
-        k.keep(n, "shop", key, owner, generation, shape(), &[], Some(Bytes::from_static(body.as_bytes())));
+        k.keep(n, "shop", key, Some(owner), generation, shape(), &[], Some(Bytes::from_static(body.as_bytes())));
     }
 
     fn body(k: &KeptReads, n: &ClockNotifier, key: &str) -> Option<Bytes> {
@@ -175,7 +186,7 @@ mod tests {
     fn a_snapshot_is_served_until_its_owner_changes() {
         let n = listening();
         let k = KeptReads::new(["shop", "audit"], 1 << 20, Duration::from_secs(60));
-        let g = k.before_read(&n, "shop", 2).unwrap();
+        let g = k.before_read(&n, "shop", Some(2)).unwrap();
         keep(&k, &n, "a", 2, g, "{}");
         assert_eq!(body(&k, &n, "a").as_deref(), Some(&b"{}"[..]));
         assert!(body(&k, &n, "b").is_none());
@@ -185,7 +196,7 @@ mod tests {
         n.notified("shop:2");
         assert!(body(&k, &n, "a").is_none(), "its owner's step drops it");
         assert_eq!(k.bytes("shop"), 0);
-        let g = k.before_read(&n, "shop", 2).unwrap();
+        let g = k.before_read(&n, "shop", Some(2)).unwrap();
         keep(&k, &n, "a", 2, g, "{}");
         n.notified("shop");
         assert!(body(&k, &n, "a").is_none(), "a change of the whole model drops it");
@@ -195,7 +206,7 @@ mod tests {
     fn a_snapshot_read_while_a_notification_arrived_is_not_kept() {
         let n = listening();
         let k = KeptReads::new(["shop"], 1 << 20, Duration::from_secs(60));
-        let g = k.before_read(&n, "shop", 0).unwrap();
+        let g = k.before_read(&n, "shop", Some(0)).unwrap();
         n.notified("shop:0");
         keep(&k, &n, "a", 0, g, "{}");
         assert!(body(&k, &n, "a").is_none());
@@ -205,9 +216,9 @@ mod tests {
     fn nothing_is_kept_or_served_while_the_listener_is_not_connected() {
         let n = ClockNotifier::new(["shop"]);
         let k = KeptReads::new(["shop"], 1 << 20, Duration::from_secs(60));
-        assert!(k.before_read(&n, "shop", 0).is_none());
+        assert!(k.before_read(&n, "shop", Some(0)).is_none());
         n.set_listening(true);
-        let g = k.before_read(&n, "shop", 0).unwrap();
+        let g = k.before_read(&n, "shop", Some(0)).unwrap();
         keep(&k, &n, "a", 0, g, "{}");
         assert!(body(&k, &n, "a").is_some());
         n.set_listening(false);
@@ -220,7 +231,7 @@ mod tests {
     fn a_snapshot_is_served_for_its_age_at_most() {
         let n = listening();
         let k = KeptReads::new(["shop"], 1 << 20, Duration::from_millis(30));
-        let g = k.before_read(&n, "shop", 0).unwrap();
+        let g = k.before_read(&n, "shop", Some(0)).unwrap();
         keep(&k, &n, "a", 0, g, "{}");
         assert!(body(&k, &n, "a").is_some());
         std::thread::sleep(Duration::from_millis(40));
@@ -232,7 +243,7 @@ mod tests {
         let n = listening();
         let share = 2 * (ENTRY_OVERHEAD + 8);
         let k = KeptReads::new(["shop", "audit"], 2 * share, Duration::from_secs(60));
-        let g = k.before_read(&n, "shop", 0).unwrap();
+        let g = k.before_read(&n, "shop", Some(0)).unwrap();
         keep(&k, &n, "a", 0, g, "1234567");
         keep(&k, &n, "b", 0, g, "1234567");
         assert!(body(&k, &n, "a").is_some() && body(&k, &n, "b").is_some());
@@ -241,16 +252,16 @@ mod tests {
         assert!(body(&k, &n, "a").is_none() && body(&k, &n, "c").is_some(), "full: the model's snapshots go");
         assert!(k.bytes("shop") <= share);
         // Full again, with one snapshot dropped by its owner's step: only that one goes.
-        let g1 = k.before_read(&n, "shop", 1).unwrap();
+        let g1 = k.before_read(&n, "shop", Some(1)).unwrap();
         keep(&k, &n, "d", 1, g1, "1234567");
         n.notified("shop:1");
-        let g0 = k.before_read(&n, "shop", 0).unwrap();
+        let g0 = k.before_read(&n, "shop", Some(0)).unwrap();
         keep(&k, &n, "e", 0, g0, "1234567");
         assert!(body(&k, &n, "c").is_some() && body(&k, &n, "e").is_some(), "the servable ones stay");
         assert_eq!(k.bytes("shop"), share);
         keep(&k, &n, "big", 0, g, "a body larger than the model's whole share of the room........................................................................................................................................................................................................................................................................................................................");
         assert!(body(&k, &n, "big").is_none());
         let off = KeptReads::new(["shop"], 0, Duration::from_secs(60));
-        assert!(!off.on() && off.before_read(&n, "shop", 0).is_none());
+        assert!(!off.on() && off.before_read(&n, "shop", Some(0)).is_none());
     }
 }

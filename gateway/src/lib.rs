@@ -28,7 +28,7 @@
 //! - [`queries`]: the named queries, `GET /v1/models/{model}/queries/{name}`.
 //! - [`notify`]: the `LISTEN` task waking waiting reads, and the generations of a model's
 //!   tasks that kept snapshots are served under.
-//! - [`kept`]: covered single-key snapshots kept in memory, served while nothing changed.
+//! - [`kept`]: covered document snapshots (keys and pages) kept in memory, served while nothing changed.
 //! - [`feed`]: one clock fetch per model per wake-up, shared by every waiting read.
 //! - [`ops`]: `/healthz`, `/readyz`, `/metrics`, `/v1/status` (from SQL aggregates).
 //! - [`openapi`]: the API's OpenAPI 3.1 document, `GET /openapi.json` (`gateway/openapi.json`).

@@ -43,7 +43,7 @@ parsley_infra::metric_names! {
         ReadCacheTotal = (
             "parsley_gateway_read_cache_total",
             Counter,
-            "Covered single-key reads served from a snapshot kept in memory (hit) or read from Postgres and offered to keep (miss), by model.",
+            "Covered document reads (keys and pages) served from a snapshot kept in memory (hit) or read from Postgres and offered to keep (miss), by model.",
         ),
         ClockFetchesTotal = (
             "parsley_gateway_clock_fetches_total",

@@ -73,6 +73,14 @@ impl ClockNotifier {
         Some(c.model.load(Ordering::SeqCst).wrapping_add(c.tasks[task as usize % TASK_SLOTS].load(Ordering::SeqCst)))
     }
 
+    /// A value that changes whenever a notification of any of `model`'s tasks or of the
+    /// whole model arrives, or the listener reconnects (`None`: not configured).
+    pub fn model_generation(&self, model: &str) -> Option<u64> {
+        let c = self.models.get(model)?;
+        let tasks = c.tasks.iter().fold(0u64, |sum, t| sum.wrapping_add(t.load(Ordering::SeqCst)));
+        Some(c.model.load(Ordering::SeqCst).wrapping_add(tasks))
+    }
+
     /// Whether notifications are being heard now: the listener is connected and `LISTEN`ing.
     pub fn listening(&self) -> bool {
         self.listening.load(Ordering::SeqCst)
@@ -236,5 +244,11 @@ mod tests {
         let t0 = g(0);
         n.notified("shop:x");
         assert_ne!(g(0), t0, "a payload whose task does not parse counts as the whole model");
+        let all = n.model_generation("shop").unwrap();
+        n.notified("shop:7");
+        let after = n.model_generation("shop").unwrap();
+        assert_ne!(after, all, "any task's step changes the whole model's generation");
+        n.notified("audit:7");
+        assert_eq!(n.model_generation("shop"), Some(after));
     }
 }

@@ -22,6 +22,7 @@
 //! `max_key_bytes`) is refused before the database is asked; a database error is an outage
 //! (503) only when the database did not answer ([`crate::database`]).
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -32,7 +33,6 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use parsley::gate::{ClockRow, ModelShape};
 use parsley::murmur2::partition_for_key;
 use parsley_store::documents::{self, Document, GateInputs, GatedSnapshot};
@@ -201,9 +201,24 @@ async fn gated_read(
     Ok(respond(&target, read.data, read.token))
 }
 
-/// A document read's snapshot: one statement ([`read_snapshot`]). A single key's covered
-/// snapshot is kept in memory for the next reads of the key ([`crate::kept`]).
+/// A document read's snapshot: one statement ([`read_snapshot`]). A covered snapshot is kept
+/// in memory for the next reads of the same key or page ([`crate::kept`]): a key's until its
+/// owner steps, a page's until any task does.
 struct Documents<'a>(&'a Target);
+
+impl Documents<'_> {
+    /// What the snapshot is kept under: the document's key, or for a page a name no document
+    /// key can have (keys hold no NUL), and the task serving it (`None`: every task).
+    fn kept_as(&self, shape: &ModelShape) -> (Cow<'_, str>, Option<u32>) {
+        match self.0 {
+            Target::One { key } => (Cow::Borrowed(key), Some(partition_for_key(key.as_bytes(), shape.task_count))),
+            Target::Page { after, limit } => {
+                let after = after.as_deref().map_or_else(|| "-".to_string(), |a| format!("+{a}"));
+                (Cow::Owned(format!("\0page\0{limit}\0{after}")), None)
+            }
+        }
+    }
+}
 
 impl Snapshot for Documents<'_> {
     type Data = Data;
@@ -213,40 +228,49 @@ impl Snapshot for Documents<'_> {
     }
 
     fn kept(&self, state: &AppState, model: &str) -> Option<KeptSnapshot<Data>> {
-        let Target::One { key } = self.0 else { return None };
-        let kept = state.kept.get(&state.notifier, model, key)?;
-        Some(KeptSnapshot {
-            shape: Arc::clone(&kept.shape),
-            rows: Arc::clone(&kept.rows),
-            data: Data::One(kept.body.clone()),
-        })
+        if !state.kept.on() {
+            return None;
+        }
+        // The shape does not matter for the name a snapshot is kept under.
+        let (name, _) = self.kept_as(&ModelShape { received_topics: Default::default(), task_count: 1 });
+        let kept = state.kept.get(&state.notifier, model, &name)?;
+        let data = match self.0 {
+            Target::One { .. } => Data::One(kept.body.clone()),
+            Target::Page { .. } => Data::Page(kept.body.clone()?),
+        };
+        Some(KeptSnapshot { shape: Arc::clone(&kept.shape), rows: Arc::clone(&kept.rows), data })
     }
 
     fn generation(&self, state: &AppState, model: &str, shape: &ModelShape) -> Option<u64> {
-        let Target::One { key } = self.0 else { return None };
-        state.kept.before_read(&state.notifier, model, partition_for_key(key.as_bytes(), shape.task_count))
+        if !state.kept.on() {
+            return None;
+        }
+        let (_, owner) = self.kept_as(shape);
+        state.kept.before_read(&state.notifier, model, owner)
     }
 
     fn keep(&self, state: &AppState, model: &str, generation: u64, shape: &ModelShape, rows: &[ClockRow], data: &Data) {
-        let (Target::One { key }, Data::One(body)) = (self.0, data) else { return };
-        let owner = partition_for_key(key.as_bytes(), shape.task_count);
-        state.kept.keep(&state.notifier, model, key, owner, generation, Arc::new(shape.clone()), rows, body.clone());
+        let body = match data {
+            Data::One(body) => body.clone(),
+            Data::Page(body) => Some(body.clone()),
+        };
+        let (name, owner) = self.kept_as(shape);
+        state.kept.keep(&state.notifier, model, &name, owner, generation, Arc::new(shape.clone()), rows, body);
     }
 }
 
 fn respond(target: &Target, data: Data, token: HeaderValue) -> Response {
     let body = match data {
-        Data::One(Some(body)) => {
+        Data::One(body) => body,
+        Data::Page(body) => Some(body),
+    };
+    match body {
+        Some(body) => {
             let mut r =
                 (StatusCode::OK, [(CONTENT_TYPE, HeaderValue::from_static("application/json"))], body).into_response();
             r.headers_mut().insert(SESSION_HEADER, token);
-            return r;
+            r
         }
-        Data::One(None) => None,
-        Data::Page { documents, limit } => Some(page_body(documents, limit)),
-    };
-    match body {
-        Some(body) => (StatusCode::OK, [(SESSION_HEADER, token)], Json(body)).into_response(),
         None => {
             let key = match target {
                 Target::One { key } => key.as_str(),
@@ -268,8 +292,8 @@ fn respond(target: &Target, data: Data, token: HeaderValue) -> Response {
 enum Data {
     /// The answer's body, `{"key", "document", "version"}` (`None`: no such document).
     One(Option<Bytes>),
-    /// The page with one document more than its limit, if there are more.
-    Page { documents: Vec<Document>, limit: u32 },
+    /// The page's answer body, `{"documents", "next"}`.
+    Page(Bytes),
 }
 
 /// The model's row, the clock rows `inputs` names and the data, in one statement (a page
@@ -302,7 +326,7 @@ async fn read_snapshot(
             let s = documents::gated_page(&mut conn, model, inputs.cached, after.as_deref(), i64::from(*limit) + 1)
                 .await
                 .map_err(failed)?;
-            GatedSnapshot { model: s.model, clock: s.clock, data: Data::Page { documents: s.data, limit: *limit } }
+            GatedSnapshot { model: s.model, clock: s.clock, data: Data::Page(page_body(s.data, *limit)) }
         }
     };
     conn.release();
@@ -321,11 +345,11 @@ fn one_body(d: Document) -> Bytes {
 
 /// A page's answer body: at most `limit` documents, and the cursor of the next page if
 /// `documents` has more.
-fn page_body(documents: Vec<Document>, limit: u32) -> Value {
+fn page_body(documents: Vec<Document>, limit: u32) -> Bytes {
     let more = documents.len() > limit as usize;
     let documents: Vec<Value> = documents.into_iter().take(limit as usize).map(document_json).collect();
     let next = if more { documents.last().map(|d| d["key"].clone()) } else { None };
-    json!({"documents": documents, "next": next})
+    Bytes::from(serde_json::to_vec(&json!({"documents": documents, "next": next})).expect("a JSON value serializes"))
 }
 
 /// Reads served without the gate, stale data and all: the broken gateway that proves

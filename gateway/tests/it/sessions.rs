@@ -529,3 +529,54 @@ async fn set_topic_id(s: &Stack, topic: &str, id: &str) {
         .await
         .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_kept_page_is_served_until_any_task_steps() {
+    use parsley::murmur2::partition_for_key;
+
+    let mut s =
+        Stack::new("kept-page", 2, "read_cache_bytes = 1048576\nread_cache_max_age_ms = 60000\nread_wait_ms = 5000")
+            .await;
+    let (orders, model) = (s.names.orders.clone(), s.names.model.clone());
+    let hits = |s: &Stack| {
+        s.state.metrics.value(Metric::ReadCacheTotal, &[("model", &model), ("result", "hit")]).unwrap_or(0.0)
+    };
+    let notifications = |s: &Stack| s.state.metrics.value(Metric::ClockNotificationsTotal, &[]).unwrap_or(0.0);
+    let key_on = |p: u32| (0..).map(|i| format!("k{i}")).find(|k| partition_for_key(k.as_bytes(), 2) == p).unwrap();
+    let (k0, k1) = (key_on(0), key_on(1));
+    s.start_projector().await;
+
+    let w = s.write(&orders, &k0, json!(0), None).await;
+    let first = s.list("", Some(&w.token())).await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.json);
+    let keys = |r: &Reply| -> Vec<String> {
+        r.json["documents"].as_array().unwrap().iter().map(|d| d["key"].as_str().unwrap().to_string()).collect()
+    };
+    assert_eq!(keys(&first), vec![k0.clone()]);
+    let before = hits(&s);
+    let again = s.list("", Some(&first.token())).await;
+    assert_eq!(again.json, first.json);
+    assert_eq!(hits(&s), before + 1.0, "served from the kept page");
+    // A page of another size is another snapshot.
+    let other = s.list("?limit=5", Some(&first.token())).await;
+    assert_eq!(other.status, StatusCode::OK, "{}", other.json);
+    assert_eq!(hits(&s), before + 1.0);
+
+    // Another session's write on the other task: once its step's notification arrived, the
+    // page is read again and shows it, for the first session too.
+    let heard = notifications(&s);
+    let w1 = s.write(&orders, &k1, json!(1), None).await;
+    let theirs = s.read(&k1, Some(&w1.token())).await;
+    assert_eq!(theirs.status, StatusCode::OK, "{}", theirs.json);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while notifications(&s) <= heard {
+        assert!(Instant::now() < deadline, "no notification arrived");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let now = s.list("", Some(&first.token())).await;
+    assert_eq!(now.status, StatusCode::OK, "{}", now.json);
+    let mut expected = vec![k0, k1];
+    expected.sort();
+    assert_eq!(keys(&now), expected, "a kept page outlived another task's step");
+    s.stop_projector().await;
+}
