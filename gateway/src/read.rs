@@ -207,15 +207,23 @@ async fn gated_read(
 struct Documents<'a>(&'a Target);
 
 impl Documents<'_> {
-    /// What the snapshot is kept under: the document's key, or for a page a name no document
-    /// key can have (keys hold no NUL), and the task serving it (`None`: every task).
-    fn kept_as(&self, shape: &ModelShape) -> (Cow<'_, str>, Option<u32>) {
+    /// The name the snapshot is kept under: the document's key, or for a page a name no
+    /// document key can have (keys hold no NUL).
+    fn kept_name(&self) -> Cow<'_, str> {
         match self.0 {
-            Target::One { key } => (Cow::Borrowed(key), Some(partition_for_key(key.as_bytes(), shape.task_count))),
+            Target::One { key } => Cow::Borrowed(key),
             Target::Page { after, limit } => {
                 let after = after.as_deref().map_or_else(|| "-".to_string(), |a| format!("+{a}"));
-                (Cow::Owned(format!("\0page\0{limit}\0{after}")), None)
+                Cow::Owned(format!("\0page\0{limit}\0{after}"))
             }
+        }
+    }
+
+    /// The task serving the snapshot under `shape`: the key's owner (`None`: every task).
+    fn served_by(&self, shape: &ModelShape) -> Option<u32> {
+        match self.0 {
+            Target::One { key } => Some(partition_for_key(key.as_bytes(), shape.task_count)),
+            Target::Page { .. } => None,
         }
     }
 }
@@ -231,9 +239,7 @@ impl Snapshot for Documents<'_> {
         if !state.kept.on() {
             return None;
         }
-        // The shape does not matter for the name a snapshot is kept under.
-        let (name, _) = self.kept_as(&ModelShape { received_topics: Default::default(), task_count: 1 });
-        let kept = state.kept.get(&state.notifier, model, &name)?;
+        let kept = state.kept.get(&state.notifier, model, &self.kept_name())?;
         let data = match self.0 {
             Target::One { .. } => Data::One(kept.body.clone()),
             Target::Page { .. } => Data::Page(kept.body.clone()?),
@@ -245,8 +251,7 @@ impl Snapshot for Documents<'_> {
         if !state.kept.on() {
             return None;
         }
-        let (_, owner) = self.kept_as(shape);
-        state.kept.before_read(&state.notifier, model, owner)
+        state.kept.before_read(&state.notifier, model, self.served_by(shape))
     }
 
     fn keep(&self, state: &AppState, model: &str, generation: u64, shape: &ModelShape, rows: &[ClockRow], data: &Data) {
@@ -254,7 +259,7 @@ impl Snapshot for Documents<'_> {
             Data::One(body) => body.clone(),
             Data::Page(body) => Some(body.clone()),
         };
-        let (name, owner) = self.kept_as(shape);
+        let (name, owner) = (self.kept_name(), self.served_by(shape));
         state.kept.keep(&state.notifier, model, &name, owner, generation, Arc::new(shape.clone()), rows, body);
     }
 }
