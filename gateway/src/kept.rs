@@ -152,7 +152,7 @@ impl KeptReads {
         m.bytes = m.bytes + size - gone;
     }
 
-    /// Bytes held for `model` now (for tests).
+    /// Bytes held for `model` now (the `parsley_gateway_read_cache_bytes` gauge).
     pub fn bytes(&self, model: &str) -> usize {
         self.models.get(model).map_or(0, |m| m.lock().unwrap_or_else(|e| e.into_inner()).bytes)
     }

@@ -40,6 +40,11 @@ parsley_infra::metric_names! {
             "Reads answered 503 not-yet-covered, by model.",
         ),
         GateChecksTotal = ("parsley_gateway_gate_checks_total", Counter, "Gate transactions run, by model."),
+        ReadCacheBytes = (
+            "parsley_gateway_read_cache_bytes",
+            Gauge,
+            "Bytes of kept snapshots held now, by model (with read_cache_bytes set; as of the scrape).",
+        ),
         ReadCacheTotal = (
             "parsley_gateway_read_cache_total",
             Counter,

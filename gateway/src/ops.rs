@@ -17,6 +17,7 @@ use serde_json::{json, Value};
 
 use crate::app::AppState;
 use crate::database;
+use crate::metrics::Metric;
 use crate::problem::{ApiError, Problem, ProblemType};
 
 pub async fn healthz() -> Json<Value> {
@@ -66,6 +67,12 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
 }
 
 pub async fn metrics(State(state): State<AppState>) -> Response {
+    if state.kept.on() {
+        for model in &state.config.shared.models {
+            let held = state.kept.bytes(&model.name) as f64;
+            state.metrics.set(Metric::ReadCacheBytes, &[("model", &model.name)], held);
+        }
+    }
     let exposition = state.metrics.exposition();
     ([(header::CONTENT_TYPE, exposition.content_type)], exposition.body).into_response()
 }

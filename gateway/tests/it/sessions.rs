@@ -459,6 +459,11 @@ async fn a_kept_snapshot_serves_the_sessions_it_covers_until_its_owner_steps() {
     }
     assert_eq!(cache(&s, "hit"), hits + 2.0, "both were served from the kept snapshot");
     assert_eq!(cache(&s, "miss"), misses, "neither read Postgres");
+    // The bytes held, as a scrape of the admin listener sets them.
+    let scraped = send(&s.admin, Method::GET, "/metrics", None, None).await;
+    assert_eq!(scraped.status, StatusCode::OK);
+    let held = s.state.metrics.value(Metric::ReadCacheBytes, &[("model", &model)]).unwrap_or(0.0);
+    assert!(held > 0.0, "no kept bytes reported");
     let fresh_again = s.read("k", Some(&fresh.token())).await;
     assert_eq!(fresh_again.json, first.json, "the new session's refreshed token is covered by the same snapshot");
 
