@@ -555,6 +555,7 @@ mod tests {
         assert_eq!(c.settings, Settings::default());
         assert_eq!(c.settings.listen, "127.0.0.1:8080");
         assert_eq!(c.settings.read_wait_ms, 2_000);
+        assert_eq!((c.settings.read_cache_bytes, c.settings.read_cache_max_age_ms), (0, 1_000), "kept snapshots off");
         assert_eq!(c.settings.subject_header, None);
         assert_eq!(
             (c.settings.max_key_bytes, c.settings.max_in_flight, c.settings.max_waiting_reads),
@@ -628,6 +629,8 @@ mod tests {
             ("[gateway]\nsubject_header = \"a b\"\n", "gateway.subject_header"),
             ("[gateway]\ntoken_ttl_s = \"long\"\n", "token_ttl_s"),
             ("[gateway]\nread_wait_ms = 40000\n", "gateway.request_timeout_ms"),
+            ("[gateway]\nread_cache_max_age_ms = 60001\n", "gateway.read_cache_max_age_ms"),
+            ("[gateway]\nread_cache_bytes = -1\n", "read_cache_bytes"),
             ("[gateway]\nmax_key_bytes = 2049\n", "gateway.max_key_bytes"),
             ("[gateway]\nmax_key_bytes = 0\n", "gateway.max_key_bytes"),
             ("[gateway]\nheader_read_timeout_ms = 0\n", "gateway.header_read_timeout_ms"),
