@@ -34,8 +34,8 @@
 //! (comma-separated connection counts, default `1,16,64`), `BENCH_LOAD_ROUNDS` (slices per
 //! side, default 3), `BENCH_LOAD_SLICE_MS` (one slice, default 1000; a warm-up slice of a
 //! fifth of it per side comes first), `BENCH_LOAD_WORKLOADS` (comma-separated, of `read`,
-//! `page`, `write` and `mixed`; default `read,page,write`), `BENCH_READ_CACHE_BYTES` (the
-//! gateway's `read_cache_bytes`, default 0: off, as in the gateway), `BENCH_LOAD_ONLY` (`subject` or `baseline`:
+//! `page`, `write` and `mixed`; default all four), `BENCH_READ_CACHE_BYTES` (the gateway's
+//! `read_cache_bytes`, default the gateway's own; 0: off), `BENCH_LOAD_ONLY` (`subject` or `baseline`:
 //! measure one side only, to profile it; its ratios are then meaningless). The defaults
 //! take about a minute.
 
@@ -190,7 +190,7 @@ async fn measure(stack: &Stack, plan: &Plan) -> anyhow::Result<()> {
         ring: stack.ring.clone(),
     });
     let mut rows = Vec::new();
-    let only = std::env::var("BENCH_LOAD_WORKLOADS").unwrap_or_else(|_| "read,page,write".into());
+    let only = std::env::var("BENCH_LOAD_WORKLOADS").unwrap_or_else(|_| "read,page,write,mixed".into());
     let only: Vec<&str> = only.split(',').map(str::trim).collect();
     for (workload, subject, baseline) in WORKLOADS {
         let short = match subject {

@@ -110,15 +110,15 @@ pub struct Settings {
     /// its first attempt is answered `503 overloaded` at once.
     pub max_waiting_reads: usize,
     /// Memory for covered document snapshots (single keys and pages) kept between reads, in bytes over all models
-    /// (each model gets an even share); 0 (the default): every read asks Postgres. A kept
+    /// (each model gets an even share); default 64 MiB; 0: off, every read asks Postgres. A kept
     /// snapshot serves a read only if its own clock rows cover the session, and only until
     /// the gateway hears the next notification of its key's owner task or of its model — so
-    /// a change made by hand (a rebuild, a shape change, an edited document) reaches a read of
-    /// a kept key only once its notification has arrived (see `docs/gateway.md`, "Kept
-    /// snapshots").
+    /// a change made outside a step (a rebuild, a shape change, a document edited by hand,
+    /// each notified by a trigger) reaches a read of a kept key once its notification has
+    /// arrived, not at the very statement after it (see `docs/gateway.md`, "Kept snapshots").
     pub read_cache_bytes: usize,
     /// The longest a kept snapshot is served, in milliseconds, notifications or not (for
-    /// changes that send none, e.g. a document edited by hand); 0: nothing is kept.
+    /// a notification lost without the listener noticing); 0: nothing is kept.
     pub read_cache_max_age_ms: u64,
     /// Address of the admin listener (`/v1/status`, `/metrics`); empty: none.
     pub admin_listen: String,
@@ -147,6 +147,9 @@ pub const MAX_IDEMPOTENCY_WINDOW_S: u64 = 7 * 86_400;
 
 /// The most records one batch may carry (one Kafka transaction).
 pub const MAX_BATCH_RECORDS_LIMIT: usize = 1_000;
+
+/// `gateway.read_cache_bytes` when unset: 64 MiB for kept snapshots over all models.
+pub const DEFAULT_READ_CACHE_BYTES: usize = 64 << 20;
 
 impl Default for Settings {
     fn default() -> Self {
@@ -180,7 +183,7 @@ impl Default for Settings {
             max_header_bytes: 32 * 1024,
             max_in_flight: 1024,
             max_waiting_reads: 256,
-            read_cache_bytes: 0,
+            read_cache_bytes: DEFAULT_READ_CACHE_BYTES,
             read_cache_max_age_ms: 1_000,
             admin_listen: "127.0.0.1:9091".to_string(),
             admin_token_file: None,
@@ -555,7 +558,11 @@ mod tests {
         assert_eq!(c.settings, Settings::default());
         assert_eq!(c.settings.listen, "127.0.0.1:8080");
         assert_eq!(c.settings.read_wait_ms, 2_000);
-        assert_eq!((c.settings.read_cache_bytes, c.settings.read_cache_max_age_ms), (0, 1_000), "kept snapshots off");
+        assert_eq!(
+            (c.settings.read_cache_bytes, c.settings.read_cache_max_age_ms),
+            (64 << 20, 1_000),
+            "kept snapshots on"
+        );
         assert_eq!(c.settings.subject_header, None);
         assert_eq!(
             (c.settings.max_key_bytes, c.settings.max_in_flight, c.settings.max_waiting_reads),

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use parsley_store::CLOCK_NOTIFY_CHANNEL;
+use parsley_store::{CLOCK_NOTIFY_CHANNEL, EVERY_MODEL_PAYLOAD};
 use sqlx::postgres::PgListener;
 use sqlx::PgPool;
 use tokio::sync::watch;
@@ -102,9 +102,13 @@ impl ClockNotifier {
         })
     }
 
-    /// Handles one notification payload: `<model>:<task>` or `<model>`. Returns whether a
-    /// configured model was woken.
+    /// Handles one notification payload: `<model>:<task>`, `<model>`, or `*` (every model: a
+    /// document changed outside a step). Returns whether a configured model was woken.
     pub fn notified(&self, payload: &str) -> bool {
+        if payload == EVERY_MODEL_PAYLOAD {
+            self.wake_all();
+            return !self.models.is_empty();
+        }
         let (model, task) = match payload.rsplit_once(':') {
             Some((m, t)) => (m, t.parse::<u32>().ok()),
             None => (payload, None),
@@ -217,6 +221,14 @@ mod tests {
         assert!(!n.notified("other:1"));
         n.wake_all();
         assert!(shop.has_changed().unwrap());
+        let (mut shop, mut audit) = (n.subscribe("shop").unwrap(), n.subscribe("audit").unwrap());
+        let (g_shop, g_audit) = (n.generation("shop", 0).unwrap(), n.generation("audit", 5).unwrap());
+        assert!(n.notified("*"), "a document changed outside a step: every model");
+        assert!(shop.has_changed().unwrap() && audit.has_changed().unwrap());
+        assert!(n.generation("shop", 0) != Some(g_shop) && n.generation("audit", 5) != Some(g_audit));
+        shop.mark_unchanged();
+        audit.mark_unchanged();
+        assert!(!ClockNotifier::new(["shop"]).notified("**"), "only `*` itself means every model");
     }
 
     #[test]

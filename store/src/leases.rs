@@ -219,11 +219,15 @@ pub async fn lock_renew_and_notify(
     // The notification sits in a subquery whose condition refers to no row: a one-time
     // filter, so `pg_notify` runs only when asked, in the custom and the generic plan alike
     // (and only for the row the update returns).
+    // It also marks the transaction as a step's (`parsley.step`, transaction-local): the
+    // documents' edit trigger (migration `20261206000000`) notifies every model for a
+    // change made outside a step, and leaves a step's changes to the step's own notification.
     let payload = notify.then(|| crate::ordering::notify_payload(model, Some(task)));
-    let locked: Option<(i64, Option<i32>)> = sqlx::query_as(
+    let locked: Option<(i64, Option<i32>, String)> = sqlx::query_as(
         "UPDATE parsley.tasks SET lease_until = now() + $4 * interval '1 millisecond', last_step_at = now()
           WHERE model = $1 AND task = $2 AND epoch = $3
-          RETURNING epoch, (SELECT 1 FROM (SELECT pg_notify($5, $6) WHERE $6::text IS NOT NULL) AS n)",
+          RETURNING epoch, (SELECT 1 FROM (SELECT pg_notify($5, $6) WHERE $6::text IS NOT NULL) AS n),
+                    set_config('parsley.step', 'on', true)",
     )
     .bind(model)
     .bind(task as i32)
@@ -234,7 +238,7 @@ pub async fn lock_renew_and_notify(
     .fetch_optional(&mut *conn)
     .await
     .with_context(|| format!("locking task {model}/{task}"))?;
-    if let Some((_, notified)) = locked {
+    if let Some((_, notified, _)) = locked {
         anyhow::ensure!(
             notified.is_some() == notify,
             "locking task {model}/{task}: the clock notification was {} when {}",

@@ -45,6 +45,6 @@ pub mod sql_params;
 pub mod status;
 
 pub use config::Config;
-pub use ordering::{TaskStatus, CLOCK_NOTIFY_CHANNEL};
+pub use ordering::{TaskStatus, CLOCK_NOTIFY_CHANNEL, EVERY_MODEL_PAYLOAD};
 pub use record::RecordData;
 pub use secret::Secret;

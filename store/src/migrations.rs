@@ -35,6 +35,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
     ("20261203000000_add_model_shape_ids.sql", include_str!("../migrations/20261203000000_add_model_shape_ids.sql")),
     ("20261204000000_documents_fillfactor.sql", include_str!("../migrations/20261204000000_documents_fillfactor.sql")),
     ("20261205000000_notify_model_changes.sql", include_str!("../migrations/20261205000000_notify_model_changes.sql")),
+    (
+        "20261206000000_notify_document_edits.sql",
+        include_str!("../migrations/20261206000000_notify_document_edits.sql"),
+    ),
 ];
 
 #[derive(Debug)]

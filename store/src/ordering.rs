@@ -22,8 +22,13 @@ use uuid::Uuid;
 use crate::record::{decode_headers, encode_headers, Header, RecordData};
 
 /// The channel `NOTIFY` is sent on after a step changed a task's clock or status; the
-/// payload is `<model>:<task>`.
+/// payload is `<model>:<task>`. Triggers also send `<model>` (a model recorded, removed or
+/// reshaped) and [`EVERY_MODEL_PAYLOAD`].
 pub const CLOCK_NOTIFY_CHANNEL: &str = "parsley_clock";
+
+/// The payload of a change to every model: documents inserted, updated or deleted outside a
+/// step (migration `20261206000000`). No model name contains `*`.
+pub const EVERY_MODEL_PAYLOAD: &str = "*";
 
 pub fn uuid_of(topic: &TopicId) -> Uuid {
     Uuid::from_bytes(*topic.as_bytes())

@@ -105,9 +105,9 @@ impl Stack {
         let raw_topic = format!("{run}.raw");
         create_topics(&[&topic, &raw_topic], PARTITIONS).await;
 
-        // Kept snapshots are off by default, as in the gateway; `BENCH_READ_CACHE_BYTES` turns
-        // them on.
-        let read_cache_bytes = env_usize("BENCH_READ_CACHE_BYTES", 0);
+        // Kept snapshots as in the gateway by default; `BENCH_READ_CACHE_BYTES` sets their
+        // memory (0: off, every read asks Postgres).
+        let read_cache_bytes = env_usize("BENCH_READ_CACHE_BYTES", parsley_gateway::config::DEFAULT_READ_CACHE_BYTES);
         let mut config = Config::parse(&format!(
             "[gateway]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"\"\nread_wait_ms = {READ_WAIT_MS}\n\
              read_cache_bytes = {read_cache_bytes}\n\n\

@@ -215,7 +215,8 @@ async fn concurrent_sessions_see_their_writes_and_never_go_back() {
 /// The model's shape as the gateway caches it is never used past a change: a gateway that
 /// served a session (its cache filled), then sees the model's recorded topic identity or
 /// width change, answers the very next read — single key or page — by the new shape, exactly
-/// as the core's gate does over it, and by the old one again once it is put back.
+/// as the core's gate does over it, and by the old one again once it is put back. Kept
+/// snapshots off: the statement's own check of the shape is what is tested.
 ///
 /// Two tasks; the session wrote a key on partition 0 and reads a key of task 1. Under the
 /// recorded identity the pair is received and owned by task 0, which applied it: covered.
@@ -224,9 +225,28 @@ async fn concurrent_sessions_see_their_writes_and_never_go_back() {
 /// covered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changed_model_shape_is_used_by_the_very_next_read() {
+    shape_changes_are_seen(false).await;
+}
+
+/// The same changes with kept snapshots on (the default), kept for up to a minute: each read
+/// that follows a change, once the change's notification (a trigger's, migration
+/// `20261205000000`) has reached the gateway, is answered by the new shape — never from a
+/// snapshot kept under the old one, though the same key and page were served from memory just
+/// before the change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_model_shape_drops_the_kept_snapshots_once_notified() {
+    shape_changes_are_seen(true).await;
+}
+
+async fn shape_changes_are_seen(kept: bool) {
     use parsley::murmur2::partition_for_key;
 
-    let mut s = Stack::new("shape-change", 2, "read_wait_ms = 300").await;
+    let settings = if kept {
+        "read_wait_ms = 300\nread_cache_bytes = 1048576\nread_cache_max_age_ms = 60000"
+    } else {
+        "read_wait_ms = 300\nread_cache_bytes = 0"
+    };
+    let mut s = Stack::new(if kept { "shape-kept" } else { "shape-change" }, 2, settings).await;
     let orders = s.names.orders.clone();
     let key_on = |p: u32| (0..).map(|i| format!("k{i}")).find(|k| partition_for_key(k.as_bytes(), 2) == p).unwrap();
     let (k0, k1) = (key_on(0), key_on(1));
@@ -243,9 +263,21 @@ async fn a_changed_model_shape_is_used_by_the_very_next_read() {
         assert!(Instant::now() < deadline, "the projector never applied the writes");
     }
     s.stop_projector().await;
-    let set_identity = async |id: &str| set_topic_id(&s, &orders, id).await;
+    let notifications = |s: &Stack| s.state.metrics.value(Metric::ClockNotificationsTotal, &[]).unwrap_or(0.0);
+    // With kept snapshots: the change is waited for until its notification has arrived.
+    let changed = async |s: &Stack, sql: &str| {
+        let before = notifications(s);
+        sqlx::query(sql).bind(&s.names.model).bind(&orders).execute(&s.pool).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while kept && notifications(s) <= before {
+            assert!(Instant::now() < deadline, "no notification of the change arrived");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
     let recorded = recorded_topic_id(&s, &orders).await;
-    let put_back = format!("'{recorded}'::uuid");
+    let set_identity =
+        |id: &str| format!("UPDATE parsley.topics SET topic_id = {id} WHERE model = $1 AND topic_name = $2");
+    let (random, put_back) = (set_identity("gen_random_uuid()"), set_identity(&format!("'{recorded}'::uuid")));
     let not_covered = |r: &Reply, what: &str, tasks: Value| {
         assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{what}: {}", r.json);
         assert_eq!(r.problem_type(), "https://parsley.dev/problems/not-yet-covered", "{what}");
@@ -254,28 +286,26 @@ async fn a_changed_model_shape_is_used_by_the_very_next_read() {
     };
 
     // Another identity: the page (every task) and then the key (task 1) see it at once.
-    set_identity("gen_random_uuid()").await;
+    let (page, key) = (|| s.list("", Some(&on_0)), || s.read(&k1, Some(&on_0)));
+    served(&s, kept, page, "a page before the change").await;
+    changed(&s, &random).await;
     not_covered(&s.list("", Some(&on_0)).await, "a page after the identity changed", json!([0, 1]));
-    set_identity(&put_back).await;
-    assert_eq!(s.list("", Some(&on_0)).await.status, StatusCode::OK, "the identity put back");
-    assert_eq!(s.read(&k1, Some(&on_0)).await.status, StatusCode::OK, "the identity put back");
-    set_identity("gen_random_uuid()").await;
+    changed(&s, &put_back).await;
+    served(&s, kept, page, "a page with the identity put back").await;
+    served(&s, kept, key, "a key with the identity put back").await;
+    changed(&s, &random).await;
     not_covered(&s.read(&k1, Some(&on_0)).await, "a key after the identity changed", json!([1]));
-    set_identity(&put_back).await;
+    changed(&s, &put_back).await;
     assert_eq!(s.read(&k1, Some(&on_0)).await.status, StatusCode::OK, "the identity put back");
 
     // Another width: a pair on partition 1 has no task of width 1.
-    let set_width = async |n: i32| {
-        sqlx::query("UPDATE parsley.models SET task_count = $2 WHERE model = $1")
-            .bind(&s.names.model)
-            .bind(n)
-            .execute(&s.pool)
-            .await
-            .unwrap()
-    };
-    set_width(1).await;
+    let set_width =
+        |n: i32| format!("UPDATE parsley.models SET task_count = {n} WHERE model = $1 AND $2::text IS NOT NULL");
+    let served = s.read(&k1, Some(&on_1)).await;
+    assert_eq!(served.status, StatusCode::OK, "{}", served.json);
+    changed(&s, &set_width(1)).await;
     not_covered(&s.read(&k1, Some(&on_1)).await, "a key after the width changed", json!([1]));
-    set_width(2).await;
+    changed(&s, &set_width(2)).await;
     assert_eq!(s.read(&k1, Some(&on_1)).await.status, StatusCode::OK, "the width put back");
 }
 
@@ -515,6 +545,20 @@ async fn a_kept_snapshot_serves_the_sessions_it_covers_until_its_owner_steps() {
     let r = s.read("k", Some(&mine.token())).await;
     assert_eq!(r.status, StatusCode::OK, "the identity put back: {}", r.json);
     assert_eq!(r.json["document"], json!({"v": 2}));
+
+    // A document edited by hand notifies every model (`*`, migration 20261206000000): the first
+    // read after the notification sees the edit, not the kept snapshot.
+    let kept = settled_on_a_kept_snapshot(&s, &model, || s.read("k", Some(&mine_token))).await;
+    assert_eq!(kept.json["document"], json!({"v": 2}), "kept before the edit: {}", kept.json);
+    let before = notifications(&s);
+    sqlx::query("UPDATE projection.documents SET doc = '{\"v\": \"by hand\"}' WHERE model = $1 AND key = 'k'")
+        .bind(&model)
+        .execute(&s.pool)
+        .await
+        .unwrap();
+    heard(&s, before).await;
+    let r = s.read("k", Some(&mine.token())).await;
+    assert_eq!(r.json["document"], json!({"v": "by hand"}), "a kept snapshot outlived an edit: {}", r.json);
 }
 
 /// The topic identity `topic` is recorded with for the stack's model.
@@ -545,10 +589,10 @@ async fn a_kept_page_is_served_until_any_task_steps() {
         Stack::new("kept-page", 2, "read_cache_bytes = 1048576\nread_cache_max_age_ms = 60000\nread_wait_ms = 5000")
             .await;
     let (orders, model) = (s.names.orders.clone(), s.names.model.clone());
+    let notifications = |s: &Stack| s.state.metrics.value(Metric::ClockNotificationsTotal, &[]).unwrap_or(0.0);
     let hits = |s: &Stack| {
         s.state.metrics.value(Metric::ReadCacheTotal, &[("model", &model), ("result", "hit")]).unwrap_or(0.0)
     };
-    let notifications = |s: &Stack| s.state.metrics.value(Metric::ClockNotificationsTotal, &[]).unwrap_or(0.0);
     let key_on = |p: u32| (0..).map(|i| format!("k{i}")).find(|k| partition_for_key(k.as_bytes(), 2) == p).unwrap();
     let (k0, k1) = (key_on(0), key_on(1));
     s.start_projector().await;
@@ -588,6 +632,16 @@ async fn a_kept_page_is_served_until_any_task_steps() {
     expected.sort();
     assert_eq!(keys(&now), expected, "a kept page outlived another task's step");
     s.stop_projector().await;
+}
+
+/// A read answered `200`; with kept snapshots, once it is served from memory.
+async fn served<F, Fut>(s: &Stack, kept: bool, read: F, what: &str)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Reply>,
+{
+    let reply = if kept { settled_on_a_kept_snapshot(s, &s.names.model, &read).await } else { read().await };
+    assert_eq!(reply.status, StatusCode::OK, "{what}: {}", reply.json);
 }
 
 /// Repeats `read` until one is served from a kept snapshot twice, 100 ms apart: a step's

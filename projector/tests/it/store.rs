@@ -257,6 +257,86 @@ async fn the_lock_statement_notifies_only_when_asked_and_locked() {
     assert_eq!(heard(&mut listener, &payload).await, 0, "a fenced step notifies nobody");
 }
 
+/// Documents written inside a step (its transaction locked the task first) send no
+/// notification of their own: the step's `'<model>:<task>'` is the only one. Written, edited
+/// or deleted outside a step (by hand, a script), each statement notifies every model (`'*'`),
+/// delivered at commit, so a gateway drops the snapshots it kept.
+#[tokio::test]
+async fn documents_changed_outside_a_step_notify_every_model() {
+    use parsley_store::documents::{self, DocumentWrite};
+
+    // A database of its own: in the shared one, other tests' documents written outside a
+    // step notify this test's model too.
+    let database = unique("edit_notify").replace('-', "_");
+    parsley_testkit::create_database(&database_url(), &database).await.unwrap();
+    let url = parsley_testkit::with_database(&database_url(), &database).unwrap();
+    let pool = parsley_infra::pg::connect(&url, 4, TIMEOUT).await.unwrap();
+    parsley_projector::migrations::run(&pool).await.unwrap();
+    let model = unique("edit-notify");
+    store::register_model(&pool, &model, 1, &[("a".into(), ch(1, 0).topic)]).await.unwrap();
+    let epoch = store::take_task(&pool, &model, 0, "one").await.unwrap().epoch;
+    let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await.unwrap();
+    listener.listen(parsley_store::ordering::CLOCK_NOTIFY_CHANNEL).await.unwrap();
+    let write = |key: &'static str| {
+        vec![DocumentWrite { key, doc: "{\"v\":1}".into(), channel: ch(1, 0), position: 0, applied: 1 }]
+    };
+    // This model's notifications heard within a short wait (other tests' models are ignored).
+    let (task_payload, model_payload) = (format!("{model}:0"), parsley_store::EVERY_MODEL_PAYLOAD.to_string());
+    async fn heard(listener: &mut sqlx::postgres::PgListener, wanted: &[&str]) -> Vec<String> {
+        let mut got = Vec::new();
+        while let Ok(Some(note)) =
+            tokio::time::timeout(Duration::from_millis(300), listener.try_recv()).await.map(Result::unwrap)
+        {
+            if wanted.contains(&note.payload()) {
+                got.push(note.payload().to_string());
+            }
+        }
+        got
+    }
+    let wanted = [task_payload.as_str(), model_payload.as_str()];
+
+    // A step: locked (notifying), then its documents written and deleted.
+    for _ in 0..7 {
+        let mut tx = pool.begin().await.unwrap();
+        assert!(leases::lock_renew_and_notify(&mut tx, &model, 0, epoch, Duration::from_secs(5), true).await.unwrap());
+        documents::write(&mut tx, &model, 0, write("k")).await.unwrap();
+        documents::delete(&mut tx, &model, &["gone".to_string()]).await.unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(heard(&mut listener, &wanted).await, vec![task_payload.clone()], "a step notifies its task only");
+    }
+
+    // Outside a step: an insert, an edit and a delete, each committed on its own.
+    let mut tx = pool.begin().await.unwrap();
+    documents::write(&mut tx, &model, 0, write("by-hand")).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(heard(&mut listener, &wanted).await, vec![model_payload.clone()], "a document written by hand");
+    sqlx::query("UPDATE projection.documents SET doc = '{\"v\":2}' WHERE model = $1 AND key = 'k'")
+        .bind(&model)
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(heard(&mut listener, &wanted).await, vec![model_payload.clone()], "a document edited by hand");
+    sqlx::query("DELETE FROM projection.documents WHERE model = $1").bind(&model).execute(&pool).await.unwrap();
+    assert_eq!(heard(&mut listener, &wanted).await, vec![model_payload.clone()], "documents deleted by hand");
+    // Rolled back: nothing.
+    let mut tx = pool.begin().await.unwrap();
+    documents::write(&mut tx, &model, 0, write("k")).await.unwrap();
+    tx.rollback().await.unwrap();
+    assert_eq!(heard(&mut listener, &wanted).await, Vec::<String>::new(), "a rolled-back edit notifies nobody");
+    // The mark is the step transaction's only: the same connection's next transaction is not a step.
+    let mut conn = pool.acquire().await.unwrap();
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+    assert!(leases::lock_renew_and_notify(&mut tx, &model, 0, epoch, Duration::from_secs(5), false).await.unwrap());
+    tx.commit().await.unwrap();
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+    documents::write(&mut tx, &model, 0, write("k")).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(heard(&mut listener, &wanted).await, vec![model_payload.clone()], "the step's mark outlived it");
+    drop((conn, listener));
+    pool.close().await;
+    parsley_testkit::drop_database(&database_url(), &database).await.unwrap();
+}
+
 /// A step's documents are written in statements of at most `STATEMENT_ROWS` rows: every
 /// write beyond the first statement's share is done, in the step's one transaction (a
 /// rollback undoes all of them), and reads and deletes of more keys than that find them all.
