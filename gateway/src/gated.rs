@@ -12,7 +12,7 @@
 //! an uncovered read is refused `503 overloaded` at once.
 //!
 //! A [`Snapshot`] may also offer a snapshot an earlier read kept in memory (the documents'
-//! single-key reads do, with `gateway.read_cache_bytes` set: [`crate::kept`]). It is one
+//! reads of a key or a page do, unless `gateway.read_cache_bytes` is 0: [`crate::kept`]). It is one
 //! snapshot like any other and passes through the same gate over its own rows; only when
 //! that gate does not cover the session is a statement run.
 //!

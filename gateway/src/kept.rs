@@ -15,17 +15,18 @@
 //! while that is still the current generation, the listener is connected, and it is younger
 //! than `gateway.read_cache_max_age_ms`. Every step that changes a task's clock notifies
 //! (`NOTIFY parsley_clock`, in the step's transaction), a change of a model's shape or its
-//! removal notifies the whole model (migration `20261205000000`), and a reconnect of the
+//! removal notifies the whole model (migration `20261205000000`), a document changed outside
+//! a step notifies every model (`'*'`, migration `20261206000000`), and a reconnect of the
 //! listener changes every generation — so a kept snapshot is dropped by the notification of
 //! the first commit after it, which is as soon as a waiting read learns of that commit. The
-//! age bound covers what sends no notification (a document edited by hand).
+//! age bound is a backstop.
 //!
 //! A snapshot is kept only if the generation did not change while its statement ran (a
 //! notification that arrived meanwhile may be of a commit the snapshot does not have).
 //! Memory: at most `gateway.read_cache_bytes` over all models (split evenly between them).
 //! When a new snapshot would pass its model's share, the snapshots that can no longer be
-//! served go first, and all of the model's if that is not room enough. `0` turns keeping
-//! off.
+//! served go first, and all of the model's if that is not room enough. 64 MiB by default;
+//! `0` turns keeping off.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};

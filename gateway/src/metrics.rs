@@ -43,7 +43,7 @@ parsley_infra::metric_names! {
         ReadCacheBytes = (
             "parsley_gateway_read_cache_bytes",
             Gauge,
-            "Bytes of kept snapshots held now, by model (with read_cache_bytes set; as of the scrape).",
+            "Bytes of kept snapshots held now, by model (as of the scrape).",
         ),
         ReadCacheTotal = (
             "parsley_gateway_read_cache_total",
