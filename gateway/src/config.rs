@@ -113,9 +113,10 @@ pub struct Settings {
     /// (each model gets an even share); default 64 MiB; 0: off, every read asks Postgres. A kept
     /// snapshot serves a read only if its own clock rows cover the session, and only until
     /// the gateway hears the next notification of its key's owner task or of its model — so
-    /// a change made outside a step (a rebuild, a shape change, a document edited by hand,
-    /// each notified by a trigger) reaches a read of a kept key once its notification has
-    /// arrived, not at the very statement after it (see `docs/gateway.md`, "Kept snapshots").
+    /// a change made outside a step (a rebuild, a shape change, a document edited by hand)
+    /// notifies too; a read served from memory first waits for a barrier on the listener's
+    /// connection, so it never misses a change committed before it arrived (see
+    /// `docs/gateway.md`, "Kept snapshots").
     pub read_cache_bytes: usize,
     /// The longest a kept snapshot is served, in milliseconds, notifications or not (for
     /// a notification lost without the listener noticing); 0: nothing is kept.

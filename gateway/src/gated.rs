@@ -443,6 +443,10 @@ fn served_tasks(scope: Scope<'_>, shape: &ModelShape) -> BTreeSet<u32> {
     }
 }
 
+/// The longest a read waits for the listener's barrier before a kept snapshot may serve it;
+/// past it the read runs its statement instead.
+const KEPT_BARRIER_WAIT: Duration = Duration::from_millis(100);
+
 /// One snapshot: is `demand` covered, and if so the data and `token` refreshed.
 async fn attempt<S: Snapshot>(
     state: &AppState,
@@ -456,10 +460,20 @@ async fn attempt<S: Snapshot>(
     let (keeping, unchecked) = (!crate::read::ungated::on(), crate::read::ungated::kept_unchecked());
     #[cfg(not(feature = "unsafe-ungated-reads"))]
     let (keeping, unchecked) = (true, false);
-    // A snapshot kept in memory serves the read if its own rows cover the session.
-    if let Some(kept) = keeping.then(|| reader.kept(state, &model.name)).flatten() {
+    // A snapshot kept in memory serves the read if its own rows cover the session, and if it
+    // is still kept once every notification committed before this read has been heard (a
+    // barrier on the listener's connection, shared by the reads that ask meanwhile): so a
+    // change committed before the read arrived — a step, or an edit by hand — is never
+    // hidden by a snapshot taken before it.
+    let covering = |kept: &KeptSnapshot<S::Data>| {
         let served = served_tasks(scope, &kept.shape);
-        if unchecked || gate(demand, &kept.shape, &kept.rows, &served).is_covered() {
+        (unchecked || gate(demand, &kept.shape, &kept.rows, &served).is_covered()).then_some(served)
+    };
+    if keeping
+        && reader.kept(state, &model.name).is_some_and(|kept| covering(&kept).is_some())
+        && state.notifier.caught_up(KEPT_BARRIER_WAIT).await
+    {
+        if let Some((kept, served)) = reader.kept(state, &model.name).and_then(|k| covering(&k).map(|s| (k, s))) {
             state.metrics.add(Metric::ReadCacheTotal, &[("model", &model.name), ("result", "hit")], 1.0);
             let refreshed = refresh(token, &kept.shape, &kept.rows, &served);
             return Ok(Ok(Served { data: kept.data, refreshed }));

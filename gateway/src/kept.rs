@@ -21,6 +21,11 @@
 //! the first commit after it, which is as soon as a waiting read learns of that commit. The
 //! age bound is a backstop.
 //!
+//! Before a kept snapshot serves a read, the read waits for the listener's barrier
+//! ([`crate::notify::ClockNotifier::caught_up`]): past it, every notification committed before
+//! the read arrived has been heard, so the snapshot is looked up again under the generations
+//! as they are after every change that read must see.
+//!
 //! A snapshot is kept only if the generation did not change while its statement ran (a
 //! notification that arrived meanwhile may be of a commit the snapshot does not have).
 //! Memory: at most `gateway.read_cache_bytes` over all models (split evenly between them).

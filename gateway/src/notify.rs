@@ -20,7 +20,7 @@ use std::time::Duration;
 use parsley_store::{CLOCK_NOTIFY_CHANNEL, EVERY_MODEL_PAYLOAD};
 use sqlx::postgres::PgListener;
 use sqlx::PgPool;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 
 use crate::metrics::{Metric, Metrics};
 
@@ -34,6 +34,11 @@ pub struct ClockNotifier {
     models: BTreeMap<String, Counters>,
     /// Whether the listener is connected and listening (notifications are being heard).
     listening: AtomicBool,
+    /// Barriers ([`ClockNotifier::caught_up`]): tickets handed out, the highest ticket whose
+    /// barrier the listener has passed, and the listener's wake-up.
+    barrier_tickets: AtomicU64,
+    barrier_passed: watch::Sender<u64>,
+    barrier_asked: Notify,
 }
 
 #[derive(Debug)]
@@ -61,6 +66,9 @@ impl ClockNotifier {
         ClockNotifier {
             models: models.into_iter().map(|m| (m.to_string(), Counters::new())).collect(),
             listening: AtomicBool::new(false),
+            barrier_tickets: AtomicU64::new(0),
+            barrier_passed: watch::Sender::new(0),
+            barrier_asked: Notify::new(),
         }
     }
 
@@ -79,6 +87,22 @@ impl ClockNotifier {
         let c = self.models.get(model)?;
         let tasks = c.tasks.iter().fold(0u64, |sum, t| sum.wrapping_add(t.load(Ordering::SeqCst)));
         Some(c.model.load(Ordering::SeqCst).wrapping_add(tasks))
+    }
+
+    /// Waits until every notification committed before this call has been heard (and counted
+    /// in the generations), at most `within`: the listener runs one statement on its own
+    /// connection — a barrier, since Postgres sends a listening session every notification
+    /// committed before a statement ahead of that statement's answer — for every read that
+    /// asked before it began. `false`: not listening, or not caught up in time.
+    pub async fn caught_up(&self, within: Duration) -> bool {
+        if !self.listening() {
+            return false;
+        }
+        let ticket = self.barrier_tickets.fetch_add(1, Ordering::SeqCst) + 1;
+        let mut passed = self.barrier_passed.subscribe();
+        self.barrier_asked.notify_one();
+        let caught_up = tokio::time::timeout(within, passed.wait_for(|p| *p >= ticket)).await;
+        matches!(caught_up, Ok(Ok(_))) && self.listening()
     }
 
     /// Whether notifications are being heard now: the listener is connected and `LISTEN`ing.
@@ -175,7 +199,28 @@ pub async fn listen(
         loop {
             let next = tokio::select! {
                 _ = shutdown.wait_for(|stop| *stop) => return,
-                n = listener.try_recv() => n,
+                // Cancel-safe: sqlx takes a message off the socket only once it is whole.
+                n = listener.try_recv() => Some(n),
+                _ = notifier.barrier_asked.notified() => None,
+            };
+            let next = match next {
+                Some(n) => n,
+                None => {
+                    // Every read that asked so far is served by this barrier.
+                    let tickets = notifier.barrier_tickets.load(Ordering::SeqCst);
+                    match sqlx::query("SELECT 1").execute(&mut listener).await {
+                        Ok(_) => {
+                            // What arrived meanwhile sqlx kept aside, in order.
+                            while let Some(n) = listener.next_buffered() {
+                                metrics.add(Metric::ClockNotificationsTotal, &[], 1.0);
+                                notifier.notified(n.payload());
+                            }
+                            notifier.barrier_passed.send_modify(|p| *p = (*p).max(tickets));
+                            continue;
+                        }
+                        Err(e) => Err(e),
+                    }
+                }
             };
             match next {
                 Ok(Some(n)) => {
@@ -227,6 +272,20 @@ mod tests {
         assert!(shop.has_changed().unwrap() && audit.has_changed().unwrap());
         assert!(n.generation("shop", 0) != Some(g_shop) && n.generation("audit", 5) != Some(g_audit));
         assert!(!ClockNotifier::new(["shop"]).notified("**"), "only `*` itself means every model");
+    }
+
+    #[tokio::test]
+    async fn a_barrier_passes_only_when_the_listener_runs_it() {
+        let n = ClockNotifier::new(["shop"]);
+        assert!(!n.caught_up(Duration::from_secs(1)).await, "not listening: no barrier");
+        n.set_listening(true);
+        assert!(!n.caught_up(Duration::from_millis(20)).await, "no listener ran it in time");
+        // A listener passing the barrier for every ticket handed out so far.
+        let tickets = n.barrier_tickets.load(Ordering::SeqCst);
+        n.barrier_passed.send_modify(|p| *p = tickets + 1);
+        assert!(n.caught_up(Duration::from_millis(20)).await, "the next ticket was passed");
+        n.set_listening(false);
+        assert!(!n.caught_up(Duration::from_secs(1)).await);
     }
 
     #[test]

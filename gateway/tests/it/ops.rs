@@ -546,3 +546,25 @@ async fn status_shows_leases_and_a_503_names_the_tasks_nobody_runs() {
     assert!(detail.contains("task 0's lease (owner \"gone\") expired"), "{detail}");
     assert!(r.json["tasks"][0]["lease"]["expired_ms_ago"].as_i64().unwrap() >= 4000, "{}", r.json);
 }
+
+/// What kept snapshots rest on (`ClockNotifier::caught_up`): a statement on the listening
+/// connection is a barrier. Every notification committed before the statement was sent
+/// reaches the listener ahead of the statement's answer, so once the answer is in, sqlx
+/// holds each of them. Checked 300 times in a row, each notification sent by another
+/// connection and committed just before the barrier.
+#[tokio::test]
+async fn a_statement_on_the_listening_connection_is_a_barrier_for_notifications() {
+    let pool = pool().await;
+    let channel = format!("barrier_{}", std::process::id());
+    let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await.unwrap();
+    listener.listen(&channel).await.unwrap();
+    let mut sender = pool.acquire().await.unwrap();
+    for i in 0..300 {
+        let payload = i.to_string();
+        sqlx::query("SELECT pg_notify($1, $2)").bind(&channel).bind(&payload).execute(&mut *sender).await.unwrap();
+        sqlx::query("SELECT 1").execute(&mut listener).await.unwrap();
+        let heard: Vec<String> =
+            std::iter::from_fn(|| listener.next_buffered()).map(|n| n.payload().to_string()).collect();
+        assert_eq!(heard, vec![payload], "round {i}: the barrier's answer came before the notification");
+    }
+}
