@@ -212,8 +212,7 @@ pub async fn listen(
                         Ok(_) => {
                             // What arrived meanwhile sqlx kept aside, in order.
                             while let Some(n) = listener.next_buffered() {
-                                metrics.add(Metric::ClockNotificationsTotal, &[], 1.0);
-                                notifier.notified(n.payload());
+                                heard(&notifier, &metrics, n.payload());
                             }
                             notifier.barrier_passed.send_modify(|p| *p = (*p).max(tickets));
                             continue;
@@ -223,12 +222,7 @@ pub async fn listen(
                 }
             };
             match next {
-                Ok(Some(n)) => {
-                    tracing::debug!(target: "parsley::stage", stage = "notified", payload = n.payload(),
-                        "a clock notification arrived");
-                    metrics.add(Metric::ClockNotificationsTotal, &[], 1.0);
-                    notifier.notified(n.payload());
-                }
+                Ok(Some(n)) => heard(&notifier, &metrics, n.payload()),
                 Ok(None) => {
                     // The connection was lost and re-established: notifications in between
                     // are gone.
@@ -245,6 +239,13 @@ pub async fn listen(
             }
         }
     }
+}
+
+/// One notification heard, whether it came on its own or behind a barrier's answer.
+fn heard(notifier: &ClockNotifier, metrics: &Metrics, payload: &str) {
+    tracing::debug!(target: "parsley::stage", stage = "notified", payload, "a clock notification arrived");
+    metrics.add(Metric::ClockNotificationsTotal, &[], 1.0);
+    notifier.notified(payload);
 }
 
 #[cfg(test)]
