@@ -325,7 +325,9 @@ impl<P: Clone> Engine<P> {
     /// Refuses `HELD_LIMIT_EXCEEDED` when the held records pass a configured bound; `at`
     /// names the record whose receipt passed it (none at restore).
     fn check_held_limits(&mut self, at: Option<(ChannelId, Position)>) -> Result<(), Refusal> {
-        let count = self.held_count();
+        // Called on every receipt: the kept count, not a walk of every channel's queue.
+        debug_assert_eq!(self.held_records, self.held_count());
+        let count = self.held_records;
         let over = match (self.config.max_held_records, self.config.max_held_bytes) {
             (Some(max), _) if count > max => Some(format!("{count} held records, more than max_held_records = {max}")),
             (_, Some(max)) if self.held_bytes > max => {
@@ -731,7 +733,10 @@ impl<P: Clone> Engine<P> {
             // A committed step already delivered or holds it: a replay after restart.
             return Ok(Fed::Duplicate);
         }
-        if let Some(own) = causes.get(&channel).filter(|&p| p >= position) {
+        // A scan, not a search: the causes are few, and an equality check is cheaper than an
+        // ordering one (this runs for every record).
+        let own = causes.iter().find_map(|(c, p)| (c == channel).then_some(p));
+        if let Some(own) = own.filter(|&p| p >= position) {
             return Err(self.refuse(Refusal::at(
                 RefusalReason::ImpossibleSelfCause,
                 channel,
@@ -758,14 +763,6 @@ impl<P: Clone> Engine<P> {
             _ => {}
         }
         #[cfg(feature = "sim")]
-        let merge = self.sabotage != EngineSabotage::SkipReceiptMerge;
-        #[cfg(not(feature = "sim"))]
-        let merge = true;
-        if merge {
-            self.frontier.raise_all(&causes);
-        }
-        let record = HeldRecord { channel, position, causes, payload };
-        #[cfg(feature = "sim")]
         let direct = self.sabotage == EngineSabotage::None;
         #[cfg(not(feature = "sim"))]
         let direct = true;
@@ -776,14 +773,23 @@ impl<P: Clone> Engine<P> {
         // so the channel's settled position cannot block it.
         if direct
             && self.held_records == 0
-            && decide(&record.causes, &self.received, |c| self.channels.get(c).and_then(|s| s.settled()))
-                .is_deliverable()
+            && decide(&causes, &self.received, |c| self.channels.get(c).and_then(|s| s.settled())).is_deliverable()
         {
-            self.advance_pasts(&record);
+            // Receipt raises the frontier by the causes, delivery by the own pair; the
+            // delivered past takes both. Each past in one pass (merging commutes).
+            self.frontier.raise_record_both(&mut self.delivered, channel, position, &causes);
             let _ = self.check_held_limits(Some((channel, position)));
-            out.push(record);
+            out.push(HeldRecord { channel, position, causes, payload });
             return Ok(Fed::Accepted);
         }
+        #[cfg(feature = "sim")]
+        let merge = self.sabotage != EngineSabotage::SkipReceiptMerge;
+        #[cfg(not(feature = "sim"))]
+        let merge = true;
+        if merge {
+            self.frontier.raise_all(&causes);
+        }
+        let record = HeldRecord { channel, position, causes, payload };
         let ch = self.channels.get_mut(&channel).expect("received channel");
         self.held_bytes += (self.weigh)(&record.payload) + codec::encoded_len(&record.causes);
         ch.held.push_back(record);
@@ -902,8 +908,7 @@ impl<P: Clone> Engine<P> {
         if self.sabotage == EngineSabotage::SkipReceiptMerge {
             self.frontier.raise_all(&record.causes);
         }
-        self.delivered.raise(record.channel, record.position);
-        self.delivered.raise_all(&record.causes);
+        self.delivered.raise_record(record.channel, record.position, &record.causes);
     }
 
     /// Drops the pairs that can no longer matter — the only rule that ever drops a pair:

@@ -5,6 +5,9 @@
 use crate::channel::{ChannelId, Position};
 use crate::codec::{self, DecodeError};
 
+/// The longest past [`CausalPast::raise_record`] walks pair by pair rather than searching.
+const WALKED: usize = 64;
+
 /// An immutable causal past: at most one position per channel, kept sorted by channel.
 ///
 /// Merging is a pointwise maximum. The value is changed only by consuming it
@@ -162,6 +165,71 @@ impl CausalPast {
         }
     }
 
+    /// Merges a record's own pair and its causes in (pointwise maximum): the same result as
+    /// `raise(channel, position)` then `raise_all(causes)`, in one ascending pass. A past of
+    /// up to [`WALKED`] pairs is walked pair by pair, each step an equality check first (a
+    /// record's causes are mostly channels the past already names); a longer one is searched
+    /// pair by pair.
+    pub(crate) fn raise_record(&mut self, channel: ChannelId, position: Position, causes: &CausalPast) {
+        assert!(position >= 0, "a causal past names offsets >= 0");
+        if self.pairs.len() > WALKED {
+            self.raise(channel, position);
+            self.raise_all(causes);
+            return;
+        }
+        let mut at = 0;
+        merged_with(channel, position, causes, |c, p| at = self.raise_walking(at, c, p));
+    }
+
+    /// [`CausalPast::raise_record`] on two pasts at once (a task's frontier and its delivered
+    /// past, on a record delivered as it arrives). The two usually name the same channels in
+    /// the same places, so each pair is first looked for in `other` where it sits in `self`:
+    /// one equality check instead of a walk.
+    pub(crate) fn raise_record_both(
+        &mut self,
+        other: &mut CausalPast,
+        channel: ChannelId,
+        position: Position,
+        causes: &CausalPast,
+    ) {
+        assert!(position >= 0, "a causal past names offsets >= 0");
+        if self.pairs.len() > WALKED || other.pairs.len() > WALKED {
+            self.raise_record(channel, position, causes);
+            other.raise_record(channel, position, causes);
+            return;
+        }
+        let (mut at, mut other_at) = (0, 0);
+        merged_with(channel, position, causes, |c, p| {
+            at = self.raise_walking(at, c, p);
+            // `self` holds the pair at `at - 1`; a pair on the same channel in `other` is
+            // the only one there (channels are unique), so it is raised in place.
+            match other.pairs.get_mut(at - 1) {
+                Some(pair) if pair.0 == c => {
+                    pair.1 = pair.1.max(p);
+                    other_at = at;
+                }
+                _ => other_at = other.raise_walking(other_at, c, p),
+            }
+        });
+    }
+
+    /// Raises `channel` to `position`, walking from index `at` (every pair before it sorts
+    /// below `channel`); returns the index after the pair.
+    fn raise_walking(&mut self, mut at: usize, channel: ChannelId, position: Position) -> usize {
+        while let Some(pair) = self.pairs.get_mut(at) {
+            if pair.0 == channel {
+                pair.1 = pair.1.max(position);
+                return at + 1;
+            }
+            if pair.0 > channel {
+                break;
+            }
+            at += 1;
+        }
+        self.pairs.insert(at, (channel, position));
+        at + 1
+    }
+
     /// What turns this past into `later`: the pairs of `later` that this past lacks or holds
     /// at another position, and the channels this past names that `later` does not.
     pub(crate) fn changes_to(&self, later: &CausalPast) -> (Vec<(ChannelId, Position)>, Vec<ChannelId>) {
@@ -270,6 +338,26 @@ impl CausalPast {
     }
 }
 
+/// Calls `f` with a record's own pair and its causes merged in ascending channel order (a
+/// cause on the record's own channel merged with the own pair into one).
+fn merged_with(channel: ChannelId, position: Position, causes: &CausalPast, mut f: impl FnMut(ChannelId, Position)) {
+    let mut own = Some((channel, position));
+    for &(c, p) in &causes.pairs {
+        if let Some((oc, op)) = own.filter(|&(oc, _)| oc <= c) {
+            own = None;
+            if oc == c {
+                f(c, p.max(op));
+                continue;
+            }
+            f(oc, op);
+        }
+        f(c, p);
+    }
+    if let Some((oc, op)) = own {
+        f(oc, op);
+    }
+}
+
 impl std::fmt::Debug for CausalPast {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_map().entries(self.pairs.iter().map(|(c, p)| (c, p))).finish()
@@ -316,6 +404,28 @@ mod tests {
         m.raise_all(&b);
         assert_eq!(m, a.clone().merge_past(&b));
         assert_eq!(a.changes_to(&m), (vec![(ch(0, 0), 2), (ch(2, 0), 4), (ch(3, 0), 1)], vec![]));
+        // A record's own pair and its causes in one pass: the same as one then the other,
+        // wherever the own pair sorts among the causes (first, between, last, on a cause's
+        // channel above or below it), and for a past too long to walk.
+        let long = CausalPast::from_pairs((0..100).map(|p| (ch(5, p), 1)));
+        for past in [a.clone(), CausalPast::new(), long] {
+            for own in [(ch(0, 0), 1), (ch(1, 0), 9), (ch(2, 5), 3), (ch(3, 0), 0), (ch(3, 0), 7), (ch(9, 0), 4)] {
+                let mut one_pass = past.clone();
+                one_pass.raise_record(own.0, own.1, &b);
+                let mut two = past.clone();
+                two.raise(own.0, own.1);
+                two.raise_all(&b);
+                assert_eq!(one_pass, two, "own pair {own:?}");
+                // Both at once, whether the second past names the same channels or others.
+                for second in [past.clone(), m.clone(), CausalPast::new()] {
+                    let (mut x, mut y) = (past.clone(), second.clone());
+                    x.raise_record_both(&mut y, own.0, own.1, &b);
+                    let mut expected = second.clone();
+                    expected.raise_record(own.0, own.1, &b);
+                    assert_eq!((&x, &y), (&one_pass, &expected), "own pair {own:?}, second {second:?}");
+                }
+            }
+        }
         let mut same = m.clone();
         same.raise_all(&b);
         assert_eq!(same, m);
@@ -343,5 +453,48 @@ mod tests {
         assert!(!cov.is_covered());
         assert!(recorded.coverage_of(&CausalPast::new()).is_covered());
         assert!(recorded.covers(&CausalPast::from_pairs([(ch(1, 0), 9)])));
+    }
+
+    mod props {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        /// A past over a few topics and up to 100 partitions each: short enough to be walked
+        /// or long enough to be searched ([`WALKED`]).
+        fn past(max: usize) -> impl Strategy<Value = CausalPast> {
+            prop::collection::vec(((1u8..4), (0u32..100), (0i64..50)), 0..max)
+                .prop_map(|v| CausalPast::from_pairs(v.into_iter().map(|(t, p, pos)| (ch(t, p), pos))))
+        }
+
+        proptest! {
+            /// A record's own pair and its causes merged in one pass, into one past or into
+            /// two at once, give what merging the pair and then the causes gives.
+            #[test]
+            fn a_records_pairs_in_one_pass_are_the_two_step_merge(
+                first in past(120), second in past(120), causes in past(12),
+                own_topic in 1u8..4, own_partition in 0u32..100, own_position in 0i64..60,
+            ) {
+                let own = ch(own_topic, own_partition);
+                let two_step = |p: &CausalPast| {
+                    let mut p = p.clone();
+                    p.raise(own, own_position);
+                    p.raise_all(&causes);
+                    p
+                };
+                let mut one = first.clone();
+                one.raise_record(own, own_position, &causes);
+                prop_assert_eq!(&one, &two_step(&first));
+                let (mut a, mut b) = (first.clone(), second.clone());
+                a.raise_record_both(&mut b, own, own_position, &causes);
+                prop_assert_eq!(&a, &two_step(&first));
+                prop_assert_eq!(&b, &two_step(&second));
+                // The usual case: two pasts naming the same channels.
+                let (mut a, mut b) = (first.clone(), first.clone().retain(|_, p| p > 0));
+                let expected = two_step(&b);
+                a.raise_record_both(&mut b, own, own_position, &causes);
+                prop_assert_eq!(&b, &expected);
+            }
+        }
     }
 }
