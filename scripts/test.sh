@@ -56,6 +56,16 @@ rc=0
 cargo test --workspace --no-fail-fast || rc=$?
 t_cargo="$(now_s)"
 
+# A slice of the projector's throughput benchmark (`make bench-projector` is the long run),
+# in the test build: 4 000 records of two workloads through the projector binary and the
+# naive loop's process, each run checked to apply every record once, its database and
+# topics removed after it. It proves the benchmark works; its figures mean nothing at this
+# size.
+phase "benchmark slice (projector throughput, 4 000 records)"
+BENCH_RECORDS=4000 BENCH_VARIANTS=projector,naive-proc BENCH_WORKLOADS=upsert-100b,mix-100b \
+    cargo test -p parsley-projector --bench throughput -- --bench || rc=$?
+t_bench="$(now_s)"
+
 # The HTTP API as clients see it, on one real gateway and projector: the TypeScript client's
 # tests, then a short schemathesis run (skipped with a message when it cannot be installed).
 phase "API (TypeScript client tests; schemathesis, ${API_FUZZ_EXAMPLES:-100} examples per operation)"
@@ -74,7 +84,8 @@ printf '  services up: %4ss  (install/check %ss, start/readiness %ss)\n' "$((t1 
 printf '  lint:        %4ss\n' "$((t_lint - t1))"
 printf '  build:       %4ss\n' "$((t2 - t_lint))"
 printf '  test:        %4ss\n' "$((t_cargo - t2))"
-printf '  API:         %4ss\n' "$((t3 - t_cargo))"
+printf '  bench slice: %4ss\n' "$((t_bench - t_cargo))"
+printf '  API:         %4ss\n' "$((t3 - t_bench))"
 printf '  total:       %4ss\n' "$((t3 - t0))"
 if [ "$rc" = 0 ]; then
     echo "make test: the test suite passed"
