@@ -17,8 +17,8 @@
 //! channels (a gateway session's causal past), plus the causing replace on the sibling
 //! topic for `mix-100b`'s patches.
 //!
-//! Variants (`BENCH_VARIANTS`; default `projector,naive`, plus `baseline` when
-//! `BENCH_BASELINE_BIN` is set):
+//! Variants (`BENCH_VARIANTS`; default `projector,naive-proc`, plus `baseline` when
+//! `BENCH_BASELINE_BIN` is set: the projector against the naive loop timed the same way):
 //! - `projector`: this build's `parsley-projector run` (or `BENCH_PROJECTOR_BIN`), launched
 //!   as a process with a config file (one process per `BENCH_INSTANCES`, sharing the
 //!   model's tasks);
@@ -188,7 +188,7 @@ struct Bench {
 async fn bench() -> anyhow::Result<()> {
     let records = env_usize("BENCH_RECORDS", 200_000);
     let baseline = std::env::var("BENCH_BASELINE_BIN").ok().filter(|s| !s.is_empty());
-    let default_variants = if baseline.is_some() { "baseline,projector,naive" } else { "projector,naive" };
+    let default_variants = if baseline.is_some() { "baseline,projector,naive-proc" } else { "projector,naive-proc" };
     let variants = env_list("BENCH_VARIANTS", default_variants);
     for v in &variants {
         match v.as_str() {
