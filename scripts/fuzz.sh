@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make fuzz`: the long fuzz runs. Needs no services.
 #  1. The property-based fuzz tests with many cases, in release mode, on stable: CASES=<n>
-#     per property (default 100000), the feed and decode properties of core/tests/fuzz_corpus.rs
+#     per property (default 100000), the feed and decode properties of tests/fuzz_corpus.rs
 #     among them.
 #  2. The cargo-fuzz targets of the core (fuzz/: `decode`, `feed`), coverage-guided by
 #     libFuzzer on nightly, FUZZ_SECONDS=<n> each (default 600; 0 skips them). They need a

@@ -118,7 +118,10 @@ fn options(m: &ArgMatches) -> anyhow::Result<Options> {
             .map(|p| p.map(|p| p.parse().with_context(|| format!("--projector-pid {p}"))).collect())
             .transpose()?
             .unwrap_or_default(),
-        database_url: m.get_one::<String>("database-url").cloned().or_else(|| parsley_infra::env::database_url().ok()),
+        database_url: m
+            .get_one::<String>("database-url")
+            .cloned()
+            .or_else(|| parsley_infra::services::database_url().ok()),
         application_name: m.get_one::<String>("application-name").cloned(),
         spawn,
         repo: std::env::current_dir()?,

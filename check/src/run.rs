@@ -80,7 +80,7 @@ pub async fn run(options: Options) -> anyhow::Result<(Verdict, Vec<Event>)> {
         let common = |extra: &[(&str, String)]| {
             let mut env = vec![
                 ("PARSLEY_DATABASE_URL".to_string(), url.clone()),
-                ("PARSLEY_KAFKA_BOOTSTRAP".to_string(), parsley_infra::env::kafka_bootstrap().unwrap_or_default()),
+                ("PARSLEY_KAFKA_BOOTSTRAP".to_string(), parsley_infra::services::kafka_bootstrap().unwrap_or_default()),
                 ("RUST_LOG".to_string(), "info".to_string()),
             ];
             env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.clone())));
@@ -216,7 +216,7 @@ pub async fn run(options: Options) -> anyhow::Result<(Verdict, Vec<Event>)> {
 /// Creates the topics and the services' database when missing; returns the database's URL
 /// (`$DATABASE_URL` naming that database).
 pub async fn prepare(spawn: &Spawn, options: &Options) -> anyhow::Result<String> {
-    let bootstrap = parsley_infra::env::kafka_bootstrap()?;
+    let bootstrap = parsley_infra::services::kafka_bootstrap()?;
     let admin: AdminClient<DefaultClientContext> =
         parsley_infra::kafka::admin_config(&bootstrap).create().context("creating a Kafka admin client")?;
     let timeout = Duration::from_secs(15);
@@ -230,7 +230,7 @@ pub async fn prepare(spawn: &Spawn, options: &Options) -> anyhow::Result<String>
             Err((name, code)) => bail!("creating topic {name}: {code}"),
         }
     }
-    let server = parsley_infra::env::database_url()?;
+    let server = parsley_infra::services::database_url()?;
     let options = PgConnectOptions::from_str(&server).context("parsing the database URL")?;
     let name = parsley_store::database::DatabaseName::new(&spawn.database)?;
     let mut connection = options.clone().database("postgres").connect().await.context("connecting to the server")?;
@@ -262,7 +262,7 @@ pub fn with_database(url: &str, database: &str) -> anyhow::Result<String> {
 
 /// Each topic's partition count, from the broker of `$PARSLEY_KAFKA_BOOTSTRAP`.
 async fn partition_counts(topics: &[&str]) -> anyhow::Result<Vec<u32>> {
-    let bootstrap = parsley_infra::env::kafka_bootstrap()?;
+    let bootstrap = parsley_infra::services::kafka_bootstrap()?;
     let topics: Vec<String> = topics.iter().map(|t| t.to_string()).collect();
     tokio::task::spawn_blocking(move || {
         let client: BaseConsumer = parsley_infra::kafka::consumer_config(&bootstrap, "parsley-check.metadata")

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, ensure, Context as _};
 use parsley::channel::{ChannelId, TopicId};
 use parsley::CausalPast;
-use parsley_store::config::{Apply, Config, GATEWAY_SECTION};
-use parsley_store::env::{self, Env};
+use parsley_settings::config::{Apply, Config, GATEWAY_SECTION};
+use parsley_settings::overrides::{self, Env};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -252,7 +252,7 @@ pub fn gateway_listen(config: &Config) -> anyhow::Result<String> {
 /// An address setting of `[gateway]`, overridden by the environment by the one rule the
 /// gateway follows (an empty value leaves the file's).
 fn gateway_setting(config: &Config, key: &str, default: &str) -> anyhow::Result<String> {
-    let overrides = env::overrides(&Env::process(), |section| section == GATEWAY_SECTION)?;
+    let overrides = overrides::overrides(&Env::process(), |section| section == GATEWAY_SECTION)?;
     if let Some(o) = overrides.iter().find(|o| o.path == [GATEWAY_SECTION, key]) {
         if !o.value.trim().is_empty() {
             return Ok(o.value.trim().to_string());

@@ -12,8 +12,8 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context as _};
-use parsley_projector::config::Config;
-use parsley_store::env::Env;
+use parsley_settings::config::Config;
+use parsley_settings::overrides::Env;
 
 /// The order-totals example's folder.
 pub const ORDER_TOTALS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/order-totals");

@@ -1,5 +1,5 @@
 //! The `decode` fuzz target's property, shared by the cargo-fuzz target
-//! (`fuzz/fuzz_targets/decode.rs`) and the stable replay in `core/tests/fuzz_corpus.rs`.
+//! (`fuzz/fuzz_targets/decode.rs`) and the stable replay in `tests/fuzz_corpus.rs`.
 //!
 //! Input: one byte choosing the budget, then the `parsley.causes` value. Whatever the bytes:
 //! - decoding never panics;

@@ -1,5 +1,5 @@
 //! The `feed` fuzz target's property, shared by the cargo-fuzz target
-//! (`fuzz/fuzz_targets/feed.rs`) and the stable replay in `core/tests/fuzz_corpus.rs`.
+//! (`fuzz/fuzz_targets/feed.rs`) and the stable replay in `tests/fuzz_corpus.rs`.
 //!
 //! The input is read as a [`Case`]: an engine configuration and a sequence of what a host
 //! does to one task's engine — receive records with arbitrary `parsley.causes` headers,

@@ -1,5 +1,5 @@
 //! cargo-fuzz target `decode`: arbitrary bytes and budgets through the `parsley.causes`
-//! decoder. The property is `fuzz/checks/decode.rs`, which `core/tests/fuzz_corpus.rs`
+//! decoder. The property is `fuzz/checks/decode.rs`, which `tests/fuzz_corpus.rs`
 //! also replays on stable.
 #![no_main]
 

@@ -1,5 +1,5 @@
 //! cargo-fuzz target `feed`: arbitrary sequences of a host's operations on one task's
-//! engine. The property is `fuzz/checks/feed.rs`, which `core/tests/fuzz_corpus.rs` also
+//! engine. The property is `fuzz/checks/feed.rs`, which `tests/fuzz_corpus.rs` also
 //! replays on stable.
 #![no_main]
 

@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context as _};
 use parsley_gateway::session::unix_now;
 use parsley_gateway::token::{self, TokenLimits};
-use parsley_projector::config::Config;
+use parsley_settings::config::Config;
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use rdkafka::{Message as _, Offset, TopicPartitionList};
 use serde_json::{json, Value};

@@ -27,13 +27,13 @@ use tokio::task::JoinHandle;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::TraceLayer;
 
-use crate::config::GatewayConfig;
-use crate::facts::KafkaFacts;
+use crate::facts_cache::KafkaFacts;
 use crate::keys;
 use crate::metrics::{Metric, Metrics, METRICS};
 use crate::notify::{self, ClockNotifier};
 use crate::problem::{ApiError, Problem, ProblemType};
 use crate::server::{self, ServerLimits};
+use crate::settings::GatewayConfig;
 use crate::widths::RecordedWidths;
 use crate::{ops, read, write};
 
@@ -58,7 +58,7 @@ pub struct Inner {
     /// Per model, the shape gated reads choose their clock rows by.
     pub shapes: crate::gated::Shapes,
     /// Per model, covered document snapshots (keys and pages) kept in memory (`gateway.read_cache_bytes`).
-    pub kept: crate::kept::KeptReads,
+    pub kept: crate::read_cache::KeptReads,
     /// The span exporter, when `otlp_endpoint` is set.
     pub otlp: Option<parsley_infra::otlp::Exporter>,
     pub metrics: Arc<Metrics>,
@@ -127,7 +127,7 @@ impl AppState {
         let facts = KafkaFacts::new(&cluster, config.settings.kafka_timeout())?;
         let notifier = Arc::new(ClockNotifier::new(config.shared.models.iter().map(|m| m.name.as_str())));
         let feeds = crate::feed::Feeds::new(config.shared.models.iter().map(|m| m.name.as_str()));
-        let kept = crate::kept::KeptReads::new(
+        let kept = crate::read_cache::KeptReads::new(
             config.shared.models.iter().map(|m| m.name.as_str()),
             config.settings.read_cache_bytes,
             Duration::from_millis(config.settings.read_cache_max_age_ms),
@@ -497,7 +497,7 @@ mod tests {
     use axum::body::Body;
     use axum::http::{header, Method, StatusCode};
     use parsley::{CausalPast, ChannelId, TopicId};
-    use parsley_store::config::Config;
+    use parsley_settings::config::Config;
     use serde_json::Value;
     use tower::ServiceExt as _;
 
@@ -728,7 +728,7 @@ max_key_bytes = 16
     fn state_with_admin_token() -> AppState {
         let shared = Config::parse(FILE).unwrap();
         let mut config = GatewayConfig::with_keys(shared, ring()).unwrap();
-        config.admin_token = Some(crate::config::AdminToken::new(ADMIN_TOKEN).unwrap());
+        config.admin_token = Some(crate::settings::AdminToken::new(ADMIN_TOKEN).unwrap());
         AppState::new(config).unwrap()
     }
 

@@ -31,7 +31,7 @@ use tokio::sync::Mutex;
 
 use crate::app::AppState;
 use crate::body::{self, BatchRecord};
-use crate::facts::TopicFact;
+use crate::facts_cache::TopicFact;
 use crate::metrics::Metric;
 use crate::problem::ApiError;
 use crate::session::{self, kafka_unavailable, SESSION_HEADER};

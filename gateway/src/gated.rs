@@ -12,7 +12,7 @@
 //! an uncovered read is refused `503 overloaded` at once.
 //!
 //! A [`Snapshot`] may also offer a snapshot an earlier read kept in memory (the documents'
-//! reads of a key or a page do, unless `gateway.read_cache_bytes` is 0: [`crate::kept`]). It is one
+//! reads of a key or a page do, unless `gateway.read_cache_bytes` is 0: [`crate::read_cache`]). It is one
 //! snapshot like any other and passes through the same gate over its own rows; only when
 //! that gate does not cover the session is a statement run.
 //!
@@ -80,9 +80,9 @@ use axum::response::{IntoResponse, Response};
 use parsley::gate::{gate, refresh, ClockRow, GateGap, ModelShape, Verdict};
 use parsley::murmur2::partition_for_key;
 use parsley::{CausalPast, ChannelId, TopicId};
-use parsley_store::config::ModelConfig;
+use parsley_settings::config::ModelConfig;
 use parsley_store::documents::{ClockScope, GateInputs, GatedSnapshot, RecordedModel, ShapeId};
-use parsley_store::ordering::{self as store, ModelRow, TaskRow, TaskStatus};
+use parsley_store::ordering::{self, ModelRow, TaskRow, TaskStatus};
 use serde_json::{json, Value};
 use sqlx::PgConnection;
 
@@ -151,7 +151,7 @@ pub trait Snapshot: Sync {
     ) -> impl Future<Output = Result<GatedSnapshot<Self::Data>, ApiError>> + Send;
 
     /// A covered snapshot an earlier read kept in memory that may serve this read without a
-    /// statement ([`crate::kept`]): it is served only if its own rows cover the session, like
+    /// statement ([`crate::read_cache`]): it is served only if its own rows cover the session, like
     /// any snapshot. `None` (the default): every attempt reads.
     fn kept(&self, _state: &AppState, _model: &str) -> Option<KeptSnapshot<Self::Data>> {
         None
@@ -544,7 +544,7 @@ async fn load_tasks(state: &AppState, model: &str) -> Result<Vec<TaskRow>, ApiEr
     let retry_after = state.config.settings.retry_after_s;
     let db = |e: anyhow::Error| database::failed(e, "the read", retry_after, None);
     let mut conn = state.pool.acquire().await.map_err(|e| db(e.into()))?;
-    store::load_tasks(&mut conn, model).await.map_err(db)
+    ordering::load_tasks(&mut conn, model).await.map_err(db)
 }
 
 /// The model as the projector recorded it (topic identities and task count); for a model

@@ -103,7 +103,7 @@ impl TokenKeys {
     pub fn reload(&self) -> Result<Arc<KeyRing>, ReloadError> {
         let path = match &self.source {
             KeySource::File(path) => path,
-            KeySource::Environment => return Err(ReloadError::NotReloadable(crate::config::ENV_TOKEN_KEYS)),
+            KeySource::Environment => return Err(ReloadError::NotReloadable(crate::settings::ENV_TOKEN_KEYS)),
             KeySource::Given => return Err(ReloadError::NotReloadable("the embedding code")),
         };
         *self.seen.lock().unwrap_or_else(|e| e.into_inner()) = stamp(path);
@@ -178,7 +178,7 @@ pub fn spawn_reloader(
         KeySource::Given => return None,
         KeySource::Environment => tracing::info!(
             "token keys from {}: not reloadable (SIGHUP is ignored); restart to change them",
-            crate::config::ENV_TOKEN_KEYS
+            crate::settings::ENV_TOKEN_KEYS
         ),
         KeySource::File(path) => {
             let every = if poll.is_zero() { "never".to_string() } else { format!("{} ms", poll.as_millis()) };

@@ -49,17 +49,15 @@ pub mod app;
 pub mod batch;
 #[doc(hidden)]
 pub mod body;
-pub mod config;
 #[doc(hidden)]
 pub mod cors;
 #[doc(hidden)]
 pub mod database;
 #[doc(hidden)]
-pub mod facts;
+pub mod facts_cache;
 #[doc(hidden)]
 pub mod feed;
 pub mod gated;
-pub mod kept;
 #[doc(hidden)]
 pub mod keys;
 #[doc(hidden)]
@@ -75,10 +73,12 @@ pub mod problem;
 pub mod queries;
 #[doc(hidden)]
 pub mod read;
+pub mod read_cache;
 #[doc(hidden)]
 pub mod server;
 #[doc(hidden)]
 pub mod session;
+pub mod settings;
 #[doc(hidden)]
 pub mod subject;
 pub mod token;
@@ -90,6 +90,6 @@ pub mod widths;
 pub mod write;
 
 pub use app::{admin_app, app, routes, AppState, Gateway, Listeners};
-pub use config::{GatewayConfig, Settings};
 pub use problem::{ApiError, Problem};
 pub use session::SESSION_HEADER;
+pub use settings::{GatewayConfig, Settings};

@@ -5,7 +5,7 @@
 //! every model after a reconnect, and the feeds also re-check on a timer.
 //!
 //! The same notifications also count, per model and task, the changes a snapshot kept in
-//! memory ([`crate::kept`]) must not outlive: [`ClockNotifier::generation`] changes with
+//! memory ([`crate::read_cache`]) must not outlive: [`ClockNotifier::generation`] changes with
 //! every notification of the task or of the whole model, and a kept snapshot is served only
 //! while the generation it was read under is still the current one and the listener is
 //! connected ([`ClockNotifier::listening`]). Each notification

@@ -27,7 +27,7 @@ mod tests {
     use axum::body::Body;
     use axum::http::{Method, Request, StatusCode};
     use axum::Router;
-    use parsley_store::config::Config;
+    use parsley_settings::config::Config;
     use serde_json::Value;
     use tower::ServiceExt as _;
 
@@ -50,7 +50,7 @@ topics = [{ name = "orders" }]
     fn state() -> AppState {
         let ring = KeyRing::new(vec![("k1".into(), SecretKey::from_bytes([5; 32]))]).unwrap();
         let mut config = GatewayConfig::with_keys(Config::parse(FILE).unwrap(), ring).unwrap();
-        config.admin_token = Some(crate::config::AdminToken::new("an-admin-token-of-some-length").unwrap());
+        config.admin_token = Some(crate::settings::AdminToken::new("an-admin-token-of-some-length").unwrap());
         AppState::new(config).unwrap()
     }
 

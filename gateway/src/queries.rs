@@ -5,7 +5,7 @@
 //! given, `int` a 64-bit integer, `float` a finite 64-bit float, `bool` `true`/`false`,
 //! `json` a JSON document); a parameter missing, unknown, given twice or not of its type is
 //! `400 invalid-query` naming it, before the database is asked. The statement (its `:name`
-//! parameters turned into `$n` by [`parsley_store::sql_params`]) runs in a `REPEATABLE READ,
+//! parameters turned into `$n` by [`parsley_settings::sql_params`]) runs in a `REPEATABLE READ,
 //! READ ONLY` transaction whose snapshot also gives the clock rows
 //! ([`parsley_store::queries::named_query`]): so nothing it runs can write, and its rows are
 //! the rows the clock describes. A query with a `key` parameter is gated on the task owning
@@ -24,11 +24,11 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use parsley_store::config::{ParamType, QueryConfig};
+use parsley_settings::config::{ParamType, QueryConfig};
+use parsley_settings::sql_params;
 use parsley_store::documents::{GateInputs, GatedSnapshot};
 use parsley_store::failure::{classify_sqlx, Failure};
 use parsley_store::queries::{self, ParamValue};
-use parsley_store::sql_params;
 use serde_json::{json, Value};
 
 use crate::app::AppState;

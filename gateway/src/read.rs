@@ -202,7 +202,7 @@ async fn gated_read(
 }
 
 /// A document read's snapshot: one statement ([`read_snapshot`]). A covered snapshot is kept
-/// in memory for the next reads of the same key or page ([`crate::kept`]): a key's until its
+/// in memory for the next reads of the same key or page ([`crate::read_cache`]): a key's until its
 /// owner steps, a page's until any task does.
 struct Documents<'a>(&'a Target);
 

@@ -296,10 +296,10 @@ mod reseal_tests {
 
     use axum::http::HeaderMap;
     use parsley::{CausalPast, ChannelId, TopicId};
-    use parsley_store::config::Config;
+    use parsley_settings::config::Config;
 
     use super::*;
-    use crate::config::GatewayConfig;
+    use crate::settings::GatewayConfig;
     use crate::token::{KeyRing, SecretKey, TokenLimits, Validity};
 
     const FILE: &str = r#"

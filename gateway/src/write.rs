@@ -28,7 +28,7 @@ use serde_json::{json, Value};
 use crate::app::AppState;
 use crate::body::{self, WriteBody};
 use crate::database;
-use crate::facts::TopicFact;
+use crate::facts_cache::TopicFact;
 use crate::metrics::Metric;
 use crate::problem::ApiError;
 use crate::session::{self, kafka_unavailable, SESSION_HEADER};

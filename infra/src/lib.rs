@@ -26,7 +26,6 @@
 //!   for the integration tests (through `parsley-testkit`).
 
 pub mod cli;
-pub mod env;
 pub mod facts;
 pub mod headers;
 pub mod http;
@@ -35,6 +34,7 @@ pub mod metrics;
 pub mod otlp;
 pub mod pg;
 pub mod process;
+pub mod services;
 pub mod topic_id;
 
 pub use kafka::PartitionOffsets;

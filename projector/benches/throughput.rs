@@ -70,11 +70,12 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 use parsley::channel::{ChannelId, TopicId};
 use parsley::CausalPast;
-use parsley_projector::config::{Apply, Config, DEFAULT_MAX_STEP_BYTES, DEFAULT_MAX_STEP_RECORDS};
 use parsley_projector::projection::{Delivered, Projection, StepContext};
 use parsley_projector::record::Consumed;
 use parsley_projector::task::received_now;
-use parsley_projector::{kafka, migrations, DocumentProjection};
+use parsley_projector::{kafka, DocumentProjection};
+use parsley_settings::config::{Apply, Config, DEFAULT_MAX_STEP_BYTES, DEFAULT_MAX_STEP_RECORDS};
+use parsley_store::migrations;
 use parsley_testkit::{cpu_ticks, create_database, drop_database, postgres_processes, with_database, TICKS_PER_SECOND};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -214,8 +215,8 @@ async fn bench() -> anyhow::Result<()> {
     let rounds = env_usize("BENCH_ROUNDS", 1).max(1);
     let run = format!("bench{}x{}", std::process::id(), rand_suffix());
     let bench = Bench {
-        bootstrap: parsley_infra::env::kafka_bootstrap()?,
-        database_url: parsley_infra::env::database_url()?,
+        bootstrap: parsley_infra::services::kafka_bootstrap()?,
+        database_url: parsley_infra::services::database_url()?,
         run: run.clone(),
         records,
         step: std::env::var("BENCH_STEP_RECORDS").ok().map(|_| env_usize("BENCH_STEP_RECORDS", 0).max(1)),

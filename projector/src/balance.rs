@@ -33,8 +33,8 @@ use tokio::task::JoinHandle;
 use crate::metrics::Metric;
 use crate::model::{supervise, Ended, ModelPlan, Start, Tracker};
 use crate::projection::Projection;
-use crate::store;
 use crate::task::{RunnerSpec, TaskRunner};
+use parsley_store::ordering;
 
 /// A task this instance runs: its supervisor, and how to stop it.
 struct Owned {
@@ -185,7 +185,10 @@ impl<P: Projection> Balancer<P> {
     async fn balance(&mut self) -> anyhow::Result<()> {
         let (members, tasks) = {
             let mut conn = self.spec.pool.acquire().await.context("acquiring a connection to balance")?;
-            (leases::members(&mut conn, &self.plan.name).await?, store::load_tasks(&mut conn, &self.plan.name).await?)
+            (
+                leases::members(&mut conn, &self.plan.name).await?,
+                ordering::load_tasks(&mut conn, &self.plan.name).await?,
+            )
         };
         let candidates: Vec<u32> = match &self.only {
             Some(only) => only.iter().copied().collect(),

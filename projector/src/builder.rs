@@ -3,7 +3,7 @@
 //! `parsley-projector run` does — the binary is a thin `main` over it.
 //!
 //! A model's `projection` key names the projection it runs: `"documents"` and `"sql"` are
-//! registered by default ([`crate::config::BUILTIN_PROJECTIONS`]); a program embedding the
+//! registered by default ([`parsley_settings::config::BUILTIN_PROJECTIONS`]); a program embedding the
 //! projector registers its own ([`ProjectorBuilder::projection`]). Each registered name
 //! maps to a factory called once per model naming it, with the model's configuration (its
 //! `[models.options]` table included), before anything connects: an unknown name, or a
@@ -28,13 +28,13 @@ use parsley_store::model_migrations::{self, Applied, ModelMigration};
 use sqlx::PgPool;
 use tokio::sync::watch;
 
-use crate::config::{valid_projection_name, Config, ModelConfig, DOCUMENTS_PROJECTION, SQL_PROJECTION};
 use crate::documents::DocumentProjection;
 use crate::metrics::{self, Metric, Metrics, METRICS};
-use crate::migrations;
 use crate::model::ModelProjector;
 use crate::projection::{Projection, SharedProjection};
 use crate::sql::SqlProjection;
+use parsley_settings::config::{valid_projection_name, Config, ModelConfig, DOCUMENTS_PROJECTION, SQL_PROJECTION};
+use parsley_store::migrations;
 
 /// Builds a model's projection from its configuration.
 type Factory = Box<dyn Fn(&ModelConfig) -> anyhow::Result<SharedProjection> + Send + Sync>;
@@ -49,7 +49,7 @@ impl Projector {
     ///
     /// ```no_run
     /// use std::sync::Arc;
-    /// use parsley_projector::config::{Config, ModelConfig};
+    /// use parsley_settings::config::{Config, ModelConfig};
     /// use parsley_projector::projection::{Delivered, Projection, ProjectionError, StepContext};
     /// use parsley_projector::Projector;
     /// use sqlx::PgConnection;

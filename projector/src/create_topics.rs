@@ -15,7 +15,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::types::RDKafkaErrorCode;
 
-use crate::config::Config;
+use parsley_settings::config::Config;
 
 /// How long the broker may take to answer each admin call.
 const TIMEOUT: Duration = Duration::from_secs(30);

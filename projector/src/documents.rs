@@ -27,8 +27,8 @@ use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 use sqlx::PgConnection;
 
-use crate::config::Apply;
 use crate::projection::{Delivered, Projection, ProjectionError, StepContext};
+use parsley_settings::config::Apply;
 
 /// Applies RFC 7396 JSON merge patch `patch` to `target`.
 pub fn merge_patch(target: &mut Value, patch: &Value) {
@@ -62,7 +62,7 @@ impl DocumentProjection {
         DocumentProjection { apply_by_topic: apply_by_topic.into_iter().collect() }
     }
 
-    pub fn from_model(model: &crate::config::ModelConfig) -> Self {
+    pub fn from_model(model: &parsley_settings::config::ModelConfig) -> Self {
         DocumentProjection::new(model.topics.iter().map(|t| (t.name.clone(), t.apply)))
     }
 }

@@ -20,7 +20,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer as _, StreamConsumer};
 use rdkafka::types::RDKafkaRespErr;
 
-use crate::config::KafkaConfig;
+use parsley_settings::config::KafkaConfig;
 
 /// The task consumer's configuration: the project's read-committed, no-auto-commit consumer
 /// over the configured cluster and its `[kafka.properties]`

@@ -4,7 +4,7 @@
 //!
 //! # The library
 //! A program runs the projector with projections of its own through [`Projector::builder`]:
-//! the configuration ([`config`]), a registry of named projections, a shutdown signal. A
+//! the configuration ([`settings`], the `parsley-settings` crate), a registry of named projections, a shutdown signal. A
 //! projection implements [`Projection`] (its object-safe form is [`DynProjection`]); it
 //! receives each [`Delivered`] record, in causal order, inside the step's transaction, and
 //! fails with a [`ProjectionError`] that says whether the record is at fault. Two are
@@ -18,9 +18,9 @@
 //! through them; they carry no compatibility promise.
 //!
 //! # Layout
-//! The schema, every SQL statement on it, the status reads and the shared configuration are
-//! `parsley-store`'s; [`config`], `migrations`, `store` (the ordering state's statements)
-//! and `status` re-export its modules under the projector's own paths.
+//! The schema, every SQL statement on it and the status reads are `parsley-store`'s; the
+//! shared configuration is `parsley-settings`' (re-exported as [`settings`] for programs
+//! that embed the projector).
 //! - [`builder`]: the projector as a service — projections registered by name, the start
 //!   sequence (metrics, connection, migrations, each model's own migrations, models), and
 //!   shutdown; `parsley-projector run` is a thin `main` over it.
@@ -43,7 +43,6 @@
 //! See `docs/projector.md` for the model, schema, step, fencing and restart.
 
 pub mod builder;
-pub mod config;
 pub mod projection;
 
 pub(crate) mod balance;
@@ -58,23 +57,19 @@ pub mod kafka;
 #[doc(hidden)]
 pub mod metrics;
 #[doc(hidden)]
-pub mod migrations;
-#[doc(hidden)]
 pub mod model;
 #[doc(hidden)]
 pub mod record;
 #[doc(hidden)]
 pub mod skip;
 #[doc(hidden)]
-pub mod status;
-#[doc(hidden)]
-pub mod store;
-#[doc(hidden)]
 pub mod task;
 
 pub use builder::{Projector, ProjectorBuilder};
-pub use config::Config;
 pub use documents::DocumentProjection;
+/// The shared configuration (`parsley-settings`), for programs that embed the projector.
+pub use parsley_settings as settings;
+pub use parsley_settings::Config;
 pub use projection::{Delivered, DynProjection, Projection, ProjectionError, SharedProjection, StepContext};
 pub use sql::SqlProjection;
 

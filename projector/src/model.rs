@@ -17,13 +17,13 @@ use parsley::TopicId;
 use sqlx::PgPool;
 use tokio::sync::watch;
 
-use crate::config::{Config, InitialPosition, KafkaConfig, ModelConfig, OnRejected};
 use crate::kafka;
 use crate::metrics::{Metric, Metrics};
 use crate::projection::Projection;
-use crate::store;
 use crate::task::{RunnerSpec, StepOutcome, TaskRunner, TaskState};
+use parsley_settings::config::{Config, InitialPosition, KafkaConfig, ModelConfig, OnRejected};
 use parsley_store::leases;
+use parsley_store::ordering;
 
 /// One received topic of a model, resolved.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -180,7 +180,7 @@ impl<P: Projection> ModelProjector<P> {
         let resolved = kafka::resolve_topics(&config.kafka, &model.name, &names).await?;
         let recorded = {
             let mut conn = pool.acquire().await.context("acquiring a connection")?;
-            store::load_model(&mut conn, &model.name).await?
+            ordering::load_model(&mut conn, &model.name).await?
         };
         let owner = config.owner();
         let refused = |refusal: Refusal| ModelProjector {
@@ -202,7 +202,7 @@ impl<P: Projection> ModelProjector<P> {
             let held = match then {
                 Some(id) => {
                     let mut conn = pool.acquire().await.context("acquiring a connection")?;
-                    store::held_on_topic(&mut conn, &model.name, &id).await?
+                    ordering::held_on_topic(&mut conn, &model.name, &id).await?
                 }
                 None => 0,
             };
@@ -226,7 +226,7 @@ impl<P: Projection> ModelProjector<P> {
             }
         };
         let pairs: Vec<(String, TopicId)> = names.iter().cloned().zip(ids.iter().copied()).collect();
-        store::register_model(&pool, &model.name, width, &pairs).await?;
+        ordering::register_model(&pool, &model.name, width, &pairs).await?;
 
         let plan = Arc::new(ModelPlan {
             name: model.name.clone(),
@@ -367,7 +367,7 @@ pub(crate) enum Start<P: Projection> {
     /// A runner already started (adopted from [`ModelProjector::start`]).
     Runner(Box<TaskRunner<P>>),
     /// The task was just taken at this row's epoch; the supervisor starts its runner.
-    Taken(store::TaskRow),
+    Taken(ordering::TaskRow),
 }
 
 /// How a task's supervisor ended.
@@ -448,7 +448,7 @@ pub(crate) async fn supervise<P: Projection>(
                 spec.metrics.add(Metric::PanicsTotal, &labels, 1.0);
                 spec.metrics.add(Metric::FailuresTotal, &labels, 1.0);
                 spec.metrics.set(Metric::TaskFailing, &labels, 1.0);
-                if let Err(e) = store::record_failure(&spec.pool, &model, task, tracker.epoch(), &message).await {
+                if let Err(e) = ordering::record_failure(&spec.pool, &model, task, tracker.epoch(), &message).await {
                     tracing::warn!(model = %model, task, error = %format!("{e:#}"), "could not record the panic");
                 }
                 wait
@@ -552,7 +552,7 @@ async fn finish_refused<P: Projection>(
     refused: impl FnOnce(Refusal) -> ModelProjector<P>,
 ) -> anyhow::Result<ModelProjector<P>> {
     if let Some(width) = recorded_width {
-        store::refuse_model(pool, model, width, &refusal).await?;
+        ordering::refuse_model(pool, model, width, &refusal).await?;
     }
     Ok(refused(refusal))
 }

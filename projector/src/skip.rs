@@ -31,10 +31,10 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Message as _, Offset, TopicPartitionList};
 use sqlx::PgPool;
 
-use crate::config::KafkaConfig;
 use crate::kafka;
 use crate::record::Consumed;
-use crate::store::{self, ModelRow, RecordFound, Skip, TaskRow, TaskStatus};
+use parsley_settings::config::KafkaConfig;
+use parsley_store::ordering::{self, ModelRow, RecordFound, Skip, TaskRow, TaskStatus};
 
 /// How a restore applies the skips to a task's stored state (owned by `parsley-store`).
 pub use parsley_store::ordering::mark_skipped_held;
@@ -144,7 +144,7 @@ pub async fn skip(kafka: &KafkaConfig, pool: &PgPool, request: &SkipRequest) -> 
     let coordinate = request.coordinate();
     let (model, channel) = {
         let mut conn = pool.acquire().await.context("acquiring a connection")?;
-        let model = store::load_model(&mut conn, &request.model)
+        let model = ordering::load_model(&mut conn, &request.model)
             .await?
             .ok_or_else(|| SkipError::UnknownModel { model: request.model.clone() })?;
         let topic = *model
@@ -161,7 +161,8 @@ pub async fn skip(kafka: &KafkaConfig, pool: &PgPool, request: &SkipRequest) -> 
         let channel = ChannelId::new(topic, request.partition);
         // Checked before reading Kafka, so a mistaken command fails fast; again below,
         // under the lock, where it counts.
-        let row = store::load_tasks(&mut conn, &request.model).await?.into_iter().find(|t| t.task == channel.partition);
+        let row =
+            ordering::load_tasks(&mut conn, &request.model).await?.into_iter().find(|t| t.task == channel.partition);
         refused_at(&model, row.as_ref(), &channel, request.position, &coordinate)?;
         (model, channel)
     };
@@ -169,9 +170,9 @@ pub async fn skip(kafka: &KafkaConfig, pool: &PgPool, request: &SkipRequest) -> 
 
     let task = channel.partition;
     let mut tx = pool.begin().await.context("beginning the skip")?;
-    let row = store::lock_task(&mut tx, &request.model, task).await?;
+    let row = ordering::lock_task(&mut tx, &request.model, task).await?;
     let refusal = refused_at(&model, row.as_ref(), &channel, request.position, &coordinate)?;
-    if store::is_delivered(&mut tx, &request.model, task, &channel, request.position).await? {
+    if ordering::is_delivered(&mut tx, &request.model, task, &channel, request.position).await? {
         return Err(SkipError::AlreadyDelivered { coordinate });
     }
     let skip = Skip {
@@ -184,11 +185,11 @@ pub async fn skip(kafka: &KafkaConfig, pool: &PgPool, request: &SkipRequest) -> 
         refusal_diagnosis: Some(refusal.1),
         found,
     };
-    if !store::insert_skip(&mut tx, &request.model, task, &skip).await? {
+    if !ordering::insert_skip(&mut tx, &request.model, task, &skip).await? {
         return Err(SkipError::AlreadySkipped { coordinate });
     }
-    store::record_running(&mut tx, &request.model, task).await?;
-    store::notify(&mut tx, &request.model, Some(task)).await?;
+    ordering::record_running(&mut tx, &request.model, task).await?;
+    ordering::notify(&mut tx, &request.model, Some(task)).await?;
     tx.commit().await.context("committing the skip")?;
     tracing::info!(model = %request.model, task, record = %coordinate, by = %request.by, found = skip.found.as_str(),
         "skipped a record");

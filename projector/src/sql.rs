@@ -2,8 +2,8 @@
 //! each delivered record in the step's transaction, in delivery order.
 //!
 //! Each statement is written with named parameters (`:key`, `:value`, ...; the list is
-//! [`crate::config::STATEMENT_PARAMS`]), turned into `$1..$n` once, at construction, by the
-//! store's one rule ([`parsley_store::sql_params`]); sqlx prepares it once per connection
+//! [`parsley_settings::config::STATEMENT_PARAMS`]), turned into `$1..$n` once, at construction, by the
+//! store's one rule ([`parsley_settings::sql_params`]); sqlx prepares it once per connection
 //! and keeps it. A record with a value runs its topic's `statements`, a tombstone its
 //! `tombstone_statements` (none: delivered without effect).
 //!
@@ -23,7 +23,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::{anyhow, Context as _};
-use parsley_store::sql_params;
+use parsley_settings::sql_params;
 use serde_json::{Map, Value};
 use sqlx::encode::IsNull;
 use sqlx::error::BoxDynError;
@@ -31,9 +31,9 @@ use sqlx::postgres::types::Oid;
 use sqlx::postgres::{PgArgumentBuffer, PgTypeInfo};
 use sqlx::{PgConnection, Postgres};
 
-use crate::config::ModelConfig;
 use crate::documents::ClassifyName as _;
 use crate::projection::{Delivered, Projection, ProjectionError, StepContext};
+use parsley_settings::config::ModelConfig;
 
 /// A named parameter of a statement, bound per record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -263,7 +263,7 @@ mod tests {
     use parsley::{CausalPast, TopicId};
 
     fn model(toml: &str) -> ModelConfig {
-        crate::config::Config::parse(toml).unwrap().models.remove(0)
+        parsley_settings::config::Config::parse(toml).unwrap().models.remove(0)
     }
 
     const MODEL: &str = r#"

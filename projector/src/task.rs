@@ -38,14 +38,14 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 use sqlx::{PgConnection, PgPool};
 
-use crate::config::{InitialPosition, OnRejected};
 use crate::kafka;
 use crate::metrics::{Metric, Metrics};
 use crate::model::ModelPlan;
 use crate::projection::{Delivered, Projection, ProjectionError, StepContext};
 use crate::record::{self, Fetched, RecordData};
-use crate::store::{self, LoadError};
+use parsley_settings::config::{InitialPosition, OnRejected};
 use parsley_store::leases;
+use parsley_store::ordering::{self, LoadError};
 
 /// A step that held its task's row for more than this fraction of the lease extends the
 /// lease before it commits ([`leases::extend`]).
@@ -419,7 +419,7 @@ impl<P: Projection> Clone for RunnerSpec<P> {
 
 impl<P: Projection> RunnerSpec<P> {
     /// [`TaskRunner::start_taken`] with this spec's services, for a task taken at `row`.
-    pub async fn start_taken(&self, row: store::TaskRow) -> TaskRunner<P> {
+    pub async fn start_taken(&self, row: ordering::TaskRow) -> TaskRunner<P> {
         TaskRunner::start_taken(
             Arc::clone(&self.plan),
             row,
@@ -443,7 +443,7 @@ impl<P: Projection> TaskRunner<P> {
         metrics: Arc<Metrics>,
         owner: &str,
     ) -> anyhow::Result<TaskRunner<P>> {
-        let row = store::take_task(&pool, &plan.name, task, owner).await?;
+        let row = ordering::take_task(&pool, &plan.name, task, owner).await?;
         Ok(TaskRunner::start_taken(plan, row, pool, projection, metrics, owner).await)
     }
 
@@ -453,7 +453,7 @@ impl<P: Projection> TaskRunner<P> {
     /// leaves the runner failing, retried with backoff.
     pub async fn start_taken(
         plan: Arc<ModelPlan>,
-        row: store::TaskRow,
+        row: ordering::TaskRow,
         pool: PgPool,
         projection: Arc<P>,
         metrics: Arc<Metrics>,
@@ -535,7 +535,7 @@ impl<P: Projection> TaskRunner<P> {
             return Ok(false);
         }
         let mut conn = self.pool.acquire().await.context("acquiring a connection to re-read a refused task")?;
-        let rows = store::load_tasks(&mut conn, &self.plan.name).await?;
+        let rows = ordering::load_tasks(&mut conn, &self.plan.name).await?;
         let Some(row) = rows.into_iter().find(|r| r.task == self.task) else { return Ok(false) };
         if row.status == TaskStatus::Refused {
             return Ok(false);
@@ -622,10 +622,10 @@ impl<P: Projection> TaskRunner<P> {
         self.consumer = None;
         let plan = Arc::clone(&self.plan);
         let mut conn = self.pool.acquire().await.context("acquiring a connection to restore the task")?;
-        let model_row = store::load_model(&mut conn, &plan.name)
+        let model_row = ordering::load_model(&mut conn, &plan.name)
             .await?
             .with_context(|| format!("model {:?} has no row in parsley.models", plan.name))?;
-        let state = match store::load_state(&mut conn, &plan.name, self.task, model_row.format_version).await {
+        let state = match ordering::load_state(&mut conn, &plan.name, self.task, model_row.format_version).await {
             Ok(s) => s,
             Err(LoadError::Database(e)) => return Err(e),
             Err(LoadError::Refused(r)) => {
@@ -633,7 +633,7 @@ impl<P: Projection> TaskRunner<P> {
                 return Ok(());
             }
         };
-        let skipped = store::skipped_positions(&mut conn, &plan.name, self.task).await?;
+        let skipped = ordering::skipped_positions(&mut conn, &plan.name, self.task).await?;
         drop(conn);
         self.skips_read = skipped.len();
         self.host.restored(state, skipped);
@@ -679,15 +679,15 @@ impl<P: Projection> TaskRunner<P> {
         }
         // A skip takes this lock too: one recorded since the skips were read means the
         // engine was restored without it.
-        if store::count_skips(&mut tx, &plan.name, self.task).await? != self.skips_read {
+        if ordering::count_skips(&mut tx, &plan.name, self.task).await? != self.skips_read {
             anyhow::bail!("a record was skipped while the task was restoring; restoring again");
         }
-        store::apply_changes(&mut tx, &plan.name, self.task, &start.changes).await?;
+        ordering::apply_changes(&mut tx, &plan.name, self.task, &start.changes).await?;
         if start.write_running {
-            store::record_running(&mut tx, &plan.name, self.task).await?;
+            ordering::record_running(&mut tx, &plan.name, self.task).await?;
         }
         if start.notify {
-            store::notify(&mut tx, &plan.name, Some(self.task)).await?;
+            ordering::notify(&mut tx, &plan.name, Some(self.task)).await?;
         }
         tx.commit().await.context("committing the start transaction")?;
         self.host.committed();
@@ -734,8 +734,8 @@ impl<P: Projection> TaskRunner<P> {
             self.settle_stop();
             return Ok(());
         }
-        store::record_refusal(&mut tx, &self.plan.name, self.task, &refusal).await?;
-        store::notify(&mut tx, &self.plan.name, Some(self.task)).await?;
+        ordering::record_refusal(&mut tx, &self.plan.name, self.task, &refusal).await?;
+        ordering::notify(&mut tx, &self.plan.name, Some(self.task)).await?;
         tx.commit().await.context("committing a refusal")?;
         self.host.refusal_persisted();
         self.settle_stop();
@@ -1147,10 +1147,10 @@ impl<P: Projection> TaskRunner<P> {
         }
         let locked_at = Instant::now();
         let (skipped, dead_lettered) = self.project(&mut tx, plan, deliveries, commit.careful, views).await?;
-        let clock_changed = store::apply_changes(&mut tx, &plan.name, self.task, changes).await?;
+        let clock_changed = ordering::apply_changes(&mut tx, &plan.name, self.task, changes).await?;
         debug_assert!(!clock_changed || notify, "a step changed the clock without a NOTIFY");
         if commit.write_running {
-            store::record_running(&mut tx, &plan.name, self.task).await?;
+            ordering::record_running(&mut tx, &plan.name, self.task).await?;
         }
         // The lock renewed the lease from the transaction's start; a long step (a large one
         // under a backlog, a slow projection) renews it again from now, or it would commit
@@ -1213,16 +1213,16 @@ impl<P: Projection> TaskRunner<P> {
         for d in effective {
             let record = view(plan, d);
             if dead_letter {
-                store::set_record_savepoint(conn).await?;
+                ordering::set_record_savepoint(conn).await?;
             }
             match self.projection.apply_batch(conn, ctx, std::slice::from_ref(&record)).await {
                 Ok(()) if dead_letter => {
-                    store::release_record_savepoint(conn).await?;
+                    ordering::release_record_savepoint(conn).await?;
                 }
                 Ok(()) => {}
                 Err(ProjectionError::Rejected { reason }) if dead_letter => {
-                    store::rollback_to_record_savepoint(conn).await?;
-                    store::insert_dead_letter(conn, &plan.name, self.task, d, &reason).await?;
+                    ordering::rollback_to_record_savepoint(conn).await?;
+                    ordering::insert_dead_letter(conn, &plan.name, self.task, d, &reason).await?;
                     tracing::warn!(model = %plan.name, task = self.task, record = %record.coordinate(), %reason,
                         "the projection rejected a record; dead-lettered, delivered without effect");
                     dead_lettered += 1;
@@ -1281,7 +1281,7 @@ impl<P: Projection> TaskRunner<P> {
             error = %message, "step failed; rolled back, retrying the same records");
         self.metric_add(Metric::FailuresTotal, 1.0);
         self.metric_set(Metric::TaskFailing, 1.0);
-        match store::record_failure(&self.pool, &self.plan.name, self.task, self.epoch, &message).await {
+        match ordering::record_failure(&self.pool, &self.plan.name, self.task, self.epoch, &message).await {
             Ok(true) => self.host.failure_recorded(),
             Ok(false) => {
                 self.host.fenced();

@@ -2,11 +2,11 @@
 //! against the `parsley` and `projection` schemas; the projector, the gateway and the demo
 //! stand on it.
 //!
+//! The configuration these statements are run under is `parsley-settings`'.
+//!
 //! # Layout
-//! - [`config`]: the shared TOML configuration (`[kafka]`, `[database]`, `[projector]`,
-//!   `[[models]]`, the gateway's `[gateway]` carried through); [`env`]: the one rule for
-//!   environment overrides of every key; [`secret`]: values that are never printed.
-//! - [`migrations`]: the embedded schema migrations (`store/migrations/`) and their runner;
+//! - [`migrations`]: the embedded schema migrations (`migrations/` at the workspace root) and
+//!   their runner;
 //!   [`model_migrations`]: a model's own migrations folder, with its own bookkeeping.
 //! - [`ordering`]: every statement on the ordering state (`parsley` schema): models, topic
 //!   identities, task epochs and the persisted [`TaskStatus`], loading a task's state,
@@ -21,17 +21,13 @@
 //!   program's statements): the clock rows and the data in one read-only snapshot.
 //! - [`status`]: task status read back, in full (the projector's `status`) or from SQL
 //!   aggregates (the gateway's `/v1/status`).
-//! - [`sql_params`]: configured SQL's named parameters (`:name`) turned into `$1..$n`, one
-//!   rule for the projector's statements and the gateway's queries.
 //! - [`failure`]: failed database calls told apart (outage, rejected value, bug);
 //!   [`database`]: databases as a whole (the demo's own).
 
-pub mod config;
 pub mod database;
 // `#[macro_use]`: the gated reads' model-and-clock statement is shared with `queries`.
 #[macro_use]
 pub mod documents;
-pub mod env;
 pub mod failure;
 pub mod idempotency;
 pub mod leases;
@@ -40,11 +36,7 @@ pub mod model_migrations;
 pub mod ordering;
 pub mod queries;
 pub mod record;
-pub mod secret;
-pub mod sql_params;
 pub mod status;
 
-pub use config::Config;
 pub use ordering::{TaskStatus, CLOCK_NOTIFY_CHANNEL, EVERY_MODEL_PAYLOAD};
 pub use record::RecordData;
-pub use secret::Secret;

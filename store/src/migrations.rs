@@ -1,4 +1,4 @@
-//! The schema migrations in `store/migrations/`, embedded in the binary and run with sqlx's
+//! The schema migrations in the workspace's `migrations/`, embedded in the binary and run with sqlx's
 //! migrator (each in its own transaction, under sqlx's advisory lock, recorded in
 //! `_sqlx_migrations` exactly as `sqlx migrate run` would record them), and what a readiness
 //! check asks of them: which versions this build expects, and which the database applied.
@@ -13,33 +13,9 @@ use sqlx::error::BoxDynError;
 use sqlx::migrate::{Migration, MigrationSource, MigrationType, Migrator};
 use sqlx::PgPool;
 
-/// `(file name, contents)` of every migration, in order. A test checks this list against
-/// the directory, so a new file cannot be forgotten here.
-pub const MIGRATIONS: &[(&str, &str)] = &[
-    (
-        "20250601000000_create_ordering_state.sql",
-        include_str!("../migrations/20250601000000_create_ordering_state.sql"),
-    ),
-    ("20250601000100_create_documents.sql", include_str!("../migrations/20250601000100_create_documents.sql")),
-    (
-        "20261130000000_skips_and_dead_letters.sql",
-        include_str!("../migrations/20261130000000_skips_and_dead_letters.sql"),
-    ),
-    ("20261130100000_add_leases.sql", include_str!("../migrations/20261130100000_add_leases.sql")),
-    ("20261130200000_add_idempotency_keys.sql", include_str!("../migrations/20261130200000_add_idempotency_keys.sql")),
-    (
-        "20261201000000_drop_unread_document_index.sql",
-        include_str!("../migrations/20261201000000_drop_unread_document_index.sql"),
-    ),
-    ("20261202000000_add_model_migrations.sql", include_str!("../migrations/20261202000000_add_model_migrations.sql")),
-    ("20261203000000_add_model_shape_ids.sql", include_str!("../migrations/20261203000000_add_model_shape_ids.sql")),
-    ("20261204000000_documents_fillfactor.sql", include_str!("../migrations/20261204000000_documents_fillfactor.sql")),
-    ("20261205000000_notify_model_changes.sql", include_str!("../migrations/20261205000000_notify_model_changes.sql")),
-    (
-        "20261206000000_notify_document_edits.sql",
-        include_str!("../migrations/20261206000000_notify_document_edits.sql"),
-    ),
-];
+/// `(file name, contents)` of every migration in the workspace's `migrations/`, in order;
+/// the list is written by `build.rs` from the directory itself.
+pub const MIGRATIONS: &[(&str, &str)] = include!(concat!(env!("OUT_DIR"), "/migrations.rs"));
 
 #[derive(Debug)]
 struct Embedded;
@@ -113,7 +89,7 @@ mod tests {
 
     #[test]
     fn every_file_in_the_directory_is_embedded_in_order() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../migrations");
         let mut files: Vec<String> = std::fs::read_dir(&dir)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

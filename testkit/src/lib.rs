@@ -16,7 +16,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
-use parsley_infra::{env, kafka};
+use parsley_infra::{kafka, services};
 
 /// Producing a record whose header names are raw bytes (not UTF-8): the one audited
 /// `unsafe` producer lives in `parsley_infra::headers`.
@@ -26,11 +26,11 @@ pub use parsley_infra::headers::produce::produce_with_raw_headers;
 pub const TIMEOUT: Duration = Duration::from_secs(30);
 
 pub fn bootstrap() -> String {
-    env::kafka_bootstrap().unwrap_or_else(|e| panic!("these tests need the real broker: {e:#}"))
+    services::kafka_bootstrap().unwrap_or_else(|e| panic!("these tests need the real broker: {e:#}"))
 }
 
 pub fn database_url() -> String {
-    env::database_url().unwrap_or_else(|e| panic!("these tests need the real database: {e:#}"))
+    services::database_url().unwrap_or_else(|e| panic!("these tests need the real database: {e:#}"))
 }
 
 /// A folder of its own under the system's temporary folder (named by [`unique`]), removed

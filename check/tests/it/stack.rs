@@ -24,7 +24,7 @@ use parsley_check::run::{self, Options, Spawn};
 use parsley_gateway::read::ungated::{serve_kept_snapshots_unchecked, serve_ungated_reads};
 use parsley_gateway::token::{KeyRing, SecretKey};
 use parsley_gateway::{Gateway, GatewayConfig};
-use parsley_store::Config;
+use parsley_settings::Config;
 use parsley_testkit::{bootstrap, unique};
 use tokio::sync::{watch, Mutex};
 use tokio::task::JoinHandle;

@@ -13,9 +13,9 @@ use std::process::ExitCode;
 
 use parsley_infra::cli::{self, Command};
 use parsley_infra::process;
-use parsley_projector::config::{Config, ModelConfig};
 use parsley_projector::projection::{Delivered, Projection, ProjectionError, StepContext};
 use parsley_projector::Projector;
+use parsley_settings::config::{Config, ModelConfig};
 use serde_json::Value;
 use sqlx::PgConnection;
 

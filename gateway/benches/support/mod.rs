@@ -21,9 +21,10 @@ use axum::{Json, Router};
 use parsley::codec::CAUSES_HEADER;
 use parsley_gateway::token::{KeyRing, SecretKey};
 use parsley_gateway::{Gateway, GatewayConfig, SESSION_HEADER};
-use parsley_projector::config::Config;
 use parsley_projector::metrics::{Metrics, METRICS};
-use parsley_projector::{migrations, DocumentProjection, ModelProjector};
+use parsley_projector::{DocumentProjection, ModelProjector};
+use parsley_settings::config::Config;
+use parsley_store::migrations;
 use parsley_testkit::{create_topics, delete_topic, unique};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -92,8 +93,8 @@ impl Stack {
     /// defaults apply to everything else.
     pub async fn start(prefix: &str, model_settings: &str) -> anyhow::Result<Stack> {
         // Checked before anything else: the helpers below panic on a missing variable.
-        let bootstrap = parsley_infra::env::kafka_bootstrap()?;
-        let database_url = parsley_infra::env::database_url()?;
+        let bootstrap = parsley_infra::services::kafka_bootstrap()?;
+        let database_url = parsley_infra::services::database_url()?;
 
         let run = unique(prefix);
         // A database of the run's own, dropped at `stop`: nothing is left in the shared one.
@@ -107,7 +108,7 @@ impl Stack {
 
         // Kept snapshots as in the gateway by default; `BENCH_READ_CACHE_BYTES` sets their
         // memory (0: off, every read asks Postgres).
-        let read_cache_bytes = env_usize("BENCH_READ_CACHE_BYTES", parsley_gateway::config::DEFAULT_READ_CACHE_BYTES);
+        let read_cache_bytes = env_usize("BENCH_READ_CACHE_BYTES", parsley_gateway::settings::DEFAULT_READ_CACHE_BYTES);
         let mut config = Config::parse(&format!(
             "[gateway]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"\"\nread_wait_ms = {READ_WAIT_MS}\n\
              read_cache_bytes = {read_cache_bytes}\n\n\

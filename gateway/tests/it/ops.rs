@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use axum::http::{Method, StatusCode};
 use parsley::CausalPast;
-use parsley_gateway::config::AdminToken;
+use parsley_gateway::settings::AdminToken;
 use parsley_gateway::{Gateway, GatewayConfig};
 use rdkafka::producer::Producer as _;
 use serde_json::{json, Value};

@@ -13,7 +13,7 @@ use axum::{Json, Router};
 use parsley_gateway::gated::{Gate, Gated, Scope};
 use parsley_gateway::metrics::Metric;
 use parsley_gateway::ApiError;
-use parsley_store::config::{Config, ParamType, QueryConfig};
+use parsley_settings::config::{Config, ParamType, QueryConfig};
 use serde_json::{json, Value};
 
 use crate::support::*;

@@ -11,9 +11,10 @@ use parsley::{CausalPast, ChannelId, TopicId};
 use parsley_gateway::session::unix_now;
 use parsley_gateway::token::{self, KeyRing, SecretKey, Session, TokenLimits};
 use parsley_gateway::{admin_app, app, AppState, Gateway, GatewayConfig, SESSION_HEADER};
-use parsley_projector::config::{Apply, Config, InitialPosition, ModelConfig, TopicConfig};
 use parsley_projector::metrics::{Metrics, METRICS};
-use parsley_projector::{migrations, DocumentProjection, ModelProjector};
+use parsley_projector::{DocumentProjection, ModelProjector};
+use parsley_settings::config::{Apply, Config, InitialPosition, ModelConfig, TopicConfig};
+use parsley_store::migrations;
 pub use parsley_testkit::{
     bootstrap, create_topics, database_url, delete_records, producer, transactional_producer, unique, TIMEOUT,
 };
@@ -93,7 +94,7 @@ pub fn config(n: &Names, gateway: &str) -> Config {
     c.projector.max_backoff_ms = 400;
     c.models.push(ModelConfig {
         name: n.model.clone(),
-        projection: parsley_store::config::DOCUMENTS_PROJECTION.to_string(),
+        projection: parsley_settings::config::DOCUMENTS_PROJECTION.to_string(),
         migrations: None,
         options: Default::default(),
         queries: Vec::new(),
@@ -103,7 +104,7 @@ pub fn config(n: &Names, gateway: &str) -> Config {
         ],
         initial_position: InitialPosition::Earliest,
         max_step_records: 500,
-        max_step_bytes: parsley_projector::config::DEFAULT_MAX_STEP_BYTES,
+        max_step_bytes: parsley_settings::config::DEFAULT_MAX_STEP_BYTES,
         max_step_ms: 50,
         step_linger_ms: 5,
         tasks: None,

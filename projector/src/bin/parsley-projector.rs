@@ -9,11 +9,12 @@ use anyhow::{bail, Context as _};
 use parsley_infra::cli::{self, Arg, ArgAction, Command};
 use parsley_infra::process;
 use parsley_projector::builder::{apply_model_migrations, connect};
-use parsley_projector::config::Config;
 use parsley_projector::create_topics::{create_topics, Outcome};
 use parsley_projector::skip::{self, SkipRequest};
-use parsley_projector::store::RecordFound;
-use parsley_projector::{migrations, status, Projector};
+use parsley_projector::Projector;
+use parsley_settings::config::Config;
+use parsley_store::ordering::RecordFound;
+use parsley_store::{migrations, status};
 use sqlx::PgPool;
 
 /// What `--help` says after the commands and options.

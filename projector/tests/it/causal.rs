@@ -41,7 +41,7 @@ async fn a_payment_waits_for_its_order_in_an_open_transaction() {
     assert_eq!(payments.blockers.len(), 1);
     assert_eq!(r.describe(&payments.blockers[0].channel), format!("{}/0", n.orders));
     assert_eq!(payments.blockers[0].required, order_at);
-    let rendered = parsley_projector::status::render(&r);
+    let rendered = parsley_store::status::render(&r);
     assert!(rendered.contains(&format!("blocked on {}/0 required {order_at}", n.orders)), "{rendered}");
 
     txp.commit_transaction(TIMEOUT).unwrap();

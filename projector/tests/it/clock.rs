@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use parsley::channel::{ChannelId, Position, TopicId};
-use parsley_projector::store::{self, CLOCK_NOTIFY_CHANNEL};
+use parsley_store::ordering::{self, CLOCK_NOTIFY_CHANNEL};
 use sqlx::postgres::PgListener;
 
 use crate::support::*;
@@ -62,7 +62,7 @@ async fn clock_rows_equal_the_delivered_past() {
     drive_until(&mut projector, "every record to apply", || async { applied(&pool, &n.model).await.len() == 24 }).await;
 
     let mut conn = pool.acquire().await.unwrap();
-    let rows = store::clock_rows(&mut conn, &n.model).await.unwrap();
+    let rows = ordering::clock_rows(&mut conn, &n.model).await.unwrap();
     let got: BTreeMap<(u32, ChannelId), Position> = rows.iter().map(|r| ((r.task, r.channel), r.position)).collect();
     assert_eq!(got, expected);
 
@@ -74,7 +74,7 @@ async fn clock_rows_equal_the_delivered_past() {
         e.1 += 1;
     }
     let got_meet: BTreeMap<ChannelId, (Position, u32)> =
-        store::clock_meet(&mut conn, &n.model).await.unwrap().into_iter().map(|(c, p, k)| (c, (p, k))).collect();
+        ordering::clock_meet(&mut conn, &n.model).await.unwrap().into_iter().map(|(c, p, k)| (c, (p, k))).collect();
     assert_eq!(got_meet, meet);
 
     // Commits notified the gateway with `<model>:<task>`.

@@ -3,9 +3,9 @@
 
 use parsley::channel::{ChannelId, TopicId};
 use parsley::CausalPast;
-use parsley_projector::config::Apply;
 use parsley_projector::projection::{Delivered, Projection, StepContext};
 use parsley_projector::DocumentProjection;
+use parsley_settings::config::Apply;
 use parsley_testkit::unique;
 use sqlx::{PgPool, Row as _};
 

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parsley::channel::{ChannelId, TopicId};
-use parsley_projector::store;
 use parsley_projector::DocumentProjection;
 use parsley_store::leases::{self, Claim, Held, Joined};
+use parsley_store::ordering;
 use sqlx::PgPool;
 use tokio::sync::watch;
 
@@ -20,7 +20,7 @@ const LEASE: Duration = Duration::from_secs(5);
 async fn model_with(pool: &PgPool, tasks: u32) -> String {
     let model = unique("leases");
     let topic = ChannelId::new(TopicId::from_bytes([3; 16]), 0).topic;
-    store::register_model(pool, &model, tasks, &[("t".into(), topic)]).await.unwrap();
+    ordering::register_model(pool, &model, tasks, &[("t".into(), topic)]).await.unwrap();
     model
 }
 
@@ -51,7 +51,7 @@ async fn a_task_is_taken_only_when_its_lease_is_free_and_the_epoch_fences_the_ol
     let held = [Held { task: 0, epoch: 1, since_step: Some(Duration::from_millis(200)) }];
     assert_eq!(leases::renew(&pool, &model, &held, LEASE).await.unwrap(), Vec::<u32>::new());
     let mut conn = pool.acquire().await.unwrap();
-    let row = &store::load_tasks(&mut conn, &model).await.unwrap()[0];
+    let row = &ordering::load_tasks(&mut conn, &model).await.unwrap()[0];
     assert!(row.since_step_ms.unwrap() >= 200, "{row:?}");
 
     // The lease expires (the owner died or froze): taken over, at a new epoch.
@@ -70,7 +70,7 @@ async fn a_task_is_taken_only_when_its_lease_is_free_and_the_epoch_fences_the_ol
     let again = leases::retake(&pool, &model, 0, "b", 2, LEASE).await.unwrap().expect("still b's");
     assert_eq!(again.epoch, 3);
     assert!(leases::release(&pool, &model, 0, 3).await.unwrap());
-    let row = &store::load_tasks(&mut conn, &model).await.unwrap()[0];
+    let row = &ordering::load_tasks(&mut conn, &model).await.unwrap()[0];
     assert_eq!((row.lease_remaining_ms, row.leased()), (None, false));
     let Claim::Taken { row, from } = leases::claim(&pool, &model, 0, "a", LEASE, wait).await.unwrap() else {
         panic!("a handed-back task is taken")

@@ -7,9 +7,9 @@
 
 use std::time::{Duration, Instant};
 
-use parsley_projector::config::{Apply, Config, ModelConfig, SQL_PROJECTION};
 use parsley_projector::projection::{Delivered, Projection, ProjectionError, StepContext};
 use parsley_projector::Projector;
+use parsley_settings::config::{Apply, Config, ModelConfig, SQL_PROJECTION};
 use sqlx::{PgConnection, PgPool};
 use tokio::sync::watch;
 

@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parsley::refusal::RefusalReason;
-use parsley_projector::config::Config;
 use parsley_projector::metrics::{Metric, Metrics, METRICS};
-use parsley_projector::status::render;
-use parsley_projector::store::TaskStatus;
 use parsley_projector::task::{StepOutcome, TaskState};
+use parsley_settings::config::Config;
+use parsley_store::ordering::TaskStatus;
+use parsley_store::status::render;
 use rdkafka::producer::Producer as _;
 
 use crate::support::*;

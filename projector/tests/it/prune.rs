@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parsley::channel::{ChannelId, Position, TopicId};
-use parsley_projector::config::{Apply, Config};
 use parsley_projector::metrics::{Metric, Metrics, METRICS};
-use parsley_projector::store::CLOCK_NOTIFY_CHANNEL;
+use parsley_settings::config::{Apply, Config};
+use parsley_store::ordering::CLOCK_NOTIFY_CHANNEL;
 use sqlx::postgres::PgListener;
 use sqlx::{PgPool, Row as _};
 

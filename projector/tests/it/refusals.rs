@@ -5,10 +5,10 @@
 
 use parsley::refusal::RefusalReason;
 use parsley_infra::headers::produce::produce_with_raw_headers;
-use parsley_projector::status::render;
-use parsley_projector::store::TaskStatus;
 use parsley_projector::task::StepOutcome;
 use parsley_projector::ModelProjector;
+use parsley_store::ordering::TaskStatus;
+use parsley_store::status::render;
 use rdkafka::admin::NewPartitions;
 
 use crate::support::*;

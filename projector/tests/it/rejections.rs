@@ -11,13 +11,13 @@ use std::sync::Arc;
 
 use parsley::refusal::{Refusal, RefusalReason};
 use parsley::CausalPast;
-use parsley_projector::config::{Config, OnRejected};
 use parsley_projector::metrics::{Metric, Metrics, METRICS};
 use parsley_projector::projection::{Delivered, Projection, ProjectionError, StepContext};
 use parsley_projector::record::decode_headers;
 use parsley_projector::skip::{skip, SkipError, SkipRequest};
-use parsley_projector::status::render;
-use parsley_projector::store::{RecordFound, TaskStatus};
+use parsley_settings::config::{Config, OnRejected};
+use parsley_store::ordering::{RecordFound, TaskStatus};
+use parsley_store::status::render;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::FutureRecord;
 use sqlx::{PgConnection, PgPool, Row as _};

@@ -321,7 +321,7 @@ async fn records_read_ahead_during_a_commit_are_fed_by_the_next_steps_across_mar
     let positions: Vec<i64> = (0..10).flat_map(|t| (0..3).map(move |i| t * 4 + i)).collect();
     assert_eq!(applied, positions, "every record applied once, in order, none taken for a replay");
     let task = report(&pool, &model).await.task(0).unwrap().clone();
-    assert_eq!((task.status, task.refusal), (parsley_projector::store::TaskStatus::Running, None));
+    assert_eq!((task.status, task.refusal), (parsley_store::ordering::TaskStatus::Running, None));
     // The last marker sits one past the last record: the position passed it.
     let fed_up_to = {
         let r = report(&pool, &model).await;

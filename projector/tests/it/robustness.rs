@@ -16,10 +16,10 @@ use parsley_infra::headers::produce::produce_with_raw_headers;
 use parsley_projector::metrics::{Metric, Metrics, METRICS};
 use parsley_projector::projection::{Delivered, Projection, ProjectionError, StepContext};
 use parsley_projector::record::{decode_headers, Header};
-use parsley_projector::status::render;
-use parsley_projector::store::TaskStatus;
 use parsley_projector::task::{StepOutcome, TaskState};
 use parsley_projector::ModelProjector;
+use parsley_store::ordering::TaskStatus;
+use parsley_store::status::render;
 use rdkafka::admin::NewPartitions;
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::producer::Producer as _;
@@ -78,7 +78,7 @@ enum Misbehaviour {
 }
 
 impl Misbehaving {
-    fn new(config: &parsley_projector::config::Config, key: &'static str, how: Misbehaviour) -> Arc<Misbehaving> {
+    fn new(config: &parsley_settings::config::Config, key: &'static str, how: Misbehaviour) -> Arc<Misbehaving> {
         Arc::new(Misbehaving { inner: (*Recording::new(config)).clone(), key, armed: AtomicBool::new(true), how })
     }
 }

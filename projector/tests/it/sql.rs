@@ -12,10 +12,10 @@ use std::sync::Arc;
 
 use parsley::refusal::RefusalReason;
 use parsley_projector::builder::apply_model_migrations;
-use parsley_projector::config::{Apply, Config, OnRejected, SQL_PROJECTION};
-use parsley_projector::store::TaskStatus;
 use parsley_projector::SqlProjection;
+use parsley_settings::config::{Apply, Config, OnRejected, SQL_PROJECTION};
 use parsley_store::model_migrations::{self, Applied};
+use parsley_store::ordering::TaskStatus;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use sqlx::{PgPool, Row as _};

@@ -10,8 +10,8 @@ use parsley::engine::{ChannelFact, EngineConfig, PersistedState, ORDERING_STATE_
 use parsley::refusal::{Refusal, RefusalReason};
 use parsley::Engine;
 use parsley_projector::record::RecordData;
-use parsley_projector::store::{self, LoadError, TaskStatus};
 use parsley_store::leases;
+use parsley_store::ordering::{self, LoadError, TaskStatus};
 use sqlx::PgPool;
 
 use crate::support::*;
@@ -40,13 +40,13 @@ async fn commit(pool: &PgPool, model: &str, task: u32, engine: &mut Engine<Recor
         .await
         .expect("task row");
     assert!(leases::lock_and_renew(&mut tx, model, task, epoch, Duration::from_secs(5)).await.unwrap());
-    store::apply_changes(&mut tx, model, task, &changes).await.unwrap();
+    ordering::apply_changes(&mut tx, model, task, &changes).await.unwrap();
     tx.commit().await.unwrap();
 }
 
 async fn load(pool: &PgPool, model: &str, task: u32) -> PersistedState<RecordData> {
     let mut conn = pool.acquire().await.unwrap();
-    match store::load_state(&mut conn, model, task, ORDERING_STATE_FORMAT as i32).await {
+    match ordering::load_state(&mut conn, model, task, ORDERING_STATE_FORMAT as i32).await {
         Ok(s) => s,
         Err(LoadError::Refused(r)) => panic!("refused: {r}"),
         Err(LoadError::Database(e)) => panic!("{e:#}"),
@@ -63,8 +63,8 @@ async fn what_a_step_writes_restores_the_same_engine() {
     let pool = pool().await;
     let model = unique("store");
     let (a, b, up) = (ch(1, 0), ch(2, 0), ch(9, 3));
-    store::register_model(&pool, &model, 1, &[("a".into(), a.topic), ("b".into(), b.topic)]).await.unwrap();
-    let row = store::take_task(&pool, &model, 0, "me").await.unwrap();
+    ordering::register_model(&pool, &model, 1, &[("a".into(), a.topic), ("b".into(), b.topic)]).await.unwrap();
+    let row = ordering::take_task(&pool, &model, 0, "me").await.unwrap();
     assert_eq!((row.epoch, row.status), (1, TaskStatus::Running));
 
     let config = EngineConfig::default();
@@ -81,7 +81,7 @@ async fn what_a_step_writes_restores_the_same_engine() {
     commit(&pool, &model, 0, &mut engine).await;
     assert_eq!(sorted(load(&pool, &model, 0).await), sorted(engine.snapshot()));
     let mut conn = pool.acquire().await.unwrap();
-    assert_eq!(store::held_on_topic(&mut conn, &model, &b.topic).await.unwrap(), 2);
+    assert_eq!(ordering::held_on_topic(&mut conn, &model, &b.topic).await.unwrap(), 2);
 
     // a@1 releases both held records: deletes of held rows, clock and frontier upserts.
     engine.receive(a, 1, &[], data(3)).unwrap();
@@ -104,7 +104,7 @@ async fn what_a_step_writes_restores_the_same_engine() {
     let state = load(&pool, &model, 0).await;
     assert!(!state.fed_up_to.contains_key(&b));
     assert_eq!(state.delivered.get(&b), Some(1));
-    let rows = store::clock_rows(&mut conn, &model).await.unwrap();
+    let rows = ordering::clock_rows(&mut conn, &model).await.unwrap();
     assert_eq!(rows.len(), 2);
 }
 
@@ -113,8 +113,8 @@ async fn unreadable_stored_state_is_refused_not_misread() {
     let pool = pool().await;
     let model = unique("format");
     let a = ch(1, 0);
-    store::register_model(&pool, &model, 1, &[("a".into(), a.topic)]).await.unwrap();
-    store::take_task(&pool, &model, 0, "me").await.unwrap();
+    ordering::register_model(&pool, &model, 1, &[("a".into(), a.topic)]).await.unwrap();
+    ordering::take_task(&pool, &model, 0, "me").await.unwrap();
     let mut engine: Engine<RecordData> = Engine::new(EngineConfig::default(), [a]);
     engine.seed(a, -1).unwrap();
     engine.receive(a, 0, &[], data(0)).unwrap();
@@ -122,7 +122,8 @@ async fn unreadable_stored_state_is_refused_not_misread() {
 
     // A format this build does not know.
     let mut conn = pool.acquire().await.unwrap();
-    match store::load_state(&mut conn, &model, 0, 99).await.map(|s| Engine::restore(EngineConfig::default(), [a], s)) {
+    match ordering::load_state(&mut conn, &model, 0, 99).await.map(|s| Engine::restore(EngineConfig::default(), [a], s))
+    {
         Ok(Err(r)) => assert_eq!(r.reason, RefusalReason::UnknownOrderingStateFormat),
         other => panic!("expected a refusal, got {:?}", other.map(|r| r.map(|_| ()))),
     }
@@ -132,11 +133,11 @@ async fn unreadable_stored_state_is_refused_not_misread() {
          VALUES ($1, 0, $2, 0, 5, '', '\\x02')",
     )
     .bind(&model)
-    .bind(store::uuid_of(&a.topic))
+    .bind(ordering::uuid_of(&a.topic))
     .execute(&pool)
     .await
     .unwrap();
-    match store::load_state(&mut conn, &model, 0, ORDERING_STATE_FORMAT as i32).await {
+    match ordering::load_state(&mut conn, &model, 0, ORDERING_STATE_FORMAT as i32).await {
         Err(LoadError::Refused(r)) => {
             assert_eq!((r.reason, r.channel, r.position), (RefusalReason::UnknownOrderingStateFormat, Some(a), Some(5)))
         }
@@ -150,17 +151,17 @@ async fn task_rows_record_epochs_failures_and_refusals() {
     let pool = pool().await;
     let model = unique("tasks");
     let a = ch(1, 0);
-    store::register_model(&pool, &model, 2, &[("a".into(), a.topic)]).await.unwrap();
+    ordering::register_model(&pool, &model, 2, &[("a".into(), a.topic)]).await.unwrap();
     let mut conn = pool.acquire().await.unwrap();
-    let recorded = store::load_model(&mut conn, &model).await.unwrap().unwrap();
+    let recorded = ordering::load_model(&mut conn, &model).await.unwrap().unwrap();
     assert_eq!(recorded.task_count, 2);
     assert_eq!(recorded.topics.get("a"), Some(&a.topic));
     // Registering again keeps the recorded identity.
-    store::register_model(&pool, &model, 2, &[("a".into(), ch(7, 0).topic)]).await.unwrap();
-    assert_eq!(store::load_model(&mut conn, &model).await.unwrap().unwrap().topics.get("a"), Some(&a.topic));
+    ordering::register_model(&pool, &model, 2, &[("a".into(), ch(7, 0).topic)]).await.unwrap();
+    assert_eq!(ordering::load_model(&mut conn, &model).await.unwrap().unwrap().topics.get("a"), Some(&a.topic));
 
-    let first = store::take_task(&pool, &model, 0, "one").await.unwrap();
-    let second = store::take_task(&pool, &model, 0, "two").await.unwrap();
+    let first = ordering::take_task(&pool, &model, 0, "one").await.unwrap();
+    let second = ordering::take_task(&pool, &model, 0, "two").await.unwrap();
     assert_eq!((first.epoch, second.epoch, second.owner.as_str()), (1, 2, "two"));
     let lease = Duration::from_secs(5);
     assert!(leases::lock_and_renew(&mut conn, &model, 0, 2, lease).await.unwrap());
@@ -168,40 +169,40 @@ async fn task_rows_record_epochs_failures_and_refusals() {
     assert!(!leases::lock_and_renew(&mut conn, &model, 1, 1, lease).await.unwrap(), "no row");
 
     // A fenced owner cannot record a failure; the owner can.
-    assert!(!store::record_failure(&pool, &model, 0, 1, "stale").await.unwrap());
-    assert!(store::record_failure(&pool, &model, 0, 2, "boom").await.unwrap());
-    assert!(store::record_failure(&pool, &model, 0, 2, "boom again").await.unwrap());
-    let t = &store::load_tasks(&mut conn, &model).await.unwrap()[0];
+    assert!(!ordering::record_failure(&pool, &model, 0, 1, "stale").await.unwrap());
+    assert!(ordering::record_failure(&pool, &model, 0, 2, "boom").await.unwrap());
+    assert!(ordering::record_failure(&pool, &model, 0, 2, "boom again").await.unwrap());
+    let t = &ordering::load_tasks(&mut conn, &model).await.unwrap()[0];
     assert_eq!((t.status, t.failures, t.last_error.as_deref()), (TaskStatus::Failing, 2, Some("boom again")));
     let mut tx = pool.begin().await.unwrap();
-    store::record_running(&mut tx, &model, 0).await.unwrap();
-    store::notify(&mut tx, &model, Some(0)).await.unwrap();
+    ordering::record_running(&mut tx, &model, 0).await.unwrap();
+    ordering::notify(&mut tx, &model, Some(0)).await.unwrap();
     tx.commit().await.unwrap();
-    let t = &store::load_tasks(&mut conn, &model).await.unwrap()[0];
+    let t = &ordering::load_tasks(&mut conn, &model).await.unwrap()[0];
     assert_eq!((t.status, t.failures, t.last_error.clone()), (TaskStatus::Running, 0, None));
 
     // A model-wide refusal lands on every task, creating rows for tasks that never ran.
     let refusal = Refusal::at(RefusalReason::TaskWidthChanged, a, Some(3), "width changed");
-    store::refuse_model(&pool, &model, 2, &refusal).await.unwrap();
-    let tasks = store::load_tasks(&mut conn, &model).await.unwrap();
+    ordering::refuse_model(&pool, &model, 2, &refusal).await.unwrap();
+    let tasks = ordering::load_tasks(&mut conn, &model).await.unwrap();
     assert_eq!(tasks.len(), 2);
     for t in &tasks {
         assert_eq!(t.status, TaskStatus::Refused);
         assert_eq!(t.refusal.as_ref(), Some(&refusal));
     }
     // A failure recorded while refused leaves the refusal in place.
-    assert!(store::record_failure(&pool, &model, 0, 2, "ignored while refused").await.unwrap());
-    assert_eq!(store::load_tasks(&mut conn, &model).await.unwrap()[0].status, TaskStatus::Refused);
+    assert!(ordering::record_failure(&pool, &model, 0, 2, "ignored while refused").await.unwrap());
+    assert_eq!(ordering::load_tasks(&mut conn, &model).await.unwrap()[0].status, TaskStatus::Refused);
     // A start that does not derive the refusal again marks the task running.
     let mut tx = pool.begin().await.unwrap();
-    store::record_running(&mut tx, &model, 1).await.unwrap();
+    ordering::record_running(&mut tx, &model, 1).await.unwrap();
     tx.commit().await.unwrap();
-    let t = &store::load_tasks(&mut conn, &model).await.unwrap()[1];
+    let t = &ordering::load_tasks(&mut conn, &model).await.unwrap()[1];
     assert_eq!((t.status, t.refusal.clone()), (TaskStatus::Running, None));
     let mut tx = pool.begin().await.unwrap();
-    store::record_refusal(&mut tx, &model, 1, &Refusal::new(RefusalReason::OutOfOrderFeed, "x")).await.unwrap();
+    ordering::record_refusal(&mut tx, &model, 1, &Refusal::new(RefusalReason::OutOfOrderFeed, "x")).await.unwrap();
     tx.commit().await.unwrap();
-    let t = &store::load_tasks(&mut conn, &model).await.unwrap()[1];
+    let t = &ordering::load_tasks(&mut conn, &model).await.unwrap()[1];
     assert_eq!(t.refusal.as_ref().map(|r| (r.reason, r.channel)), Some((RefusalReason::OutOfOrderFeed, None)));
 }
 
@@ -212,8 +213,8 @@ async fn task_rows_record_epochs_failures_and_refusals() {
 async fn the_lock_statement_notifies_only_when_asked_and_locked() {
     let pool = pool().await;
     let model = unique("lock-notify");
-    store::register_model(&pool, &model, 1, &[("a".into(), ch(1, 0).topic)]).await.unwrap();
-    let epoch = store::take_task(&pool, &model, 0, "one").await.unwrap().epoch;
+    ordering::register_model(&pool, &model, 1, &[("a".into(), ch(1, 0).topic)]).await.unwrap();
+    let epoch = ordering::take_task(&pool, &model, 0, "one").await.unwrap().epoch;
     let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await.unwrap();
     listener.listen(parsley_store::ordering::CLOCK_NOTIFY_CHANNEL).await.unwrap();
     let lease = Duration::from_secs(5);
@@ -271,10 +272,10 @@ async fn documents_changed_outside_a_step_notify_every_model() {
     parsley_testkit::create_database(&database_url(), &database).await.unwrap();
     let url = parsley_testkit::with_database(&database_url(), &database).unwrap();
     let pool = parsley_infra::pg::connect(&url, 4, TIMEOUT).await.unwrap();
-    parsley_projector::migrations::run(&pool).await.unwrap();
+    parsley_store::migrations::run(&pool).await.unwrap();
     let model = unique("edit-notify");
-    store::register_model(&pool, &model, 1, &[("a".into(), ch(1, 0).topic)]).await.unwrap();
-    let epoch = store::take_task(&pool, &model, 0, "one").await.unwrap().epoch;
+    ordering::register_model(&pool, &model, 1, &[("a".into(), ch(1, 0).topic)]).await.unwrap();
+    let epoch = ordering::take_task(&pool, &model, 0, "one").await.unwrap().epoch;
     let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await.unwrap();
     listener.listen(parsley_store::ordering::CLOCK_NOTIFY_CHANNEL).await.unwrap();
     let write = |key: &'static str| {
@@ -418,7 +419,7 @@ async fn reads_and_deletes_by_key_list_are_planned_at_each_call() {
     parsley_testkit::create_database(&admin, &name).await.unwrap();
     let url = parsley_testkit::with_database(&admin, &name).unwrap();
     let pool = parsley_infra::pg::connect(&url, 1, Duration::from_secs(30)).await.unwrap();
-    parsley_projector::migrations::run(&pool).await.unwrap();
+    parsley_store::migrations::run(&pool).await.unwrap();
 
     let model = "m";
     let keys: Vec<String> = (0..1024).map(|i| format!("k{i:05}")).collect();
@@ -471,8 +472,8 @@ async fn the_delete_of_released_held_records_is_planned_at_each_call() {
     let pool = parsley_infra::pg::connect(&parsley_testkit::database_url(), 1, Duration::from_secs(30)).await.unwrap();
     let model = unique("held-plan");
     let (a, b) = (ch(1, 0), ch(2, 0));
-    store::register_model(&pool, &model, 1, &[("a".into(), a.topic), ("b".into(), b.topic)]).await.unwrap();
-    store::take_task(&pool, &model, 0, "me").await.unwrap();
+    ordering::register_model(&pool, &model, 1, &[("a".into(), a.topic), ("b".into(), b.topic)]).await.unwrap();
+    ordering::take_task(&pool, &model, 0, "me").await.unwrap();
     let mut engine: Engine<RecordData> = Engine::new(EngineConfig::default(), [a, b]);
     engine.seed(a, -1).unwrap();
     engine.seed(b, -1).unwrap();

@@ -9,11 +9,12 @@ use std::time::Instant;
 
 use parsley::channel::{ChannelId, TopicId};
 use parsley::CausalPast;
-use parsley_projector::config::{Apply, Config, InitialPosition, ModelConfig, TopicConfig};
 use parsley_projector::metrics::{Metrics, METRICS};
 use parsley_projector::projection::{Delivered, Projection, ProjectionError, StepContext};
-use parsley_projector::status::{model_report, ModelReport};
-use parsley_projector::{migrations, DocumentProjection, ModelProjector};
+use parsley_projector::{DocumentProjection, ModelProjector};
+use parsley_settings::config::{Apply, Config, InitialPosition, ModelConfig, TopicConfig};
+use parsley_store::migrations;
+use parsley_store::status::{model_report, ModelReport};
 pub use parsley_testkit::{
     admin, admin_options, bootstrap, create_topics, database_url, delete_records, delete_topic, produce, producer,
     transactional_producer, unique, TIMEOUT,
@@ -60,14 +61,14 @@ pub fn config(model: &str, topics: &[(&str, Apply)]) -> Config {
     c.projector.max_backoff_ms = 400;
     c.models.push(ModelConfig {
         name: model.to_string(),
-        projection: parsley_store::config::DOCUMENTS_PROJECTION.to_string(),
+        projection: parsley_settings::config::DOCUMENTS_PROJECTION.to_string(),
         migrations: None,
         options: Default::default(),
         queries: Vec::new(),
         topics: topics.iter().map(|(n, a)| TopicConfig { apply: *a, ..TopicConfig::named(*n) }).collect(),
         initial_position: InitialPosition::Earliest,
         max_step_records: 500,
-        max_step_bytes: parsley_projector::config::DEFAULT_MAX_STEP_BYTES,
+        max_step_bytes: parsley_settings::config::DEFAULT_MAX_STEP_BYTES,
         max_step_ms: 150,
         step_linger_ms: 5,
         tasks: None,

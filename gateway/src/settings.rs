@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use axum::http::HeaderName;
-use parsley_store::config::{Config, GATEWAY_SECTION};
-use parsley_store::env::{self, Env};
+use parsley_settings::config::{Config, GATEWAY_SECTION};
+use parsley_settings::overrides::{self, Env};
 use serde::Deserialize;
 
 use crate::keys::{self, KeySource, TokenKeys};
@@ -19,8 +19,8 @@ use crate::subject::{HmacSecret, SubjectVerifier};
 use crate::token::{KeyRing, TokenLimits, Validity};
 
 /// The older variable names of `[gateway]` keys, kept as aliases by the one override rule
-/// ([`parsley_store::env`]): every key is also `PARSLEY_GATEWAY__<KEY>`.
-pub use parsley_store::env::{
+/// ([`parsley_settings::overrides`]): every key is also `PARSLEY_GATEWAY__<KEY>`.
+pub use parsley_settings::overrides::{
     ENV_GATEWAY_ADMIN_LISTEN as ENV_ADMIN_LISTEN, ENV_GATEWAY_LISTEN as ENV_LISTEN,
     ENV_GATEWAY_READ_WAIT_MS as ENV_READ_WAIT_MS, ENV_GATEWAY_RETRY_AFTER_S as ENV_RETRY_AFTER_S,
     ENV_GATEWAY_SUBJECT_HEADER as ENV_SUBJECT_HEADER, ENV_GATEWAY_TOKEN_TTL_S as ENV_TOKEN_TTL_S, ENV_TOKEN_KEYS_FILE,
@@ -208,10 +208,10 @@ impl Settings {
     }
 
     /// Parses the `[gateway]` table with the overrides `env` holds for it applied: the one
-    /// rule of every key ([`parsley_store::env`]: `PARSLEY_GATEWAY__<KEY>`, and the older
+    /// rule of every key ([`parsley_settings::overrides`]: `PARSLEY_GATEWAY__<KEY>`, and the older
     /// names above). Unknown keys are refused, naming the variable that set one.
     pub fn from_table_with_env(table: Option<&toml::Table>, env: &Env) -> anyhow::Result<Settings> {
-        match env::section(GATEWAY_SECTION, table, env) {
+        match overrides::section(GATEWAY_SECTION, table, env) {
             Ok(Some(settings)) => Ok(settings),
             Ok(None) => Settings::from_table(table),
             Err(e) => Err(anyhow::anyhow!("invalid [gateway] table: {e}")),
@@ -470,7 +470,7 @@ impl GatewayConfig {
     /// The gateway's part of an already loaded shared configuration, with environment
     /// variables read through `var`.
     pub fn from_shared(shared: Config, var: impl Fn(&str) -> Option<String>) -> anyhow::Result<GatewayConfig> {
-        let env = Env::lookup(env::section_variables::<Settings>(GATEWAY_SECTION), &var);
+        let env = Env::lookup(overrides::section_variables::<Settings>(GATEWAY_SECTION), &var);
         let settings = Settings::from_table_with_env(shared.gateway.as_ref(), &env)?;
         settings.validate()?;
         let keys = Arc::new(load_keys(&settings, &var)?);

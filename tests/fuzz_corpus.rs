@@ -8,9 +8,9 @@
 //! `PARSLEY_FUZZ_WRITE_SEEDS=1` writes the named seeds into the corpus after a change of an
 //! input format; otherwise a seed missing from the corpus, or different there, fails.
 
-#[path = "../../fuzz/checks/decode.rs"]
+#[path = "../fuzz/checks/decode.rs"]
 mod decode;
-#[path = "../../fuzz/checks/feed.rs"]
+#[path = "../fuzz/checks/feed.rs"]
 mod feed;
 
 use std::collections::BTreeMap;
@@ -24,7 +24,7 @@ use proptest::strategy::ValueTree;
 use proptest::test_runner::TestRunner;
 
 fn corpus_dir(target: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus").join(target)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus").join(target)
 }
 
 /// Every file of a target's corpus, by name.

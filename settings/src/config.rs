@@ -1,5 +1,5 @@
 //! Configuration: one TOML file shared by the projector, the gateway and the demo, then
-//! environment overrides (one rule for every key: [`crate::env`]).
+//! environment overrides (one rule for every key: [`crate::overrides`]).
 //!
 //! Every table refuses unknown keys, and every check names the key it failed on, so a typo
 //! stops the process at start with a message instead of silently taking a default. The
@@ -17,11 +17,11 @@ use parsley_infra::kafka::{self, Cluster};
 use parsley_infra::pg::SessionBounds;
 use serde::Deserialize;
 
-use crate::env::{self, Env};
+use crate::overrides::{self, Env};
 use crate::secret::Secret;
 use crate::sql_params;
 
-pub use crate::env::{
+pub use crate::overrides::{
     ENV_DATABASE_URL, ENV_DATABASE_URL_FALLBACK, ENV_DATABASE_URL_FILE, ENV_KAFKA_BOOTSTRAP, ENV_METRICS_ADDRESS,
     ENV_OWNER,
 };
@@ -560,7 +560,7 @@ fn default_query_max_rows() -> u32 {
     1_000
 }
 fn default_bootstrap() -> String {
-    parsley_infra::env::LOCAL_KAFKA_BOOTSTRAP.to_string()
+    parsley_infra::services::LOCAL_KAFKA_BOOTSTRAP.to_string()
 }
 fn default_kafka_timeout_ms() -> u64 {
     10_000
@@ -686,14 +686,14 @@ impl Config {
     /// Deserializes `text` with the overrides of `env` applied to its tree; without any, the
     /// text is read directly (errors then point at its lines).
     fn from_text(text: &str, env: &Env) -> anyhow::Result<Config> {
-        let mut overrides = env::overrides(env, |section| section != GATEWAY_SECTION)?;
+        let mut overrides = overrides::overrides(env, |section| section != GATEWAY_SECTION)?;
         if overrides.is_empty() {
             return toml::from_str(text).map_err(anyhow::Error::new);
         }
         let mut tree: toml::Table = toml::from_str(text)?;
         one_database_url(&mut tree, &mut overrides)?;
-        env::apply(&mut tree, &overrides)?;
-        env::deserialize(toml::Value::Table(tree), &[], &overrides)
+        overrides::apply(&mut tree, &overrides)?;
+        overrides::deserialize(toml::Value::Table(tree), &[], &overrides)
     }
 
     /// Reads the values given as files: `kafka.property_files`, `database.url_file`.
@@ -943,8 +943,9 @@ fn validate_queries(m: &ModelConfig, at: &str) -> anyhow::Result<()> {
 /// `database.url` and `database.url_file` are one setting given two ways. A variable that sets
 /// one replaces the other from the file; two variables setting both are refused, except that
 /// the conventional `DATABASE_URL` (often set for other tools) yields to a URL file.
-fn one_database_url(tree: &mut toml::Table, overrides: &mut Vec<env::Override>) -> anyhow::Result<()> {
-    let sets = |overrides: &[env::Override], key: &str| overrides.iter().position(|o| o.path == ["database", key]);
+fn one_database_url(tree: &mut toml::Table, overrides: &mut Vec<overrides::Override>) -> anyhow::Result<()> {
+    let sets =
+        |overrides: &[overrides::Override], key: &str| overrides.iter().position(|o| o.path == ["database", key]);
     if let (Some(url), Some(file)) = (sets(overrides, "url"), sets(overrides, "url_file")) {
         if overrides[url].var != ENV_DATABASE_URL_FALLBACK {
             bail!("{} and {} both set the database URL: set one", overrides[url].var, overrides[file].var);
