@@ -36,6 +36,12 @@ test:
 failover:
 	@cargo build -p parsley-projector --bin parsley-projector && cargo test -p parsley-gateway --test it failover -- --nocapture --test-threads=1
 
+# README.md's "Running it yourself" block run as written, in order, in one shell (part of
+# `make test`; about a minute once built). See scripts/readme-test.sh.
+.PHONY: readme-test
+readme-test:
+	@bash scripts/readme-test.sh
+
 # Long runs of the fuzz tests (the corpus and a short slice run in `make test`): the
 # property-based ones (the causes decoder and encoder, engine feed sequences, the gateway's
 # write-body parser and token opener, the projector's stored-header framing; CASES=<n> per

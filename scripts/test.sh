@@ -66,6 +66,12 @@ BENCH_RECORDS=4000 BENCH_VARIANTS=projector,naive-proc BENCH_WORKLOADS=upsert-10
     cargo test -p parsley-projector --bench throughput -- --bench || rc=$?
 t_bench="$(now_s)"
 
+# README.md's "Running it yourself" block, run as written (its projector and gateway on
+# config/parsley.toml, the session-guarantee checker for 30 s against them).
+phase "README (the \"Running it yourself\" block as written)"
+bash scripts/readme-test.sh || rc=$?
+t_readme="$(now_s)"
+
 # The HTTP API as clients see it, on one real gateway and projector: the TypeScript client's
 # tests, then a short schemathesis run (skipped with a message when it cannot be installed).
 phase "API (TypeScript client tests; schemathesis, ${API_FUZZ_EXAMPLES:-100} examples per operation)"
@@ -85,7 +91,8 @@ printf '  lint:        %4ss\n' "$((t_lint - t1))"
 printf '  build:       %4ss\n' "$((t2 - t_lint))"
 printf '  test:        %4ss\n' "$((t_cargo - t2))"
 printf '  bench slice: %4ss\n' "$((t_bench - t_cargo))"
-printf '  API:         %4ss\n' "$((t3 - t_bench))"
+printf '  README:      %4ss\n' "$((t_readme - t_bench))"
+printf '  API:         %4ss\n' "$((t3 - t_readme))"
 printf '  total:       %4ss\n' "$((t3 - t0))"
 if [ "$rc" = 0 ]; then
     echo "make test: the test suite passed"

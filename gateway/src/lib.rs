@@ -11,10 +11,10 @@
 //!   subject, size limits, strict causes decoding).
 //! - [`keys`]: the key ring in use, re-read from its file on `SIGHUP` and when it changes.
 //! - [`subject`]: verified subjects — the `sub` of an HS256 bearer JWT.
-//! - [`config`]: the `[gateway]` table of the shared file, environment overrides, token keys.
+//! - [`settings`]: the `[gateway]` table of the shared file, environment overrides, token keys.
 //! - [`session`]: opening a request's token, its hygiene against the log (ahead-of-log
 //!   refusal, pruning), re-sealing.
-//! - [`facts`]: cached Kafka facts — topic names ↔ IDs, partition counts, log start/end.
+//! - [`facts_cache`]: cached Kafka facts — topic names ↔ IDs, partition counts, log start/end.
 //! - [`body`]: the write body, parsed and checked as hostile input (the value kept as sent).
 //! - [`write`]: `POST /v1/topics/{topic}/records`, with `Idempotency-Key` replays.
 //! - [`batch`]: `POST /v1/records`, several records in one Kafka transaction.
@@ -28,7 +28,7 @@
 //! - [`queries`]: the named queries, `GET /v1/models/{model}/queries/{name}`.
 //! - [`notify`]: the `LISTEN` task waking waiting reads, and the generations of a model's
 //!   tasks that kept snapshots are served under.
-//! - [`kept`]: covered document snapshots (keys and pages) kept in memory, served while nothing changed.
+//! - [`read_cache`]: covered document snapshots (keys and pages) kept in memory, served while nothing changed.
 //! - [`feed`]: one clock fetch per model per wake-up, shared by every waiting read.
 //! - [`ops`]: `/healthz`, `/readyz`, `/metrics`, `/v1/status` (from SQL aggregates).
 //! - [`openapi`]: the API's OpenAPI 3.1 document, `GET /openapi.json` (`gateway/openapi.json`).

@@ -208,7 +208,7 @@ pub async fn listen(
                 None => {
                     // Every read that asked so far is served by this barrier.
                     let tickets = notifier.barrier_tickets.load(Ordering::SeqCst);
-                    match sqlx::query("SELECT 1").execute(&mut listener).await {
+                    match parsley_store::listen::barrier(&mut listener).await {
                         Ok(_) => {
                             // What arrived meanwhile sqlx kept aside, in order.
                             while let Some(n) = listener.next_buffered() {

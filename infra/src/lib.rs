@@ -1,6 +1,6 @@
 //! Kafka and Postgres plumbing shared by the projector and the gateway.
 //!
-//! - [`env`]: where the services are (`PARSLEY_KAFKA_BOOTSTRAP`, `DATABASE_URL`).
+//! - [`services`]: where the services are (`PARSLEY_KAFKA_BOOTSTRAP`, `DATABASE_URL`).
 //! - [`http`]: a minimal HTTP/1.1 client for the binaries that call the gateway (the demo,
 //!   the checker).
 //! - [`kafka`]: client configurations with the project's fixed settings (Java-compatible

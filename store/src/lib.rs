@@ -17,6 +17,7 @@
 //! - [`idempotency`]: the gateway's idempotency keys (a retried write answered from the
 //!   first acknowledgement).
 //! - [`documents`]: every statement on `projection.documents`.
+//! - [`listen`]: the barrier statement on the clock channel's `LISTEN` connection.
 //! - [`queries`]: gated reads over any table (the gateway's named queries, an embedding
 //!   program's statements): the clock rows and the data in one read-only snapshot.
 //! - [`status`]: task status read back, in full (the projector's `status`) or from SQL
@@ -31,6 +32,7 @@ pub mod documents;
 pub mod failure;
 pub mod idempotency;
 pub mod leases;
+pub mod listen;
 pub mod migrations;
 pub mod model_migrations;
 pub mod ordering;

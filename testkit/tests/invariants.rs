@@ -1,7 +1,12 @@
 //! Workspace invariants that hold across every crate, checked on the source tree:
 //! - `unsafe` code lives only in the audited modules listed in [`UNSAFE_MODULES`], and every
 //!   crate inherits the workspace lints (which deny `unsafe_code` everywhere else);
-//! - every Rust file starts with a module doc (`//!`) saying what it is.
+//! - every Rust file starts with a module doc (`//!`) saying what it is;
+//! - the layering holds: no crate depends on one above it (core → infra → settings → store →
+//!   projector, gateway), and the pure engine is the root package;
+//! - only the store reads the schema's `migrations/`, and no SQL is written outside the store.
+//!
+//! The engine's own dependency allowlist and purity are checked by `tests/purity.rs`.
 //!
 //! `cargo fmt --check` and `cargo clippy -D warnings` are the other half of the invariant
 //! checks; `scripts/test.sh` runs them before the test suite.
@@ -132,4 +137,210 @@ fn the_unsafe_scan_finds_what_it_looks_for() {
     let found = unsafe_users(&dir, &[bad, fine]);
     std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(found, vec!["bad.rs".to_string()]);
+}
+
+/// The crates of the workspace, lowest layer first; a crate may depend only on crates listed
+/// before it (tests and benches aside, which may run a real projector).
+const LAYERS: &[(&str, &str)] = &[
+    ("parsley", "."),
+    ("parsley-infra", "infra"),
+    ("parsley-settings", "settings"),
+    ("parsley-store", "store"),
+    ("parsley-projector", "projector"),
+    ("parsley-gateway", "gateway"),
+];
+
+/// The names of a manifest's `[dependencies]` table (not dev- or build-dependencies).
+fn runtime_dependencies(manifest: &str) -> Vec<String> {
+    let mut in_table = false;
+    let mut names = Vec::new();
+    for line in manifest.lines() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            in_table = line == "[dependencies]";
+            continue;
+        }
+        if in_table && !line.is_empty() && !line.starts_with('#') {
+            if let Some((name, _)) = line.split_once('=') {
+                names.push(name.trim().to_string());
+            }
+        }
+    }
+    names
+}
+
+/// `(crate, dependency)` pairs where a crate depends on one of its own layer or above.
+fn upward_arrows(manifests: &[(&str, String)]) -> Vec<(String, String)> {
+    let rank = |name: &str| LAYERS.iter().position(|(n, _)| *n == name);
+    let mut found = Vec::new();
+    for (name, manifest) in manifests {
+        let own = rank(name).expect("a layered crate");
+        for dep in runtime_dependencies(manifest) {
+            if rank(&dep).is_some_and(|r| r >= own) {
+                found.push((name.to_string(), dep));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn no_crate_depends_on_a_layer_above_it() {
+    let root = workspace_root();
+    let manifests: Vec<(&str, String)> = LAYERS
+        .iter()
+        .map(|(name, dir)| (*name, std::fs::read_to_string(root.join(dir).join("Cargo.toml")).unwrap()))
+        .collect();
+    let root_manifest = &manifests[0].1;
+    assert!(
+        root_manifest.contains("[package]\nname = \"parsley\"") && root_manifest.contains("[workspace]"),
+        "the root manifest is the engine's package and the workspace"
+    );
+    assert!(
+        runtime_dependencies(&manifests[4].1).contains(&"parsley-store".to_string()),
+        "the scan reads the projector's dependencies (it should find the store among them)"
+    );
+    let arrows = upward_arrows(&manifests);
+    assert!(arrows.is_empty(), "dependencies that point up the layers: {arrows:?}");
+}
+
+#[test]
+fn the_layer_scan_finds_an_arrow_up() {
+    let manifests = vec![
+        (
+            "parsley-store",
+            "[dependencies]\nparsley = { path = \"..\" }\nparsley-projector = { path = \"../projector\" }\n"
+                .to_string(),
+        ),
+        (
+            "parsley-infra",
+            "[dependencies]\nparsley = { path = \"..\" }\n[dev-dependencies]\nparsley-store = \"1\"\n".to_string(),
+        ),
+    ];
+    assert_eq!(upward_arrows(&manifests), vec![("parsley-store".to_string(), "parsley-projector".to_string())]);
+}
+
+/// The code of a Rust file outside its test module (`#[cfg(test)] mod ...`, last by
+/// convention), comments left out, with line numbers.
+fn non_test_code(text: &str) -> Vec<(usize, &str)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        if line.trim() == "#[cfg(test)]" && lines.get(i + 1).is_some_and(|l| l.trim_start().starts_with("mod ")) {
+            break;
+        }
+        let code = code(line);
+        if !code.trim().is_empty() {
+            out.push((i + 1, code));
+        }
+    }
+    out
+}
+
+/// Fragments of SQL statement text; a string literal holding one is a statement.
+const SQL_FRAGMENTS: &[&str] = &[
+    "SELECT ",
+    "INSERT INTO",
+    "UPDATE ",
+    "DELETE FROM",
+    "CREATE ",
+    "DROP ",
+    "ALTER ",
+    "TRUNCATE ",
+    "LISTEN ",
+    "NOTIFY ",
+    "SET search_path",
+];
+
+/// `file:line` of every SQL statement text in the code of `files` (string literals only).
+fn sql_statements(root: &Path, files: &[PathBuf]) -> Vec<String> {
+    let mut found = Vec::new();
+    for path in files {
+        let text = std::fs::read_to_string(path).unwrap();
+        for (n, line) in non_test_code(&text) {
+            let literals: Vec<&str> = line.split('"').skip(1).step_by(2).collect();
+            if literals.iter().any(|l| SQL_FRAGMENTS.iter().any(|f| l.contains(f))) {
+                found.push(format!("{}:{n}", relative(root, path)));
+            }
+        }
+    }
+    found
+}
+
+/// The crates whose code is the project's own service code; the store is the one crate
+/// allowed SQL. The test kit (scratch databases), the examples (a user's own projection) and
+/// every crate's tests and benchmarks may write SQL of their own.
+const SERVICE_CRATES: &[&str] = &[
+    "src",
+    "infra/src",
+    "settings/src",
+    "projector/src",
+    "gateway/src",
+    "check/src",
+    "demo/src",
+    "cli/src",
+    "sim/src",
+];
+
+#[test]
+fn no_sql_is_written_outside_the_store() {
+    let root = workspace_root();
+    let mut files = Vec::new();
+    for dir in SERVICE_CRATES {
+        files_with_extension(&root.join(dir), "rs", &mut files);
+    }
+    assert!(files.len() > 50, "the scan found only {} files", files.len());
+    let found = sql_statements(&root, &files);
+    assert!(found.is_empty(), "SQL outside the store (move the statement into store/src): {found:?}");
+    let mut store = Vec::new();
+    files_with_extension(&root.join("store/src"), "rs", &mut store);
+    assert!(sql_statements(&root, &store).len() > 20, "the scan finds the store's own statements");
+}
+
+#[test]
+fn the_sql_scan_finds_a_statement_and_skips_comments_and_tests() {
+    let dir = std::env::temp_dir().join(format!("parsley-sql-scan-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.rs");
+    std::fs::write(
+        &bad,
+        "//! x\n/// sqlx::query(\"SELECT 1\") in a doc\nfn f() { sqlx::query(\"SELECT 1\"); }\n\
+         #[cfg(test)]\nmod tests { fn t() { q(\"DELETE FROM t\"); } }\n",
+    )
+    .unwrap();
+    let found = sql_statements(&dir, &[bad]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(found, vec!["bad.rs:3".to_string()]);
+}
+
+/// Ways code names the workspace's `migrations/` directory.
+const MIGRATIONS_PATHS: &[&str] = &["../migrations", "join(\"migrations\")", "\"migrations/"];
+
+/// Files whose code (comments aside) names the workspace's `migrations/` directory.
+fn migrations_readers(root: &Path, files: &[PathBuf]) -> Vec<String> {
+    let mut found = Vec::new();
+    for path in files {
+        let text = std::fs::read_to_string(path).unwrap();
+        if text.lines().any(|l| MIGRATIONS_PATHS.iter().any(|p| code(l).contains(p))) {
+            found.push(relative(root, path));
+        }
+    }
+    found.sort();
+    found
+}
+
+#[test]
+fn only_the_store_reads_the_migrations_directory() {
+    let root = workspace_root();
+    assert!(root.join("migrations").is_dir(), "the schema's migrations live in migrations/ at the root");
+    let mut files = Vec::new();
+    files_with_extension(&root, "rs", &mut files);
+    files.retain(|p| !p.ends_with(file!()));
+    let readers = migrations_readers(&root, &files);
+    assert!(
+        readers.iter().any(|r| r.starts_with("store/")),
+        "the store embeds migrations/ (the scan should find it): {readers:?}"
+    );
+    let others: Vec<&String> = readers.iter().filter(|r| !r.starts_with("store/")).collect();
+    assert!(others.is_empty(), "code outside the store reads migrations/: {others:?}");
 }
