@@ -91,15 +91,16 @@ struct Floor {
     percent: u64,
 }
 
-/// Seeds (of 500 in the retention scenario, in percent) whose retention passed a marker or
-/// aborted record: 406 of 500 (81%) when measured; see docs/verification.md.
+/// Seeds (in percent) whose retention passed a marker or aborted record; pinned below the
+/// measured rate in docs/verification.md ("Anti-vacuity").
 const RETENTION_PAST_CONTROL_FLOOR: u64 = 70;
 
 const fn floor(what: &'static str, metric: fn(&Stats) -> u64, percent: u64) -> Floor {
     Floor { what, metric, percent }
 }
 
-/// Fails when too few seeds reached a state. Skipped for sweeps too small to judge.
+/// Fails when too few seeds reached a state; each floor is pinned below the rate measured in
+/// docs/verification.md ("Anti-vacuity"). Skipped for sweeps too small to judge.
 fn check_floors(scenario: &str, reports: &[RunReport], floors: &[Floor]) {
     if reports.len() < 10 {
         return;
@@ -606,8 +607,8 @@ fn sabotage_ignore_budget_is_caught() {
     must_catch(Sabotage::IgnoreBudget, &Scenario::budget(), IGNORE_BUDGET_FLOOR, &[ViolationKind::MissedRefusal]);
 }
 
-// Floors of the sabotage modes of the newer scenarios: measured over seeds 0–99 (46, 93,
-// 95, 58 and 60 caught) and pinned below (docs/verification.md).
+// Floors of the sabotage modes of the newer scenarios, pinned below the rates measured in
+// docs/verification.md ("Sabotage").
 const IGNORE_REMOVED_FLOOR: u64 = 35;
 const IGNORE_RECREATION_FLOOR: u64 = 78;
 const IGNORE_SEED_FLOOR_FLOOR: u64 = 80;
@@ -631,7 +632,6 @@ fn unread_sweep() {
     let reports = sweep("unread_sweep", &Scenario::unread(), 300);
     let mut floors = common_floors();
     floors.push(floor("retention advances", |s| s.retention_advances, 90));
-    // Measured over 600 seeds: 97 %, 95 %, 52 %, 95 %.
     floors.push(floor("retention past a position a receiver had not read", |s| s.retention_passed_unread, 80));
     floors.push(floor("... on a channel an upstream process receives", |s| s.retention_passed_unread_upstream, 80));
     floors.push(floor("a discard refusal by a task", |s| s.discard_refusals, 35));
@@ -645,7 +645,6 @@ fn random_sweep() {
     let mut floors = common_floors();
     floors.push(floor("retention advances", |s| s.retention_advances, 60));
     floors.push(floor("prunes that removed a pair", |s| s.prunes, 40));
-    // Measured over 300 seeds: 93 %, 66 %, 93 %.
     floors.push(floor("a process receiving a channel it sends to", |s| s.self_channels, 75));
     floors.push(floor("a cycle among processes", |s| s.process_cycles, 50));
     floors.push(floor("a delivery of a process's own record", |s| s.self_deliveries, 75));
@@ -656,7 +655,6 @@ fn random_sweep() {
 fn scopes_sweep() {
     let reports = sweep("scopes_sweep", &Scenario::scopes(), 200);
     let mut floors = common_floors();
-    // Measured over 200 seeds: 98.5 %, 47 %, 100 %, 97.5 %, 88 %.
     floors.push(floor("a channel leaving a process", |s| s.channels_left, 85));
     floors.push(floor("a removal refused: records held on the channel", |s| s.removals_refused, 30));
     floors.push(floor("a channel joining a process", |s| s.channels_joined, 90));
@@ -669,7 +667,6 @@ fn scopes_sweep() {
 fn hostile_host_sweep() {
     let reports = sweep("hostile_host_sweep", &Scenario::hostile_host(), 200);
     let mut floors = common_floors();
-    // Measured over 200 seeds: 58 %.
     floors.push(floor("an out-of-order feed refused", |s| s.out_of_order_refusals, 40));
     check_floors("hostile_host", &reports, &floors);
 }
@@ -677,7 +674,6 @@ fn hostile_host_sweep() {
 #[test]
 fn budget_sweep() {
     let reports = sweep("budget_sweep", &Scenario::budget(), 200);
-    // Measured over 200 seeds: 98.5 %, 44.5 %, 30 %.
     let floors = [
         floor("records held at a task's gate", |s| s.held, 60),
         floor("a budget refusal on receipt", |s| s.budget_refusals_on_receipt, 30),
