@@ -86,12 +86,12 @@ use parsley_store::ordering::{self, ModelRow, TaskRow, TaskStatus};
 use serde_json::{json, Value};
 use sqlx::PgConnection;
 
-use crate::app::AppState;
 use crate::database;
 use crate::feed;
 use crate::metrics::Metric;
 use crate::problem::{ApiError, Problem, ProblemType};
 use crate::session::{self, SESSION_HEADER};
+use crate::state::AppState;
 
 /// What a gated read is served by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -31,11 +31,11 @@ use parsley_store::failure::{classify_sqlx, Failure};
 use parsley_store::queries::{self, ParamValue};
 use serde_json::{json, Value};
 
-use crate::app::AppState;
 use crate::database;
 use crate::gated::{self, Gated, Scope, Snapshot};
 use crate::problem::ApiError;
 use crate::read::{check_key, parse_query};
+use crate::state::AppState;
 
 /// `GET /v1/models/{model}/queries/{name}`.
 pub async fn get_query(
