@@ -45,13 +45,7 @@ pub async fn get_query(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let Path((model_name, name)) = path.map_err(|r| ApiError::InvalidPath(r.body_text()))?;
-    let model = state
-        .config
-        .shared
-        .models
-        .iter()
-        .find(|m| m.name == model_name)
-        .ok_or_else(|| ApiError::UnknownModel(model_name.clone()))?;
+    let model = state.model(&model_name)?;
     let query = model
         .queries
         .iter()

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use parsley_settings::config::ModelConfig;
 use rdkafka::producer::FutureProducer;
 use sqlx::PgPool;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -16,6 +17,7 @@ use crate::facts_cache::KafkaFacts;
 use crate::keys;
 use crate::metrics::{Metrics, METRICS};
 use crate::notify::ClockNotifier;
+use crate::problem::ApiError;
 use crate::settings::GatewayConfig;
 use crate::widths::RecordedWidths;
 
@@ -23,6 +25,7 @@ use crate::widths::RecordedWidths;
 #[derive(Clone)]
 pub struct AppState(Arc<Inner>);
 
+/// The state itself, shared behind [`AppState`]'s `Arc` (its fields read through `Deref`).
 pub struct Inner {
     pub config: GatewayConfig,
     pub pool: PgPool,
@@ -155,5 +158,50 @@ impl AppState {
             in_flight,
             waiting_reads,
         })))
+    }
+
+    /// The configured model named `name`: `404 unknown-model` naming it when there is none.
+    pub fn model(&self, name: &str) -> Result<&ModelConfig, ApiError> {
+        self.config
+            .shared
+            .models
+            .iter()
+            .find(|m| m.name == name)
+            .ok_or_else(|| ApiError::UnknownModel(name.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The state's lookups, on a state built without infrastructure.
+
+    use parsley_settings::config::Config;
+
+    use super::*;
+    use crate::token::{KeyRing, SecretKey};
+
+    const FILE: &str = r#"
+[kafka]
+bootstrap = "127.0.0.1:1"
+[database]
+url = "postgres://nobody:secret@127.0.0.1:1/none"
+[[models]]
+name = "shop"
+topics = [{ name = "orders" }]
+"#;
+
+    fn state() -> AppState {
+        let ring = KeyRing::new(vec![("k1".into(), SecretKey::from_bytes([5; 32]))]).unwrap();
+        AppState::new(GatewayConfig::with_keys(Config::parse(FILE).unwrap(), ring).unwrap()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_model_is_found_by_name_or_refused_naming_it() {
+        let s = state();
+        assert_eq!(s.model("shop").unwrap().name, "shop");
+        match s.model("nope") {
+            Err(ApiError::UnknownModel(name)) => assert_eq!(name, "nope"),
+            other => panic!("expected unknown-model, got {:?}", other.map(|m| &m.name)),
+        }
     }
 }
