@@ -36,7 +36,7 @@
 //! - [`database`]: failed database calls told apart (outage, rejected value, bug).
 //! - [`metrics`]: the Prometheus registry.
 //! - [`state`]: [`AppState`], what every handler shares, and its lookups.
-//! - [`app`]: the routers ([`app()`], [`admin_app()`]), the middleware and the [`Gateway`]
+//! - [`mod@app`]: the routers ([`app()`], [`admin_app()`]), the middleware and the [`Gateway`]
 //!   process.
 //! - [`server`]: the HTTP/1 server with a header-read timeout and a header size limit.
 //!
