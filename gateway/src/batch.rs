@@ -29,12 +29,12 @@ use rdkafka::util::Timeout;
 use serde_json::json;
 use tokio::sync::Mutex;
 
-use crate::app::AppState;
 use crate::body::{self, BatchRecord};
 use crate::facts_cache::TopicFact;
 use crate::metrics::Metric;
 use crate::problem::ApiError;
 use crate::session::{self, kafka_unavailable, SESSION_HEADER};
+use crate::state::AppState;
 use crate::trace::TraceContext;
 use crate::write::{self, body_bytes, Idempotent};
 

@@ -16,8 +16,8 @@ use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use crate::app::AppState;
 use crate::problem::{Problem, ProblemType};
+use crate::state::AppState;
 
 /// Response headers a browser app may read.
 pub const EXPOSED_HEADERS: &str = "Parsley-Session, Retry-After, Idempotency-Replayed";

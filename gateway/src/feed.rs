@@ -24,8 +24,8 @@ use parsley::gate::ClockRow;
 use parsley_store::ordering as store;
 use tokio::sync::{watch, Notify};
 
-use crate::app::AppState;
 use crate::metrics::Metric;
+use crate::state::AppState;
 
 /// The clock rows a feed last fetched (`None`: none yet).
 pub type Rows = Option<Arc<Vec<ClockRow>>>;

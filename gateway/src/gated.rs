@@ -86,12 +86,12 @@ use parsley_store::ordering::{self, ModelRow, TaskRow, TaskStatus};
 use serde_json::{json, Value};
 use sqlx::PgConnection;
 
-use crate::app::AppState;
 use crate::database;
 use crate::feed;
 use crate::metrics::Metric;
 use crate::problem::{ApiError, Problem, ProblemType};
 use crate::session::{self, SESSION_HEADER};
+use crate::state::AppState;
 
 /// What a gated read is served by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -338,13 +338,7 @@ pub async fn read<S: Snapshot>(
     scope: Scope<'_>,
     snapshot: &S,
 ) -> Result<Gated<S::Data>, ApiError> {
-    let model = state
-        .config
-        .shared
-        .models
-        .iter()
-        .find(|m| m.name == model_name)
-        .ok_or_else(|| ApiError::UnknownModel(model_name.to_string()))?;
+    let model = state.model(model_name)?;
     let now = session::unix_now();
     let caller = session::open_session(state, headers, now)?;
     // What the client keeps, and what this read must prove: the token less the upstream

@@ -35,8 +35,9 @@
 //! - [`problem`]: the one error type and its problem documents.
 //! - [`database`]: failed database calls told apart (outage, rejected value, bug).
 //! - [`metrics`]: the Prometheus registry.
-//! - [`app`]: shared state, the routers ([`app()`], [`admin_app()`]), the middleware and the
-//!   [`Gateway`] process.
+//! - [`state`]: [`AppState`], what every handler shares, and its lookups.
+//! - [`mod@app`]: the routers ([`app()`], [`admin_app()`]), the middleware and the [`Gateway`]
+//!   process.
 //! - [`server`]: the HTTP/1 server with a header-read timeout and a header size limit.
 //!
 //! See `docs/gateway.md` for the routes, the token format, the gate and the problem types.
@@ -79,6 +80,7 @@ pub mod server;
 #[doc(hidden)]
 pub mod session;
 pub mod settings;
+pub mod state;
 #[doc(hidden)]
 pub mod subject;
 pub mod token;
@@ -89,7 +91,8 @@ pub mod widths;
 #[doc(hidden)]
 pub mod write;
 
-pub use app::{admin_app, app, routes, AppState, Gateway, Listeners};
+pub use app::{admin_app, app, routes, Gateway, Listeners};
 pub use problem::{ApiError, Problem};
 pub use session::SESSION_HEADER;
 pub use settings::{GatewayConfig, Settings};
+pub use state::AppState;

@@ -15,10 +15,10 @@ use parsley_store::ordering::{begin_snapshot, TaskRow};
 use parsley_store::status::{model_aggregates, ModelAggregates};
 use serde_json::{json, Value};
 
-use crate::app::AppState;
 use crate::database;
 use crate::metrics::Metric;
 use crate::problem::{ApiError, Problem, ProblemType};
+use crate::state::AppState;
 
 pub async fn healthz() -> Json<Value> {
     Json(json!({"status": "ok"}))

@@ -31,11 +31,11 @@ use parsley_store::failure::{classify_sqlx, Failure};
 use parsley_store::queries::{self, ParamValue};
 use serde_json::{json, Value};
 
-use crate::app::AppState;
 use crate::database;
 use crate::gated::{self, Gated, Scope, Snapshot};
 use crate::problem::ApiError;
 use crate::read::{check_key, parse_query};
+use crate::state::AppState;
 
 /// `GET /v1/models/{model}/queries/{name}`.
 pub async fn get_query(
@@ -45,13 +45,7 @@ pub async fn get_query(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let Path((model_name, name)) = path.map_err(|r| ApiError::InvalidPath(r.body_text()))?;
-    let model = state
-        .config
-        .shared
-        .models
-        .iter()
-        .find(|m| m.name == model_name)
-        .ok_or_else(|| ApiError::UnknownModel(model_name.clone()))?;
+    let model = state.model(&model_name)?;
     let query = model
         .queries
         .iter()

@@ -38,11 +38,11 @@ use parsley::murmur2::partition_for_key;
 use parsley_store::documents::{self, Document, GateInputs, GatedSnapshot};
 use serde_json::{json, Value};
 
-use crate::app::AppState;
 use crate::database;
 use crate::gated::{self, KeptSnapshot, Scope, Snapshot};
 use crate::problem::{ApiError, Problem, ProblemType};
 use crate::session::SESSION_HEADER;
+use crate::state::AppState;
 
 /// Default and largest page of a collection read.
 pub const DEFAULT_LIMIT: u32 = 100;

@@ -11,9 +11,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use axum::http::{HeaderMap, HeaderValue};
 use parsley::{CausalPast, ChannelId, Position};
 
-use crate::app::AppState;
 use crate::metrics::Metric;
 use crate::problem::ApiError;
+use crate::state::AppState;
 use crate::token::{self, Session, TokenError};
 
 /// The request and response header carrying the sealed token.

@@ -64,7 +64,7 @@ impl TraceContext {
     /// Exports the gateway's span for this context (when an exporter is configured).
     pub fn export(
         &self,
-        state: &crate::app::AppState,
+        state: &crate::state::AppState,
         caller_parent: Option<[u8; 8]>,
         name: &str,
         start_unix_ns: u64,

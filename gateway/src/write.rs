@@ -25,13 +25,13 @@ use rdkafka::producer::FutureRecord;
 use rdkafka::util::Timeout;
 use serde_json::{json, Value};
 
-use crate::app::AppState;
 use crate::body::{self, WriteBody};
 use crate::database;
 use crate::facts_cache::TopicFact;
 use crate::metrics::Metric;
 use crate::problem::ApiError;
 use crate::session::{self, kafka_unavailable, SESSION_HEADER};
+use crate::state::AppState;
 use crate::trace::{TraceContext, TRACEPARENT};
 
 /// The body's bytes, or why there are none.

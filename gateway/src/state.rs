@@ -1,0 +1,207 @@
+//! The gateway's shared state: [`AppState`], what every handler receives (the
+//! configuration, the pool, the Kafka clients, the caches, the metrics and the limits), and
+//! its constructor and lookups.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Deref;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use parsley_settings::config::ModelConfig;
+use rdkafka::producer::FutureProducer;
+use sqlx::PgPool;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::facts_cache::KafkaFacts;
+use crate::keys;
+use crate::metrics::{Metrics, METRICS};
+use crate::notify::ClockNotifier;
+use crate::problem::ApiError;
+use crate::settings::GatewayConfig;
+use crate::widths::RecordedWidths;
+
+/// What every handler shares. Cheap to clone.
+#[derive(Clone)]
+pub struct AppState(Arc<Inner>);
+
+/// The state itself, shared behind [`AppState`]'s `Arc` (its fields read through `Deref`).
+pub struct Inner {
+    pub config: GatewayConfig,
+    pub pool: PgPool,
+    /// The pool's connections as the gated reads and the waiting reads' clock fetches take
+    /// them: handed from read to read without sqlx's release round trip, up to all but a
+    /// quarter of `max_connections` (the rest stay for the writes and the rest).
+    pub reads: parsley_infra::pg::Reuse,
+    pub producer: FutureProducer,
+    /// The transactional producers of batch writes.
+    pub transactions: crate::batch::Transactions,
+    pub facts: KafkaFacts,
+    pub notifier: Arc<ClockNotifier>,
+    /// Per model, the shared re-checks of waiting reads.
+    pub feeds: crate::feed::Feeds,
+    /// Per model, the shape gated reads choose their clock rows by.
+    pub shapes: crate::gated::Shapes,
+    /// Per model, covered document snapshots (keys and pages) kept in memory (`gateway.read_cache_bytes`).
+    pub kept: crate::read_cache::KeptReads,
+    /// The span exporter, when `otlp_endpoint` is set.
+    pub otlp: Option<parsley_infra::otlp::Exporter>,
+    pub metrics: Arc<Metrics>,
+    /// Names of the topics some configured model receives; ask [`Inner::receives`].
+    pub received_topics: BTreeSet<String>,
+    /// The width each model was recorded with, for the write path.
+    pub widths: RecordedWidths,
+    /// Permits for requests in flight (`gateway.max_in_flight`).
+    pub in_flight: Arc<Semaphore>,
+    /// Per model, permits for reads waiting for coverage (`gateway.max_waiting_reads`).
+    pub waiting_reads: BTreeMap<String, Arc<Semaphore>>,
+}
+
+impl Inner {
+    /// Whether some configured model receives topic `name`: the topics writes may go to, and
+    /// whose token pairs are never pruned for their log start (see
+    /// [`crate::session::read_stops_demanding`]).
+    pub fn receives(&self, name: &str) -> bool {
+        self.received_topics.contains(name)
+    }
+
+    /// The configured models receiving topic `name`.
+    pub fn models_receiving(&self, name: &str) -> Vec<&str> {
+        let models = &self.config.shared.models;
+        models.iter().filter(|m| m.topics.iter().any(|t| t.name == name)).map(|m| m.name.as_str()).collect()
+    }
+
+    /// Every configured model's name.
+    pub fn model_names(&self) -> Vec<String> {
+        self.config.shared.models.iter().map(|m| m.name.clone()).collect()
+    }
+
+    /// A permit for one more read of `model` to wait for coverage, if one is free.
+    pub fn wait_slot(&self, model: &str) -> Option<OwnedSemaphorePermit> {
+        self.waiting_reads.get(model).and_then(|s| Arc::clone(s).try_acquire_owned().ok())
+    }
+}
+
+impl Deref for AppState {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.0
+    }
+}
+
+impl AppState {
+    /// Builds the state without touching the network: the pool connects lazily and the Kafka
+    /// clients connect in the background.
+    pub fn new(config: GatewayConfig) -> anyhow::Result<AppState> {
+        let url = config.shared.database_url()?.to_string();
+        // Every session (the pool's and the LISTEN connection opened from it) under the
+        // [database] bounds.
+        let pool = parsley_infra::pg::connect_lazy_bounded(
+            &url,
+            config.settings.max_connections,
+            config.shared.database.acquire_timeout(),
+            &config.shared.database.session_bounds(),
+        )?;
+        // Every Kafka client over the configured cluster and its [kafka.properties].
+        let cluster = config.shared.kafka.cluster();
+        let producer: FutureProducer = parsley_infra::kafka::producer_config(&cluster)
+            .set("message.timeout.ms", config.settings.produce_timeout_ms.to_string())
+            .create()
+            .context("creating the Kafka producer")?;
+        let transactions = crate::batch::Transactions::new(&cluster, config.settings.produce_timeout_ms);
+        let facts = KafkaFacts::new(&cluster, config.settings.kafka_timeout())?;
+        let notifier = Arc::new(ClockNotifier::new(config.shared.models.iter().map(|m| m.name.as_str())));
+        let feeds = crate::feed::Feeds::new(config.shared.models.iter().map(|m| m.name.as_str()));
+        let kept = crate::read_cache::KeptReads::new(
+            config.shared.models.iter().map(|m| m.name.as_str()),
+            config.settings.read_cache_bytes,
+            Duration::from_millis(config.settings.read_cache_max_age_ms),
+        );
+        let otlp = match &config.settings.otlp_endpoint {
+            Some(url) => Some(parsley_infra::otlp::Exporter::start(
+                parsley_infra::otlp::Endpoint::parse(url)?,
+                "parsley-gateway",
+            )?),
+            None => None,
+        };
+        let received_topics =
+            config.shared.models.iter().flat_map(|m| m.topics.iter().map(|t| t.name.clone())).collect();
+        let waiting_reads = config
+            .shared
+            .models
+            .iter()
+            .map(|m| (m.name.clone(), Arc::new(Semaphore::new(config.settings.max_waiting_reads))))
+            .collect();
+        let in_flight = Arc::new(Semaphore::new(config.settings.max_in_flight));
+        let metrics = Metrics::new(METRICS);
+        keys::publish(&metrics, None, &config.keys.current());
+        let reads = parsley_infra::pg::Reuse::new(
+            pool.clone(),
+            parsley_infra::pg::Reuse::keep_of(config.settings.max_connections),
+            config.shared.database.acquire_timeout(),
+        );
+        Ok(AppState(Arc::new(Inner {
+            config,
+            pool,
+            reads,
+            producer,
+            transactions,
+            facts,
+            notifier,
+            feeds,
+            shapes: crate::gated::Shapes::default(),
+            kept,
+            otlp,
+            metrics,
+            received_topics,
+            widths: RecordedWidths::default(),
+            in_flight,
+            waiting_reads,
+        })))
+    }
+
+    /// The configured model named `name`: `404 unknown-model` naming it when there is none.
+    pub fn model(&self, name: &str) -> Result<&ModelConfig, ApiError> {
+        self.config
+            .shared
+            .models
+            .iter()
+            .find(|m| m.name == name)
+            .ok_or_else(|| ApiError::UnknownModel(name.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The state's lookups, on a state built without infrastructure.
+
+    use parsley_settings::config::Config;
+
+    use super::*;
+    use crate::token::{KeyRing, SecretKey};
+
+    const FILE: &str = r#"
+[kafka]
+bootstrap = "127.0.0.1:1"
+[database]
+url = "postgres://nobody:secret@127.0.0.1:1/none"
+[[models]]
+name = "shop"
+topics = [{ name = "orders" }]
+"#;
+
+    fn state() -> AppState {
+        let ring = KeyRing::new(vec![("k1".into(), SecretKey::from_bytes([5; 32]))]).unwrap();
+        AppState::new(GatewayConfig::with_keys(Config::parse(FILE).unwrap(), ring).unwrap()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_model_is_found_by_name_or_refused_naming_it() {
+        let s = state();
+        assert_eq!(s.model("shop").unwrap().name, "shop");
+        match s.model("nope") {
+            Err(ApiError::UnknownModel(name)) => assert_eq!(name, "nope"),
+            other => panic!("expected unknown-model, got {:?}", other.map(|m| &m.name)),
+        }
+    }
+}
