@@ -35,24 +35,6 @@ pub fn allows(allowed: &[String], origin: &str) -> bool {
     allowed.iter().any(|a| a == "*" || a.eq_ignore_ascii_case(origin))
 }
 
-/// Checks a configured origin: `*`, or `scheme://host[:port]` with no path.
-pub fn check_origin(origin: &str) -> Result<(), String> {
-    if origin == "*" {
-        return Ok(());
-    }
-    let Some((scheme, rest)) = origin.split_once("://") else {
-        return Err(format!("{origin:?} is not an origin like https://app.example.com"));
-    };
-    if !matches!(scheme, "http" | "https")
-        || rest.is_empty()
-        || rest.contains('/')
-        || rest.contains(char::is_whitespace)
-    {
-        return Err(format!("{origin:?} is not an origin like https://app.example.com (scheme and host, no path)"));
-    }
-    Ok(())
-}
-
 /// The middleware: answers preflights, and adds the CORS headers to the answers of allowed
 /// origins' requests.
 pub async fn cors(State(state): State<AppState>, req: Request, next: Next) -> Response {
@@ -112,6 +94,7 @@ fn allow_origin(headers: &mut HeaderMap, allowed: &[String], origin: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::settings::check_origin;
 
     #[test]
     fn origins_are_matched_exactly_or_by_the_wildcard() {

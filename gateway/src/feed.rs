@@ -19,13 +19,15 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use parsley::gate::ClockRow;
-use parsley_store::ordering as store;
+use parsley_infra::pg::Reuse;
+use parsley_store::ordering;
 use tokio::sync::{watch, Notify};
 
-use crate::metrics::Metric;
-use crate::state::AppState;
+use crate::metrics::{Metric, Metrics};
+use crate::notify::ClockNotifier;
 
 /// The clock rows a feed last fetched (`None`: none yet).
 pub type Rows = Option<Arc<Vec<ClockRow>>>;
@@ -35,20 +37,32 @@ pub type Rows = Option<Arc<Vec<ClockRow>>>;
 /// queries than a shared fetch followed by theirs.
 pub const DIRECT_WAITERS: usize = 4;
 
+/// What the feeds' tasks read with: the clock channel's notifier, the reads' connections,
+/// the metrics, and how often a waiting read re-checks without a notification.
+pub struct Source {
+    pub notifier: Arc<ClockNotifier>,
+    pub reads: Arc<Reuse>,
+    pub metrics: Arc<Metrics>,
+    pub recheck: Duration,
+}
+
 /// Per model, its feed.
-#[derive(Debug)]
 pub struct Feeds {
     models: BTreeMap<String, Arc<Feed>>,
+    source: Arc<Source>,
 }
 
 impl Feeds {
-    pub fn new<'a>(models: impl IntoIterator<Item = &'a str>) -> Feeds {
-        Feeds { models: models.into_iter().map(|m| (m.to_string(), Arc::new(Feed::default()))).collect() }
+    pub fn new<'a>(models: impl IntoIterator<Item = &'a str>, source: Source) -> Feeds {
+        Feeds {
+            models: models.into_iter().map(|m| (m.to_string(), Arc::new(Feed::default()))).collect(),
+            source: Arc::new(source),
+        }
     }
 
     /// Registers a waiting read of `model` (`None`: not configured); the feed's task starts
     /// if it is not running, and fetches soon (a new waiter is a wake-up).
-    pub fn wait(&self, state: &AppState, model: &str) -> Option<Waiting> {
+    pub fn wait(&self, model: &str) -> Option<Waiting> {
         let feed = Arc::clone(self.models.get(model)?);
         feed.waiters.fetch_add(1, Ordering::SeqCst);
         let mut rows = feed.rows.subscribe();
@@ -57,7 +71,7 @@ impl Feeds {
         woken.mark_unchanged();
         feed.kick.notify_one();
         if !feed.running.swap(true, Ordering::SeqCst) {
-            tokio::spawn(run(Arc::clone(&feed), state.clone(), model.to_string()));
+            tokio::spawn(run(Arc::clone(&feed), Arc::clone(&self.source), model.to_string()));
         }
         Some(Waiting { feed, rows, woken })
     }
@@ -103,9 +117,9 @@ impl Drop for Waiting {
 
 /// The feed's task: while reads wait, fetch on every wake-up and publish; stop when none is
 /// left (the next waiter starts it again).
-async fn run(feed: Arc<Feed>, state: AppState, model: String) {
-    let Some(mut bumps) = state.notifier.subscribe(&model) else { return };
-    let recheck = state.config.settings.recheck();
+async fn run(feed: Arc<Feed>, source: Arc<Source>, model: String) {
+    let Some(mut bumps) = source.notifier.subscribe(&model) else { return };
+    let recheck = source.recheck;
     loop {
         if feed.waiters.load(Ordering::SeqCst) == 0 {
             feed.running.store(false, Ordering::SeqCst);
@@ -130,15 +144,15 @@ async fn run(feed: Arc<Feed>, state: AppState, model: String) {
             continue;
         }
         let fetched = async {
-            let mut conn = state.reads.acquire().await.map_err(anyhow::Error::from)?;
-            let rows = store::clock_rows(&mut conn, &model).await?;
+            let mut conn = source.reads.acquire().await.map_err(anyhow::Error::from)?;
+            let rows = ordering::clock_rows(&mut conn, &model).await?;
             conn.release();
             anyhow::Ok(rows)
         };
         match fetched.await {
             Ok(rows) => {
                 tracing::debug!(target: "parsley::stage", stage = "clock-fetched", model, "clock rows fetched for waiting reads");
-                state.metrics.add(Metric::ClockFetchesTotal, &[("model", &model)], 1.0);
+                source.metrics.add(Metric::ClockFetchesTotal, &[("model", &model)], 1.0);
                 feed.rows.send_replace(Some(Arc::new(rows)));
             }
             Err(e) => {

@@ -68,9 +68,9 @@
 //! # }
 //! ```
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::future::Future;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::{FromRef, FromRequestParts};
@@ -81,7 +81,7 @@ use parsley::gate::{gate, refresh, ClockRow, GateGap, ModelShape, Verdict};
 use parsley::murmur2::partition_for_key;
 use parsley::{CausalPast, ChannelId, TopicId};
 use parsley_settings::config::ModelConfig;
-use parsley_store::documents::{ClockScope, GateInputs, GatedSnapshot, RecordedModel, ShapeId};
+use parsley_store::documents::{ClockScope, GateInputs, GatedSnapshot, RecordedModel};
 use parsley_store::ordering::{self, ModelRow, TaskRow, TaskStatus};
 use serde_json::{json, Value};
 use sqlx::PgConnection;
@@ -91,6 +91,7 @@ use crate::feed;
 use crate::metrics::Metric;
 use crate::problem::{ApiError, Problem, ProblemType};
 use crate::session::{self, SESSION_HEADER};
+use crate::shapes::Recorded;
 use crate::state::AppState;
 
 /// What a gated read is served by.
@@ -297,36 +298,6 @@ struct Uncovered {
     recorded: bool,
 }
 
-/// A model's row as a gated statement last read it, and the shape it was recorded under.
-#[derive(Debug)]
-struct Recorded {
-    shape: ShapeId,
-    row: ModelRow,
-}
-
-/// Per model, the row the last gated statement that read it found recorded: the next
-/// statement picks its clock rows by it, and has its topic identities read again only if the
-/// recorded shape is no longer this one — in its own snapshot, so a changed shape is seen by
-/// the very read that follows the change.
-#[derive(Debug, Default)]
-pub struct Shapes {
-    models: RwLock<BTreeMap<String, Arc<Recorded>>>,
-}
-
-impl Shapes {
-    fn get(&self, model: &str) -> Option<Arc<Recorded>> {
-        self.models.read().unwrap_or_else(|e| e.into_inner()).get(model).cloned()
-    }
-
-    fn put(&self, model: &str, recorded: Option<Arc<Recorded>>) {
-        let mut models = self.models.write().unwrap_or_else(|e| e.into_inner());
-        match recorded {
-            Some(r) => models.insert(model.to_string(), r),
-            None => models.remove(model),
-        };
-    }
-}
-
 /// A gated read of `model` for the request's session: `snapshot` read as often as it takes
 /// (see the module's documentation), its data served with the refreshed token once its clock
 /// rows cover the session. `404 unknown-model` for a model not configured; the session's
@@ -405,9 +376,8 @@ pub async fn read<S: Snapshot>(
                 // Wait for shared clock rows that cover the read (then attempt: the check and
                 // the data in one snapshot), or for the deadline (then attempt once more,
                 // and answer 503 with what it finds).
-                let feed::Waiting { rows, woken, .. } = feed.get_or_insert_with(|| {
-                    state.feeds.wait(state, &model.name).expect("every configured model has a feed")
-                });
+                let feed::Waiting { rows, woken, .. } = feed
+                    .get_or_insert_with(|| state.feeds.wait(&model.name).expect("every configured model has a feed"));
                 let served = served_tasks(scope, &uncovered.shape);
                 loop {
                     tokio::select! {
@@ -451,7 +421,7 @@ async fn attempt<S: Snapshot>(
     token: &CausalPast,
 ) -> Result<Result<Served<S::Data>, Uncovered>, ApiError> {
     #[cfg(feature = "unsafe-ungated-reads")]
-    let (keeping, unchecked) = (!crate::read::ungated::on(), crate::read::ungated::kept_unchecked());
+    let (keeping, unchecked) = (!ungated::on(), ungated::kept_unchecked());
     #[cfg(not(feature = "unsafe-ungated-reads"))]
     let (keeping, unchecked) = (true, false);
     // A snapshot kept in memory serves the read if its own rows cover the session, and if it
@@ -505,7 +475,7 @@ async fn attempt<S: Snapshot>(
     let served = served_tasks(scope, &shape);
     let verdict = gate(demand, &shape, &snapshot.clock, &served);
     #[cfg(feature = "unsafe-ungated-reads")]
-    let verdict = if crate::read::ungated::on() { Verdict::Covered } else { verdict };
+    let verdict = if ungated::on() { Verdict::Covered } else { verdict };
     match verdict {
         Verdict::Covered => {
             let refreshed = refresh(token, &shape, &snapshot.clock, &served);
@@ -726,4 +696,35 @@ fn not_yet_covered(
         .with("tasks", Value::Array(tasks));
     problem.retry_after = Some(state.config.settings.retry_after_s);
     ApiError::NotYetCovered(Box::new(problem))
+}
+/// Reads served without the gate, stale data and all: the broken gateway that proves
+/// `parsley-check` is not vacuous. Only in a build with the test feature
+/// `unsafe-ungated-reads`, and only once the process switched it on; never in a release.
+#[cfg(feature = "unsafe-ungated-reads")]
+pub mod ungated {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    static ON: AtomicBool = AtomicBool::new(false);
+
+    /// Every read of this process from now on skips the gate (`true`) or is gated again.
+    pub fn serve_ungated_reads(on: bool) {
+        ON.store(on, Ordering::SeqCst);
+    }
+
+    pub(crate) fn on() -> bool {
+        ON.load(Ordering::SeqCst)
+    }
+
+    static KEPT_UNCHECKED: AtomicBool = AtomicBool::new(false);
+
+    /// Every kept snapshot of this process from now on is served without the gate over its
+    /// rows (`true`), or only to the sessions its rows cover again: the broken cache that
+    /// proves `parsley-check` sees what kept snapshots would break.
+    pub fn serve_kept_snapshots_unchecked(on: bool) {
+        KEPT_UNCHECKED.store(on, Ordering::SeqCst);
+    }
+
+    pub(crate) fn kept_unchecked() -> bool {
+        KEPT_UNCHECKED.load(Ordering::SeqCst)
+    }
 }

@@ -24,6 +24,10 @@ use tokio::task::JoinHandle;
 use crate::metrics::{Metric, Metrics};
 use crate::token::KeyRing;
 
+/// The token keys themselves: `id:base64key[:seal|:open][,...]` (unmarked: the first seals).
+/// Not reloadable.
+pub const ENV_TOKEN_KEYS: &str = "PARSLEY_TOKEN_KEYS";
+
 /// Where the ring came from, which says whether it can be re-read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KeySource {
@@ -103,7 +107,7 @@ impl TokenKeys {
     pub fn reload(&self) -> Result<Arc<KeyRing>, ReloadError> {
         let path = match &self.source {
             KeySource::File(path) => path,
-            KeySource::Environment => return Err(ReloadError::NotReloadable(crate::settings::ENV_TOKEN_KEYS)),
+            KeySource::Environment => return Err(ReloadError::NotReloadable(ENV_TOKEN_KEYS)),
             KeySource::Given => return Err(ReloadError::NotReloadable("the embedding code")),
         };
         *self.seen.lock().unwrap_or_else(|e| e.into_inner()) = stamp(path);
@@ -178,7 +182,7 @@ pub fn spawn_reloader(
         KeySource::Given => return None,
         KeySource::Environment => tracing::info!(
             "token keys from {}: not reloadable (SIGHUP is ignored); restart to change them",
-            crate::settings::ENV_TOKEN_KEYS
+            ENV_TOKEN_KEYS
         ),
         KeySource::File(path) => {
             let every = if poll.is_zero() { "never".to_string() } else { format!("{} ms", poll.as_millis()) };

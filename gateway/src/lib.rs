@@ -28,6 +28,7 @@
 //! - [`queries`]: the named queries, `GET /v1/models/{model}/queries/{name}`.
 //! - [`notify`]: the `LISTEN` task waking waiting reads, and the generations of a model's
 //!   tasks that kept snapshots are served under.
+//! - `shapes`: per model, the row and shape the gated reads last found recorded.
 //! - [`read_cache`]: covered document snapshots (keys and pages) kept in memory, served while nothing changed.
 //! - [`feed`]: one clock fetch per model per wake-up, shared by every waiting read.
 //! - [`ops`]: `/healthz`, `/readyz`, `/metrics`, `/v1/status` (from SQL aggregates).
@@ -80,12 +81,16 @@ pub mod server;
 #[doc(hidden)]
 pub mod session;
 pub mod settings;
+#[doc(hidden)]
+pub mod shapes;
 pub mod state;
 #[doc(hidden)]
 pub mod subject;
 pub mod token;
 #[doc(hidden)]
 pub mod trace;
+#[doc(hidden)]
+pub mod transactions;
 #[doc(hidden)]
 pub mod widths;
 #[doc(hidden)]

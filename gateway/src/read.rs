@@ -357,38 +357,6 @@ fn page_body(documents: Vec<Document>, limit: u32) -> Bytes {
     Bytes::from(serde_json::to_vec(&json!({"documents": documents, "next": next})).expect("a JSON value serializes"))
 }
 
-/// Reads served without the gate, stale data and all: the broken gateway that proves
-/// `parsley-check` is not vacuous. Only in a build with the test feature
-/// `unsafe-ungated-reads`, and only once the process switched it on; never in a release.
-#[cfg(feature = "unsafe-ungated-reads")]
-pub mod ungated {
-    use std::sync::atomic::{AtomicBool, Ordering};
-
-    static ON: AtomicBool = AtomicBool::new(false);
-
-    /// Every read of this process from now on skips the gate (`true`) or is gated again.
-    pub fn serve_ungated_reads(on: bool) {
-        ON.store(on, Ordering::SeqCst);
-    }
-
-    pub(crate) fn on() -> bool {
-        ON.load(Ordering::SeqCst)
-    }
-
-    static KEPT_UNCHECKED: AtomicBool = AtomicBool::new(false);
-
-    /// Every kept snapshot of this process from now on is served without the gate over its
-    /// rows (`true`), or only to the sessions its rows cover again: the broken cache that
-    /// proves `parsley-check` sees what kept snapshots would break.
-    pub fn serve_kept_snapshots_unchecked(on: bool) {
-        KEPT_UNCHECKED.store(on, Ordering::SeqCst);
-    }
-
-    pub(crate) fn kept_unchecked() -> bool {
-        KEPT_UNCHECKED.load(Ordering::SeqCst)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -27,9 +27,7 @@ pub use parsley_settings::overrides::{
 };
 /// The admin bearer token itself (overrides `gateway.admin_token_file`).
 pub const ENV_ADMIN_TOKEN: &str = "PARSLEY_GATEWAY_ADMIN_TOKEN";
-/// The token keys themselves: `id:base64key[:seal|:open][,...]` (unmarked: the first seals).
-/// Not reloadable.
-pub const ENV_TOKEN_KEYS: &str = "PARSLEY_TOKEN_KEYS";
+pub use crate::keys::ENV_TOKEN_KEYS;
 
 /// The `[gateway]` table. Every key has a default; `docs/configuration.md` and
 /// `docs/gateway.md` list them.
@@ -306,7 +304,7 @@ impl Settings {
             bail!("gateway.read_cache_max_age_ms must be at most 60000 (0 keeps nothing)");
         }
         for origin in &self.cors_allowed_origins {
-            crate::cors::check_origin(origin).map_err(|e| anyhow::anyhow!("gateway.cors_allowed_origins: {e}"))?;
+            check_origin(origin).map_err(|e| anyhow::anyhow!("gateway.cors_allowed_origins: {e}"))?;
         }
         if let Some(url) = &self.otlp_endpoint {
             parsley_infra::otlp::Endpoint::parse(url).map_err(|e| anyhow::anyhow!("gateway.otlp_endpoint: {e:#}"))?;
@@ -529,6 +527,24 @@ pub fn load_keys(settings: &Settings, var: impl Fn(&str) -> Option<String>) -> a
              (or name a file in {ENV_TOKEN_KEYS_FILE} or gateway.token_keys_file)"
         ),
     }
+}
+
+/// Checks a configured origin: `*`, or `scheme://host[:port]` with no path.
+pub fn check_origin(origin: &str) -> Result<(), String> {
+    if origin == "*" {
+        return Ok(());
+    }
+    let Some((scheme, rest)) = origin.split_once("://") else {
+        return Err(format!("{origin:?} is not an origin like https://app.example.com"));
+    };
+    if !matches!(scheme, "http" | "https")
+        || rest.is_empty()
+        || rest.contains('/')
+        || rest.contains(char::is_whitespace)
+    {
+        return Err(format!("{origin:?} is not an origin like https://app.example.com (scheme and host, no path)"));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

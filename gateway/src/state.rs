@@ -32,16 +32,16 @@ pub struct Inner {
     /// The pool's connections as the gated reads and the waiting reads' clock fetches take
     /// them: handed from read to read without sqlx's release round trip, up to all but a
     /// quarter of `max_connections` (the rest stay for the writes and the rest).
-    pub reads: parsley_infra::pg::Reuse,
+    pub reads: Arc<parsley_infra::pg::Reuse>,
     pub producer: FutureProducer,
     /// The transactional producers of batch writes.
-    pub transactions: crate::batch::Transactions,
+    pub transactions: crate::transactions::Transactions,
     pub facts: KafkaFacts,
     pub notifier: Arc<ClockNotifier>,
     /// Per model, the shared re-checks of waiting reads.
     pub feeds: crate::feed::Feeds,
     /// Per model, the shape gated reads choose their clock rows by.
-    pub shapes: crate::gated::Shapes,
+    pub shapes: crate::shapes::Shapes,
     /// Per model, covered document snapshots (keys and pages) kept in memory (`gateway.read_cache_bytes`).
     pub kept: crate::read_cache::KeptReads,
     /// The span exporter, when `otlp_endpoint` is set.
@@ -108,10 +108,9 @@ impl AppState {
             .set("message.timeout.ms", config.settings.produce_timeout_ms.to_string())
             .create()
             .context("creating the Kafka producer")?;
-        let transactions = crate::batch::Transactions::new(&cluster, config.settings.produce_timeout_ms);
+        let transactions = crate::transactions::Transactions::new(&cluster, config.settings.produce_timeout_ms);
         let facts = KafkaFacts::new(&cluster, config.settings.kafka_timeout())?;
         let notifier = Arc::new(ClockNotifier::new(config.shared.models.iter().map(|m| m.name.as_str())));
-        let feeds = crate::feed::Feeds::new(config.shared.models.iter().map(|m| m.name.as_str()));
         let kept = crate::read_cache::KeptReads::new(
             config.shared.models.iter().map(|m| m.name.as_str()),
             config.settings.read_cache_bytes,
@@ -135,10 +134,19 @@ impl AppState {
         let in_flight = Arc::new(Semaphore::new(config.settings.max_in_flight));
         let metrics = Metrics::new(METRICS);
         keys::publish(&metrics, None, &config.keys.current());
-        let reads = parsley_infra::pg::Reuse::new(
+        let reads = Arc::new(parsley_infra::pg::Reuse::new(
             pool.clone(),
             parsley_infra::pg::Reuse::keep_of(config.settings.max_connections),
             config.shared.database.acquire_timeout(),
+        ));
+        let feeds = crate::feed::Feeds::new(
+            config.shared.models.iter().map(|m| m.name.as_str()),
+            crate::feed::Source {
+                notifier: Arc::clone(&notifier),
+                reads: Arc::clone(&reads),
+                metrics: Arc::clone(&metrics),
+                recheck: config.settings.recheck(),
+            },
         );
         Ok(AppState(Arc::new(Inner {
             config,
@@ -149,7 +157,7 @@ impl AppState {
             facts,
             notifier,
             feeds,
-            shapes: crate::gated::Shapes::default(),
+            shapes: crate::shapes::Shapes::default(),
             kept,
             otlp,
             metrics,

@@ -21,7 +21,7 @@ use parsley_check::history::Event;
 use parsley_check::judge::{Kind, Verdict};
 use parsley_check::nemesis::Fault;
 use parsley_check::run::{self, Options, Spawn};
-use parsley_gateway::read::ungated::{serve_kept_snapshots_unchecked, serve_ungated_reads};
+use parsley_gateway::gated::ungated::{serve_kept_snapshots_unchecked, serve_ungated_reads};
 use parsley_gateway::token::{KeyRing, SecretKey};
 use parsley_gateway::{Gateway, GatewayConfig};
 use parsley_settings::Config;
