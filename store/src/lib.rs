@@ -21,6 +21,8 @@
 //!   program's statements): the clock rows and the data in one read-only snapshot.
 //! - [`status`]: task status read back, in full (the projector's `status`) or from SQL
 //!   aggregates (the gateway's `/v1/status`).
+//! - [`error`]: the store's error, [`StoreError`]: what the call was doing and its kind
+//!   (outage, rejected value, conflict, invalid argument, bug);
 //! - [`failure`]: failed database calls told apart (outage, rejected value, bug);
 //!   [`database`]: databases as a whole (the demo's own).
 
@@ -28,6 +30,7 @@ pub mod database;
 // `#[macro_use]`: the gated reads' model-and-clock statement is shared with `queries`.
 #[macro_use]
 pub mod documents;
+pub mod error;
 pub mod failure;
 pub mod idempotency;
 pub mod leases;
@@ -38,5 +41,6 @@ pub mod queries;
 pub mod record;
 pub mod status;
 
+pub use error::{ErrorKind, StoreError};
 pub use ordering::{TaskStatus, CLOCK_NOTIFY_CHANNEL, EVERY_MODEL_PAYLOAD};
 pub use record::RecordData;
