@@ -232,7 +232,9 @@ impl From<sqlx::Error> for StoreError {
 /// The SQLSTATE and message of a database's answer.
 fn answer_of(e: &sqlx::Error) -> Option<(String, String)> {
     match e {
-        sqlx::Error::Database(db) => Some((db.code().map(Cow::into_owned).unwrap_or_default(), db.message().to_string())),
+        sqlx::Error::Database(db) => {
+            Some((db.code().map(Cow::into_owned).unwrap_or_default(), db.message().to_string()))
+        }
         _ => None,
     }
 }

@@ -21,9 +21,8 @@
 //!   program's statements): the clock rows and the data in one read-only snapshot.
 //! - [`status`]: task status read back, in full (the projector's `status`) or from SQL
 //!   aggregates (the gateway's `/v1/status`).
-//! - [`error`]: the store's error, [`StoreError`]: what the call was doing and its kind
-//!   (outage, rejected value, conflict, invalid argument, bug);
-//! - [`failure`]: failed database calls told apart (outage, rejected value, bug);
+//! - [`error`]: every public function's error, [`StoreError`]: what the call was doing and
+//!   its kind (outage, rejected value, conflict, invalid argument, bug);
 //!   [`database`]: databases as a whole (the demo's own).
 
 pub mod database;
@@ -31,7 +30,6 @@ pub mod database;
 #[macro_use]
 pub mod documents;
 pub mod error;
-pub mod failure;
 pub mod idempotency;
 pub mod leases;
 pub mod migrations;
