@@ -32,8 +32,8 @@ pub enum ErrorKind {
     Unavailable,
     /// The database refused a value it was given (class 22).
     Rejected,
-    /// Another party changed what the call depends on: retrying the same call does not help
-    /// until that is resolved.
+    /// Another party changed what the call depends on, during the call or since it was
+    /// recorded: the caller decides whether trying again can help.
     Conflict,
     /// The store refused an argument before asking the database.
     Invalid,
