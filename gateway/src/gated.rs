@@ -83,6 +83,7 @@ use parsley::{CausalPast, ChannelId, TopicId};
 use parsley_settings::config::ModelConfig;
 use parsley_store::documents::{ClockScope, GateInputs, GatedSnapshot, RecordedModel};
 use parsley_store::ordering::{self, ModelRow, TaskRow, TaskStatus};
+use parsley_store::StoreError;
 use serde_json::{json, Value};
 use sqlx::PgConnection;
 
@@ -210,14 +211,14 @@ where
         inputs: &GateInputs,
     ) -> Result<GatedSnapshot<Result<T, ApiError>>, ApiError> {
         let retry_after = state.config.settings.retry_after_s;
-        let failed = |e: anyhow::Error| database::failed(e, "the read", retry_after, None);
+        let failed = |e: StoreError| database::failed(e, "the read", retry_after, None);
         let mut conn = state.reads.acquire().await.map_err(|e| failed(e.into()))?;
         let snapshot = parsley_store::queries::in_snapshot(&mut conn, model, inputs, &self.0).await.map_err(failed)?;
         // A failed data statement left its transaction to a rollback: the pool's test ends it.
         if snapshot.data.is_ok() {
             conn.release();
         }
-        let data = snapshot.data.map_err(|e| failed(anyhow::Error::new(e).context("the data statement")));
+        let data = snapshot.data.map_err(|e| failed(StoreError::sqlx("the data statement", e)));
         Ok(GatedSnapshot { model: snapshot.model, clock: snapshot.clock, data })
     }
 }
@@ -506,7 +507,7 @@ fn clock_scope(scope: Scope<'_>, shape: &ModelShape, demand: &CausalPast) -> Clo
 /// The model's task rows, for a 503's diagnosis.
 async fn load_tasks(state: &AppState, model: &str) -> Result<Vec<TaskRow>, ApiError> {
     let retry_after = state.config.settings.retry_after_s;
-    let db = |e: anyhow::Error| database::failed(e, "the read", retry_after, None);
+    let db = |e: StoreError| database::failed(e, "the read", retry_after, None);
     let mut conn = state.pool.acquire().await.map_err(|e| db(e.into()))?;
     ordering::load_tasks(&mut conn, model).await.map_err(db)
 }

@@ -27,7 +27,7 @@ use axum::Json;
 use parsley_settings::config::{ParamType, QueryConfig};
 use parsley_settings::sql_params;
 use parsley_store::documents::{GateInputs, GatedSnapshot};
-use parsley_store::failure::{classify_sqlx, Failure};
+use parsley_store::error::{classify_sqlx, ErrorKind, StoreError};
 use parsley_store::queries::{self, ParamValue};
 use serde_json::{json, Value};
 
@@ -177,7 +177,7 @@ impl Snapshot for NamedQuery<'_> {
         inputs: &GateInputs,
     ) -> Result<GatedSnapshot<Result<Vec<Value>, ApiError>>, ApiError> {
         let retry_after = state.config.settings.retry_after_s;
-        let failed = |e: anyhow::Error| database::failed(e, "the query", retry_after, None);
+        let failed = |e: StoreError| database::failed(e, "the query", retry_after, None);
         let mut conn = state.reads.acquire().await.map_err(|e| failed(e.into()))?;
         let limit = i64::from(self.query.max_rows) + 1;
         let p = self.prepared;
@@ -196,8 +196,8 @@ impl NamedQuery<'_> {
     /// The answer to a failed statement: an outage is `503 unavailable`; anything else is
     /// the query's failure, logged in full and answered by SQLSTATE only.
     fn failed(&self, e: sqlx::Error, retry_after: u64) -> ApiError {
-        if classify_sqlx(&e) == Failure::Unavailable {
-            return database::failed(anyhow::Error::new(e), "the query", retry_after, None);
+        if classify_sqlx(&e) == ErrorKind::Unavailable {
+            return database::failed(e.into(), "the query", retry_after, None);
         }
         let sqlstate = match &e {
             sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),

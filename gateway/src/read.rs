@@ -36,6 +36,7 @@ use axum::response::{IntoResponse, Response};
 use parsley::gate::{ClockRow, ModelShape};
 use parsley::murmur2::partition_for_key;
 use parsley_store::documents::{self, Document, GateInputs, GatedSnapshot};
+use parsley_store::StoreError;
 use serde_json::{json, Value};
 
 use crate::database;
@@ -310,7 +311,7 @@ async fn read_snapshot(
     inputs: &GateInputs,
 ) -> Result<GatedSnapshot<Data>, ApiError> {
     let retry_after = state.config.settings.retry_after_s;
-    let failed = |e: anyhow::Error| {
+    let failed = |e: StoreError| {
         // The only values from the client: the key or the cursor.
         let rejected = match target {
             Target::One { .. } => ApiError::InvalidKey("the database cannot hold this key".into()),

@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
+use parsley_store::StoreError;
 use sqlx::PgPool;
 
 /// Per model: `Some(n)` recorded with `n` tasks, `None` no state yet (the projector records
@@ -36,7 +37,7 @@ impl RecordedWidths {
 
     /// Re-reads the recorded widths of `models`. Before the migrations ran no model has
     /// state: every width is unrecorded.
-    pub async fn refresh(&self, pool: &PgPool, models: &[String]) -> anyhow::Result<()> {
+    pub async fn refresh(&self, pool: &PgPool, models: &[String]) -> Result<(), StoreError> {
         let recorded = parsley_store::ordering::recorded_widths(pool, models).await?;
         let widths: BTreeMap<String, Option<u32>> =
             models.iter().map(|m| (m.clone(), recorded.get(m).copied())).collect();

@@ -19,6 +19,7 @@ use parsley::codec::{self, CAUSES_HEADER};
 use parsley::murmur2::partition_for_key;
 use parsley::{CausalPast, ChannelId, TopicId};
 use parsley_store::idempotency::{self, Begun};
+use parsley_store::StoreError;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::FutureRecord;
@@ -339,7 +340,7 @@ pub async fn check_width(
     }
 }
 
-fn widths_unavailable(state: &AppState, e: anyhow::Error) -> ApiError {
+fn widths_unavailable(state: &AppState, e: StoreError) -> ApiError {
     database::failed(e, "the models' recorded widths", state.config.settings.retry_after_s, None)
 }
 

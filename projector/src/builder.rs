@@ -23,8 +23,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
-use parsley_store::failure::{self, Failure};
 use parsley_store::model_migrations::{self, Applied, ModelMigration};
+use parsley_store::ErrorKind;
 use sqlx::PgPool;
 use tokio::sync::watch;
 
@@ -231,7 +231,7 @@ impl ProjectorBuilder {
             let applied = loop {
                 match model_migrations::run(&pool, &model.name, files).await {
                     Ok(applied) => break applied,
-                    Err(e) if failure::classify(&e) != Failure::Unavailable => return Err(e),
+                    Err(e) if e.kind() != ErrorKind::Unavailable => return Err(e.into()),
                     Err(e)
                         if backoff
                             .wait("could not apply the model's migrations; retrying", Some(&model.name), &e)
@@ -357,7 +357,7 @@ impl Backoff {
 
     /// Logs `message` (of `model`, if any) with `error` and waits before the next attempt;
     /// `false` (give up) once shutdown is signalled.
-    async fn wait(&mut self, message: &str, model: Option<&str>, error: &anyhow::Error) -> bool {
+    async fn wait(&mut self, message: &str, model: Option<&str>, error: &impl std::fmt::Display) -> bool {
         if *self.shutdown.borrow() {
             return false;
         }

@@ -490,7 +490,7 @@ async fn run_runner<P: Projection>(
                     tracing::warn!(model = %spec.plan.name, task = spec.task, "another instance took the task meanwhile");
                     return RunEnded::Fenced;
                 }
-                Err(e) => return RunEnded::StartFailed(e),
+                Err(e) => return RunEnded::StartFailed(e.into()),
             }
         }
     };

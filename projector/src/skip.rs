@@ -35,6 +35,7 @@ use crate::kafka;
 use crate::record::Consumed;
 use parsley_settings::config::KafkaConfig;
 use parsley_store::ordering::{self, ModelRow, RecordFound, Skip, TaskRow, TaskStatus};
+use parsley_store::StoreError;
 
 /// How a restore applies the skips to a task's stored state (owned by `parsley-store`).
 pub use parsley_store::ordering::mark_skipped_held;
@@ -131,6 +132,12 @@ impl std::error::Error for SkipError {}
 impl From<anyhow::Error> for SkipError {
     fn from(e: anyhow::Error) -> Self {
         SkipError::Failed(e)
+    }
+}
+
+impl From<StoreError> for SkipError {
+    fn from(e: StoreError) -> Self {
+        SkipError::Failed(e.into())
     }
 }
 

@@ -627,7 +627,7 @@ impl<P: Projection> TaskRunner<P> {
             .with_context(|| format!("model {:?} has no row in parsley.models", plan.name))?;
         let state = match ordering::load_state(&mut conn, &plan.name, self.task, model_row.format_version).await {
             Ok(s) => s,
-            Err(LoadError::Database(e)) => return Err(e),
+            Err(LoadError::Database(e)) => return Err(e.into()),
             Err(LoadError::Refused(r)) => {
                 self.host.unrestorable(r);
                 return Ok(());

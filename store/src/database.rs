@@ -6,20 +6,23 @@
 
 use std::fmt;
 
-use anyhow::{ensure, Context as _};
 use sqlx::PgConnection;
+
+use crate::error::{Context as _, StoreError};
 
 /// A database name of 1 to 63 lower-case letters, digits and `_`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DatabaseName(String);
 
 impl DatabaseName {
-    pub fn new(name: &str) -> anyhow::Result<DatabaseName> {
-        ensure!(
-            (1..=63).contains(&name.len())
-                && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
-            "the database name {name:?} must be 1 to 63 lower-case letters, digits and _"
-        );
+    pub fn new(name: &str) -> Result<DatabaseName, StoreError> {
+        if !((1..=63).contains(&name.len())
+            && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'))
+        {
+            return Err(StoreError::invalid(format!(
+                "the database name {name:?} must be 1 to 63 lower-case letters, digits and _"
+            )));
+        }
         Ok(DatabaseName(name.to_string()))
     }
 
@@ -40,7 +43,7 @@ impl fmt::Display for DatabaseName {
 }
 
 /// Whether the database exists (asked on a connection to any database of the server).
-pub async fn exists(server: &mut PgConnection, name: &DatabaseName) -> anyhow::Result<bool> {
+pub async fn exists(server: &mut PgConnection, name: &DatabaseName) -> Result<bool, StoreError> {
     sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
         .bind(name.as_str())
         .fetch_one(&mut *server)
@@ -49,7 +52,7 @@ pub async fn exists(server: &mut PgConnection, name: &DatabaseName) -> anyhow::R
 }
 
 /// Creates the database.
-pub async fn create(server: &mut PgConnection, name: &DatabaseName) -> anyhow::Result<()> {
+pub async fn create(server: &mut PgConnection, name: &DatabaseName) -> Result<(), StoreError> {
     sqlx::query(&["CREATE DATABASE ", &name.quoted()].concat())
         .execute(&mut *server)
         .await
@@ -58,7 +61,7 @@ pub async fn create(server: &mut PgConnection, name: &DatabaseName) -> anyhow::R
 }
 
 /// Drops the database, disconnecting its sessions.
-pub async fn drop_forced(server: &mut PgConnection, name: &DatabaseName) -> anyhow::Result<()> {
+pub async fn drop_forced(server: &mut PgConnection, name: &DatabaseName) -> Result<(), StoreError> {
     sqlx::query(&["DROP DATABASE ", &name.quoted(), " WITH (FORCE)"].concat())
         .execute(&mut *server)
         .await
@@ -73,7 +76,7 @@ pub async fn drop_forced(server: &mut PgConnection, name: &DatabaseName) -> anyh
 pub async fn terminate_other_sessions(
     connection: &mut PgConnection,
     application_name: Option<&str>,
-) -> anyhow::Result<u64> {
+) -> Result<u64, StoreError> {
     let terminated: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
           WHERE datname = current_database() AND pid <> pg_backend_pid()

@@ -15,7 +15,6 @@
 
 use std::borrow::Cow;
 
-use anyhow::{ensure, Context as _};
 use parsley::channel::{ChannelId, Position, TopicId};
 use parsley::gate::ClockRow;
 use serde_json::Value;
@@ -27,6 +26,7 @@ use sqlx::query::Query;
 use sqlx::{PgConnection, Row as _};
 use uuid::Uuid;
 
+use crate::error::{Context as _, StoreError};
 use crate::ordering::{channel_of, topic_of, uuid_of, ModelRow};
 
 /// One document as stored.
@@ -335,7 +335,7 @@ pub async fn gated_document(
     model: &str,
     key: &str,
     inputs: &GateInputs,
-) -> anyhow::Result<GatedSnapshot<Option<Document>>> {
+) -> Result<GatedSnapshot<Option<Document>>, StoreError> {
     let binds = ScopedBinds::of(&inputs.clock);
     for _ in 0..SHAPE_ATTEMPTS {
         let rows = binds
@@ -366,7 +366,7 @@ pub async fn gated_page(
     cached: Option<ShapeId>,
     after: Option<&str>,
     limit: i64,
-) -> anyhow::Result<GatedSnapshot<Vec<Document>>> {
+) -> Result<GatedSnapshot<Vec<Document>>, StoreError> {
     for _ in 0..SHAPE_ATTEMPTS {
         let rows = sqlx::query(gated_statement!(
             data: ", d.keys, d.docs, d.versions",
@@ -390,7 +390,9 @@ pub async fn gated_page(
         let keys: Vec<String> = head.try_get::<Option<_>, _>("keys")?.unwrap_or_default();
         let docs: Vec<Value> = head.try_get::<Option<_>, _>("docs")?.unwrap_or_default();
         let versions: Vec<i64> = head.try_get::<Option<_>, _>("versions")?.unwrap_or_default();
-        ensure!(keys.len() == docs.len() && keys.len() == versions.len(), "a page's columns differ in length");
+        if keys.len() != docs.len() || keys.len() != versions.len() {
+            return Err(StoreError::bug("a page's columns differ in length"));
+        }
         let data = keys.into_iter().zip(docs).zip(versions).map(|((key, doc), version)| Document { key, doc, version });
         if let Some(model) = recorded_model(conn, model, &head, cached).await? {
             return Ok(GatedSnapshot { model, clock, data: data.collect() });
@@ -400,12 +402,14 @@ pub async fn gated_page(
 }
 
 /// A gated statement's rows: its one row of kind 0 (the model and the data) and its clock rows.
-pub(crate) fn split_gated(rows: Vec<PgRow>) -> anyhow::Result<(PgRow, Vec<ClockRow>)> {
+pub(crate) fn split_gated(rows: Vec<PgRow>) -> Result<(PgRow, Vec<ClockRow>), StoreError> {
     let mut head = None;
     let mut clock = Vec::with_capacity(rows.len().saturating_sub(1));
     for row in rows {
         if row.try_get::<i32, _>("kind")? == 0 {
-            ensure!(head.is_none(), "a gated statement returned two model rows");
+            if head.is_some() {
+                return Err(StoreError::bug("a gated statement returned two model rows"));
+            }
             head = Some(row);
             continue;
         }
@@ -427,7 +431,7 @@ pub(crate) async fn recorded_model(
     model: &str,
     head: &PgRow,
     cached: Option<ShapeId>,
-) -> anyhow::Result<Option<RecordedModel>> {
+) -> Result<Option<RecordedModel>, StoreError> {
     let Some(task_count) = head.try_get::<Option<i32>, _>("task_count")? else {
         return Ok(Some(RecordedModel::Absent));
     };
@@ -454,20 +458,24 @@ pub(crate) async fn recorded_model(
     }
     let names: Vec<String> = row.try_get::<Option<_>, _>("names")?.unwrap_or_default();
     let ids: Vec<Uuid> = row.try_get::<Option<_>, _>("ids")?.unwrap_or_default();
-    ensure!(names.len() == ids.len(), "a model's topic names and identities differ in number");
+    if names.len() != ids.len() {
+        return Err(StoreError::bug("a model's topic names and identities differ in number"));
+    }
     let row =
         ModelRow { task_count, format_version, topics: names.into_iter().zip(ids.iter().map(topic_of)).collect() };
     Ok(Some(RecordedModel::Read { shape, row }))
 }
 
 /// The error of a read whose model's shape changed [`SHAPE_ATTEMPTS`] times in a row.
-pub(crate) fn shape_kept_changing(model: &str) -> anyhow::Error {
-    anyhow::anyhow!("the recorded shape of model {model:?} changed {SHAPE_ATTEMPTS} times during one read")
+pub(crate) fn shape_kept_changing(model: &str) -> StoreError {
+    StoreError::conflict(format!(
+        "the recorded shape of model {model:?} changed {SHAPE_ATTEMPTS} times during one read"
+    ))
 }
 
 /// How many documents `model` has; 0 when the table does not exist yet (the migrations have
 /// not run in this database).
-pub async fn count(conn: &mut PgConnection, model: &str) -> anyhow::Result<i64> {
+pub async fn count(conn: &mut PgConnection, model: &str) -> Result<i64, StoreError> {
     let has_table: bool = sqlx::query_scalar("SELECT to_regclass('projection.documents') IS NOT NULL")
         .fetch_one(&mut *conn)
         .await

@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use anyhow::Context as _;
+use crate::error::{Context as _, StoreError};
 use serde_json::Value;
 use sqlx::PgPool;
 
@@ -41,7 +41,7 @@ pub async fn begin(
     hash: &[u8],
     window: Duration,
     stale_after: Duration,
-) -> anyhow::Result<Begun> {
+) -> Result<Begun, StoreError> {
     let claimed: Option<bool> = sqlx::query_scalar(
         "INSERT INTO parsley.idempotency_keys AS k (scope, key, request_hash, state, expires_at)
          VALUES ($1, $2, $3, 'pending', now() + $4 * interval '1 millisecond')
@@ -82,7 +82,7 @@ pub async fn begin(
 }
 
 /// Records the acknowledgement of a claimed key's request.
-pub async fn finish(pool: &PgPool, scope: &str, key: &str, response: &Value) -> anyhow::Result<()> {
+pub async fn finish(pool: &PgPool, scope: &str, key: &str, response: &Value) -> Result<(), StoreError> {
     sqlx::query(
         "UPDATE parsley.idempotency_keys SET state = 'done', response = $3
           WHERE scope = $1 AND key = $2 AND state = 'pending'",
@@ -97,7 +97,7 @@ pub async fn finish(pool: &PgPool, scope: &str, key: &str, response: &Value) -> 
 }
 
 /// Gives up a claimed key whose write failed, so that a retry writes.
-pub async fn abandon(pool: &PgPool, scope: &str, key: &str) -> anyhow::Result<()> {
+pub async fn abandon(pool: &PgPool, scope: &str, key: &str) -> Result<(), StoreError> {
     sqlx::query("DELETE FROM parsley.idempotency_keys WHERE scope = $1 AND key = $2 AND state = 'pending'")
         .bind(scope)
         .bind(key)
@@ -108,7 +108,7 @@ pub async fn abandon(pool: &PgPool, scope: &str, key: &str) -> anyhow::Result<()
 }
 
 /// Deletes the entries whose window has passed; returns how many.
-pub async fn purge_expired(pool: &PgPool) -> anyhow::Result<u64> {
+pub async fn purge_expired(pool: &PgPool) -> Result<u64, StoreError> {
     let done = sqlx::query("DELETE FROM parsley.idempotency_keys WHERE expires_at < now()")
         .execute(pool)
         .await

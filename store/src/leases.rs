@@ -14,7 +14,7 @@
 
 use std::time::Duration;
 
-use anyhow::Context as _;
+use crate::error::{Context as _, StoreError};
 use sqlx::{PgConnection, PgPool, Row as _};
 
 use crate::ordering::{task_row, TaskRow};
@@ -48,7 +48,7 @@ pub async fn join(
     incarnation: &str,
     balanced: bool,
     lease: Duration,
-) -> anyhow::Result<Joined> {
+) -> Result<Joined, StoreError> {
     let mut tx = pool.begin().await.context("beginning a membership transaction")?;
     let row = sqlx::query(
         "INSERT INTO parsley.members AS m (model, instance, incarnation, balanced, lease_until)
@@ -87,7 +87,7 @@ pub async fn join(
 }
 
 /// Removes `instance` (this incarnation) from `model` and tells the others.
-pub async fn leave(pool: &PgPool, model: &str, instance: &str, incarnation: &str) -> anyhow::Result<()> {
+pub async fn leave(pool: &PgPool, model: &str, instance: &str, incarnation: &str) -> Result<(), StoreError> {
     let mut tx = pool.begin().await.context("beginning a leave transaction")?;
     sqlx::query("DELETE FROM parsley.members WHERE model = $1 AND instance = $2 AND incarnation = $3")
         .bind(model)
@@ -101,7 +101,7 @@ pub async fn leave(pool: &PgPool, model: &str, instance: &str, incarnation: &str
     Ok(())
 }
 
-async fn notify_members(conn: &mut PgConnection, model: &str) -> anyhow::Result<()> {
+async fn notify_members(conn: &mut PgConnection, model: &str) -> Result<(), StoreError> {
     sqlx::query("SELECT pg_notify($1, $2)")
         .bind(MEMBERS_NOTIFY_CHANNEL)
         .bind(model)
@@ -124,7 +124,7 @@ pub struct Held {
 /// Renews the leases of `held` (only where the epoch is still the one held) and records
 /// when each last stepped. A row locked by a step in progress is skipped: that step renews
 /// it as it commits. Returns the tasks whose epoch moved on: another instance took them.
-pub async fn renew(pool: &PgPool, model: &str, held: &[Held], lease: Duration) -> anyhow::Result<Vec<u32>> {
+pub async fn renew(pool: &PgPool, model: &str, held: &[Held], lease: Duration) -> Result<Vec<u32>, StoreError> {
     if held.is_empty() {
         return Ok(Vec::new());
     }
@@ -173,7 +173,7 @@ pub async fn lock_and_renew(
     task: u32,
     epoch: i64,
     lease: Duration,
-) -> anyhow::Result<bool> {
+) -> Result<bool, StoreError> {
     lock_renew_and_notify(conn, model, task, epoch, lease, false).await
 }
 
@@ -188,7 +188,7 @@ pub async fn extend(
     task: u32,
     epoch: i64,
     lease: Duration,
-) -> anyhow::Result<bool> {
+) -> Result<bool, StoreError> {
     let extended = sqlx::query(
         "UPDATE parsley.tasks SET lease_until = clock_timestamp() + $4 * interval '1 millisecond'
           WHERE model = $1 AND task = $2 AND epoch = $3",
@@ -215,7 +215,7 @@ pub async fn lock_renew_and_notify(
     epoch: i64,
     lease: Duration,
     notify: bool,
-) -> anyhow::Result<bool> {
+) -> Result<bool, StoreError> {
     // The notification sits in a subquery whose condition refers to no row: a one-time
     // filter, so `pg_notify` runs only when asked, in the custom and the generic plan alike
     // (and only for the row the update returns).
@@ -239,12 +239,13 @@ pub async fn lock_renew_and_notify(
     .await
     .with_context(|| format!("locking task {model}/{task}"))?;
     if let Some((_, notified, _)) = locked {
-        anyhow::ensure!(
-            notified.is_some() == notify,
-            "locking task {model}/{task}: the clock notification was {} when {}",
-            if notified.is_some() { "sent" } else { "not sent" },
-            if notify { "asked for" } else { "not asked for" }
-        );
+        if notified.is_some() != notify {
+            return Err(StoreError::bug(format!(
+                "locking task {model}/{task}: the clock notification was {} when {}",
+                if notified.is_some() { "sent" } else { "not sent" },
+                if notify { "asked for" } else { "not asked for" }
+            )));
+        }
     }
     Ok(locked.is_some())
 }
@@ -266,7 +267,7 @@ pub enum Claim {
 /// transaction merely dropped is rolled back only when its connection is next used, and
 /// until then the row stays locked: a renewal right after a claim that found the task held
 /// skipped the row (`SKIP LOCKED`) and recorded nothing.
-async fn release_lock(tx: sqlx::Transaction<'_, sqlx::Postgres>) -> anyhow::Result<()> {
+async fn release_lock(tx: sqlx::Transaction<'_, sqlx::Postgres>) -> Result<(), StoreError> {
     tx.rollback().await.context("ending a claim that took nothing")
 }
 
@@ -280,7 +281,7 @@ pub async fn claim(
     instance: &str,
     lease: Duration,
     lock_wait: Duration,
-) -> anyhow::Result<Claim> {
+) -> Result<Claim, StoreError> {
     let mut tx = pool.begin().await.context("beginning a claim")?;
     sqlx::query(&format!("SET LOCAL lock_timeout = {}", millis(lock_wait).max(1)))
         .execute(&mut *tx)
@@ -300,7 +301,7 @@ pub async fn claim(
             drop(tx);
             return Ok(Claim::Locked { holder: lock_holder(pool).await });
         }
-        Err(e) => return Err(anyhow::Error::new(e).context(format!("locking task {model}/{task} to claim it"))),
+        Err(e) => return Err(StoreError::sqlx(format!("locking task {model}/{task} to claim it"), e)),
     };
     let from = match &current {
         Some(row) if row.get::<bool, _>("live") => {
@@ -379,7 +380,7 @@ pub async fn retake(
     instance: &str,
     epoch: i64,
     lease: Duration,
-) -> anyhow::Result<Option<TaskRow>> {
+) -> Result<Option<TaskRow>, StoreError> {
     let row = sqlx::query(&format!(
         "UPDATE parsley.tasks SET epoch = epoch + 1, owner = $3, lease_until = now() + $5 * interval '1 millisecond',
                 updated_at = now()
@@ -400,7 +401,7 @@ pub async fn retake(
 
 /// Hands `task` back (its runner has stopped): the lease is dropped while `epoch` still
 /// holds it, and the other instances are told, so one takes it at once.
-pub async fn release(pool: &PgPool, model: &str, task: u32, epoch: i64) -> anyhow::Result<bool> {
+pub async fn release(pool: &PgPool, model: &str, task: u32, epoch: i64) -> Result<bool, StoreError> {
     let mut tx = pool.begin().await.context("beginning a release")?;
     let released = sqlx::query(
         "UPDATE parsley.tasks SET lease_until = NULL, updated_at = now() WHERE model = $1 AND task = $2 AND epoch = $3",
@@ -428,7 +429,7 @@ pub struct Member {
 }
 
 /// The members of `model` (live or not), by name.
-pub async fn members(conn: &mut PgConnection, model: &str) -> anyhow::Result<Vec<Member>> {
+pub async fn members(conn: &mut PgConnection, model: &str) -> Result<Vec<Member>, StoreError> {
     let rows: Vec<(String, bool, bool)> = sqlx::query_as(
         "SELECT instance, balanced, lease_until > now() FROM parsley.members WHERE model = $1 ORDER BY instance",
     )

@@ -22,14 +22,15 @@
 //!   program's statements): the clock rows and the data in one read-only snapshot.
 //! - [`status`]: task status read back, in full (the projector's `status`) or from SQL
 //!   aggregates (the gateway's `/v1/status`).
-//! - [`failure`]: failed database calls told apart (outage, rejected value, bug);
+//! - [`error`]: every public function's error, [`StoreError`]: what the call was doing and
+//!   its kind (outage, rejected value, conflict, invalid argument, bug);
 //!   [`database`]: databases as a whole (the demo's own).
 
 pub mod database;
 // `#[macro_use]`: the gated reads' model-and-clock statement is shared with `queries`.
 #[macro_use]
 pub mod documents;
-pub mod failure;
+pub mod error;
 pub mod idempotency;
 pub mod leases;
 pub mod listen;
@@ -40,5 +41,6 @@ pub mod queries;
 pub mod record;
 pub mod status;
 
+pub use error::{ErrorKind, StoreError};
 pub use ordering::{TaskStatus, CLOCK_NOTIFY_CHANNEL, EVERY_MODEL_PAYLOAD};
 pub use record::RecordData;

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::future::Future;
 use std::pin::Pin;
 
-use anyhow::Context as _;
+use crate::error::{Context as _, StoreError};
 use sqlx::error::BoxDynError;
 use sqlx::migrate::{Migration, MigrationSource, MigrationType, Migrator};
 use sqlx::PgPool;
@@ -54,7 +54,7 @@ fn embedded() -> Result<Vec<Migration>, String> {
 /// would land in `public` before the first migration and in `parsley` after it, and the
 /// next run would apply everything again. So the migrations run on a connection of their
 /// own whose `search_path` is `public`, taken out of the pool and closed afterwards.
-pub async fn run(pool: &PgPool) -> anyhow::Result<()> {
+pub async fn run(pool: &PgPool) -> Result<(), StoreError> {
     let migrator = Migrator::new(Embedded).await.context("loading the embedded migrations")?;
     let mut conn = pool.acquire().await.context("acquiring a connection for the migrations")?.detach();
     sqlx::query("SET search_path TO public").execute(&mut conn).await.context("setting the migrations' search_path")?;

@@ -14,8 +14,9 @@
 
 use std::path::Path;
 
-use anyhow::{bail, Context as _};
 use sqlx::{Executor as _, PgPool};
+
+use crate::error::{Context as _, StoreError};
 
 /// One migration file of a model.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,7 +37,7 @@ pub struct Applied {
 }
 
 /// The migration files of `dir`, in version order; every error names the folder or file.
-pub fn read_folder(dir: &Path) -> anyhow::Result<Vec<ModelMigration>> {
+pub fn read_folder(dir: &Path) -> Result<Vec<ModelMigration>, StoreError> {
     let entries = std::fs::read_dir(dir).with_context(|| format!("reading the migrations folder {}", dir.display()))?;
     let mut migrations = Vec::new();
     for entry in entries {
@@ -48,11 +49,11 @@ pub fn read_folder(dir: &Path) -> anyhow::Result<Vec<ModelMigration>> {
             .filter(|(_, name)| !name.is_empty())
             .and_then(|(v, _)| v.parse::<i64>().ok())
             .filter(|v| *v > 0)
-            .with_context(|| {
-                format!(
+            .ok_or_else(|| {
+                StoreError::invalid(format!(
                     "migration {file} in {}: the name must be <version>_<name>.sql, the version a positive integer",
                     dir.display()
-                )
+                ))
             })?;
         let sql = std::fs::read_to_string(entry.path())
             .with_context(|| format!("reading migration {file} in {}", dir.display()))?;
@@ -60,7 +61,13 @@ pub fn read_folder(dir: &Path) -> anyhow::Result<Vec<ModelMigration>> {
     }
     migrations.sort_by_key(|m| m.version);
     if let Some(w) = migrations.windows(2).find(|w| w[0].version == w[1].version) {
-        bail!("migrations {} and {} in {} have the same version {}", w[0].file, w[1].file, dir.display(), w[0].version);
+        return Err(StoreError::invalid(format!(
+            "migrations {} and {} in {} have the same version {}",
+            w[0].file,
+            w[1].file,
+            dir.display(),
+            w[0].version
+        )));
     }
     Ok(migrations)
 }
@@ -70,7 +77,7 @@ pub fn read_folder(dir: &Path) -> anyhow::Result<Vec<ModelMigration>> {
 /// first takes the model's advisory lock and checks the file is still unapplied (another
 /// instance may have applied it meanwhile). A failing file's error names it; its
 /// transaction rolled back.
-pub async fn run(pool: &PgPool, model: &str, migrations: &[ModelMigration]) -> anyhow::Result<Applied> {
+pub async fn run(pool: &PgPool, model: &str, migrations: &[ModelMigration]) -> Result<Applied, StoreError> {
     let recorded: Vec<(i64, String, bool)> = sqlx::query_as(
         "SELECT a.version, a.name, coalesce(a.checksum = sha256(f.sql), false) \
          FROM parsley.model_migrations a \
@@ -85,11 +92,13 @@ pub async fn run(pool: &PgPool, model: &str, migrations: &[ModelMigration]) -> a
     .with_context(|| format!("reading the applied migrations of model {model}"))?;
     for (version, name, same) in &recorded {
         match migrations.iter().find(|m| m.version == *version) {
-            None => bail!(
-                "model {model}: migration {name} (version {version}) was applied, but is no longer in the \
-                 migrations folder; restore it"
-            ),
-            Some(m) if !same => bail!(changed(model, m)),
+            None => {
+                return Err(StoreError::conflict(format!(
+                    "model {model}: migration {name} (version {version}) was applied, but is no longer in the \
+                     migrations folder; restore it"
+                )))
+            }
+            Some(m) if !same => return Err(changed(model, m)),
             Some(_) => {}
         }
     }
@@ -117,7 +126,7 @@ pub async fn run(pool: &PgPool, model: &str, migrations: &[ModelMigration]) -> a
                 done.already += 1;
                 continue;
             }
-            Some(false) => bail!(changed(model, m)),
+            Some(false) => return Err(changed(model, m)),
             None => {}
         }
         // Through `Executor` rather than `RawSql::execute`, an `async fn` whose future is not
@@ -139,12 +148,13 @@ pub async fn run(pool: &PgPool, model: &str, migrations: &[ModelMigration]) -> a
     Ok(done)
 }
 
-fn changed(model: &str, m: &ModelMigration) -> String {
-    format!(
+/// The conflict of an applied migration whose text has changed.
+fn changed(model: &str, m: &ModelMigration) -> StoreError {
+    StoreError::conflict(format!(
         "model {model}: migration {} was applied, and its text has changed since; restore the applied text and put \
          the change in a new file",
         m.file
-    )
+    ))
 }
 
 #[cfg(test)]

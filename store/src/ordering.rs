@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use anyhow::Context as _;
+use crate::error::{Context as _, StoreError};
 use parsley::channel::{ChannelId, Position, TopicId};
 use parsley::engine::{HeldRecord, PersistedState, StepChanges, ORDERING_STATE_FORMAT};
 use parsley::gate::ClockRow;
@@ -38,7 +38,7 @@ pub fn topic_of(uuid: &Uuid) -> TopicId {
     TopicId::from_bytes(*uuid.as_bytes())
 }
 
-pub(crate) fn channel_of(topic_id: Uuid, partition: i32) -> anyhow::Result<ChannelId> {
+pub(crate) fn channel_of(topic_id: Uuid, partition: i32) -> Result<ChannelId, StoreError> {
     let partition = u32::try_from(partition).with_context(|| format!("stored partition {partition} is negative"))?;
     Ok(ChannelId::new(topic_of(&topic_id), partition))
 }
@@ -52,7 +52,7 @@ pub struct ModelRow {
     pub topics: BTreeMap<String, TopicId>,
 }
 
-pub async fn load_model(conn: &mut PgConnection, model: &str) -> anyhow::Result<Option<ModelRow>> {
+pub async fn load_model(conn: &mut PgConnection, model: &str) -> Result<Option<ModelRow>, StoreError> {
     let row = sqlx::query("SELECT task_count, format_version FROM parsley.models WHERE model = $1")
         .bind(model)
         .fetch_optional(&mut *conn)
@@ -79,7 +79,7 @@ pub async fn register_model(
     model: &str,
     task_count: u32,
     topics: &[(String, TopicId)],
-) -> anyhow::Result<()> {
+) -> Result<(), StoreError> {
     let mut tx = pool.begin().await.context("beginning the model registration")?;
     sqlx::query(
         "INSERT INTO parsley.models (model, task_count, format_version) VALUES ($1, $2, $3)
@@ -109,7 +109,7 @@ pub async fn register_model(
 }
 
 /// How many records a model's tasks hold from one topic.
-pub async fn held_on_topic(conn: &mut PgConnection, model: &str, topic: &TopicId) -> anyhow::Result<usize> {
+pub async fn held_on_topic(conn: &mut PgConnection, model: &str, topic: &TopicId) -> Result<usize, StoreError> {
     let n: i64 = sqlx::query_scalar("SELECT count(*) FROM parsley.held WHERE model = $1 AND topic_id = $2")
         .bind(model)
         .bind(uuid_of(topic))
@@ -160,7 +160,7 @@ macro_rules! task_columns {
 /// The columns of a task row, for statements outside this module.
 pub(crate) const TASK_COLUMNS: &str = task_columns!();
 
-pub(crate) fn task_row(row: &sqlx::postgres::PgRow) -> anyhow::Result<TaskRow> {
+pub(crate) fn task_row(row: &sqlx::postgres::PgRow) -> Result<TaskRow, StoreError> {
     let reason: Option<String> = row.get("refusal_reason");
     let refusal = match reason {
         None => None,
@@ -199,7 +199,7 @@ pub(crate) fn task_row(row: &sqlx::postgres::PgRow) -> anyhow::Result<TaskRow> {
 
 /// Takes a task: increments its epoch (creating the row at epoch 1) and names `owner`.
 /// From the moment this commits, the previous owner's steps abort.
-pub async fn take_task(pool: &PgPool, model: &str, task: u32, owner: &str) -> anyhow::Result<TaskRow> {
+pub async fn take_task(pool: &PgPool, model: &str, task: u32, owner: &str) -> Result<TaskRow, StoreError> {
     let row = sqlx::query(concat!(
         "INSERT INTO parsley.tasks (model, task, epoch, owner) VALUES ($1, $2, 1, $3)
          ON CONFLICT (model, task) DO UPDATE
@@ -217,7 +217,7 @@ pub async fn take_task(pool: &PgPool, model: &str, task: u32, owner: &str) -> an
 }
 
 /// Every task row of a model, by task.
-pub async fn load_tasks(conn: &mut PgConnection, model: &str) -> anyhow::Result<Vec<TaskRow>> {
+pub async fn load_tasks(conn: &mut PgConnection, model: &str) -> Result<Vec<TaskRow>, StoreError> {
     sqlx::query(concat!("SELECT ", task_columns!(), " FROM parsley.tasks WHERE model = $1 ORDER BY task"))
         .bind(model)
         .fetch_all(&mut *conn)
@@ -234,7 +234,7 @@ pub enum LoadError {
     /// The stored state cannot be trusted by this build.
     Refused(Refusal),
     /// The database failed.
-    Database(anyhow::Error),
+    Database(StoreError),
 }
 
 /// Loads everything a task persisted, for [`parsley::Engine::restore`].
@@ -244,7 +244,7 @@ pub async fn load_state(
     task: u32,
     format_version: i32,
 ) -> Result<PersistedState<RecordData>, LoadError> {
-    let db = |what: &'static str| move |e: sqlx::Error| LoadError::Database(anyhow::Error::new(e).context(what));
+    let db = |what: &'static str| move |e: sqlx::Error| LoadError::Database(StoreError::sqlx(what, e));
     let fed_up_to =
         sqlx::query("SELECT topic_id, partition, fed_up_to FROM parsley.channels WHERE model = $1 AND task = $2")
             .bind(model)
@@ -334,7 +334,7 @@ impl Past {
     }
 }
 
-async fn load_past(conn: &mut PgConnection, past: Past, model: &str, task: u32) -> anyhow::Result<CausalPast> {
+async fn load_past(conn: &mut PgConnection, past: Past, model: &str, task: u32) -> Result<CausalPast, StoreError> {
     let rows = sqlx::query(past.select())
         .bind(model)
         .bind(task as i32)
@@ -371,7 +371,7 @@ pub async fn apply_changes(
     model: &str,
     task: u32,
     changes: &StepChanges<RecordData>,
-) -> anyhow::Result<bool> {
+) -> Result<bool, StoreError> {
     let task_i = task as i32;
     if !changes.held_removed.is_empty() {
         let (topics, partitions, positions) = split_pairs(&changes.held_removed);
@@ -498,7 +498,7 @@ async fn remove_past(
     model: &str,
     task: i32,
     channels: &[ChannelId],
-) -> anyhow::Result<()> {
+) -> Result<(), StoreError> {
     if channels.is_empty() {
         return Ok(());
     }
@@ -515,7 +515,12 @@ async fn remove_past(
 }
 
 /// Marks a task refused, with the reason, diagnosis and where it happened.
-pub async fn record_refusal(conn: &mut PgConnection, model: &str, task: u32, refusal: &Refusal) -> anyhow::Result<()> {
+pub async fn record_refusal(
+    conn: &mut PgConnection,
+    model: &str,
+    task: u32,
+    refusal: &Refusal,
+) -> Result<(), StoreError> {
     sqlx::query(
         "UPDATE parsley.tasks SET status = 'refused', refusal_reason = $3, refusal_diagnosis = $4,
            refusal_topic_id = $5, refusal_partition = $6, refusal_position = $7, updated_at = now()
@@ -536,7 +541,7 @@ pub async fn record_refusal(conn: &mut PgConnection, model: &str, task: u32, ref
 
 /// Refuses every task of a model (a model-wide refusal: identity, width, format), creating
 /// rows for tasks that never ran so the refusal is visible for each.
-pub async fn refuse_model(pool: &PgPool, model: &str, task_count: u32, refusal: &Refusal) -> anyhow::Result<()> {
+pub async fn refuse_model(pool: &PgPool, model: &str, task_count: u32, refusal: &Refusal) -> Result<(), StoreError> {
     let mut tx = pool.begin().await.context("beginning a model refusal")?;
     sqlx::query(
         "INSERT INTO parsley.tasks (model, task, epoch, owner)
@@ -569,7 +574,7 @@ pub async fn refuse_model(pool: &PgPool, model: &str, task_count: u32, refusal: 
 
 /// Marks a task running again after failures, or after a refusal an earlier execution
 /// recorded and this one did not derive again (inside a step or start transaction).
-pub async fn record_running(conn: &mut PgConnection, model: &str, task: u32) -> anyhow::Result<()> {
+pub async fn record_running(conn: &mut PgConnection, model: &str, task: u32) -> Result<(), StoreError> {
     sqlx::query(
         "UPDATE parsley.tasks SET status = 'running', last_error = NULL, failures = 0, failing_since = NULL,
            refusal_reason = NULL, refusal_diagnosis = NULL, refusal_topic_id = NULL, refusal_partition = NULL,
@@ -586,7 +591,13 @@ pub async fn record_running(conn: &mut PgConnection, model: &str, task: u32) -> 
 
 /// Records a failed step in its own small transaction, only while `epoch` still owns the
 /// task. Returns `false` when the task was taken by another owner.
-pub async fn record_failure(pool: &PgPool, model: &str, task: u32, epoch: i64, error: &str) -> anyhow::Result<bool> {
+pub async fn record_failure(
+    pool: &PgPool,
+    model: &str,
+    task: u32,
+    epoch: i64,
+    error: &str,
+) -> Result<bool, StoreError> {
     let done = sqlx::query(
         "UPDATE parsley.tasks SET status = 'failing', last_error = $4, failures = failures + 1,
            failing_since = coalesce(failing_since, now()), updated_at = now()
@@ -613,7 +624,7 @@ pub async fn record_failure(pool: &PgPool, model: &str, task: u32, epoch: i64, e
 
 /// `NOTIFY parsley_clock, '<model>:<task>'` (or `'<model>'` for a model-wide change),
 /// delivered to listeners exactly when the surrounding transaction commits.
-pub async fn notify(conn: &mut PgConnection, model: &str, task: Option<u32>) -> anyhow::Result<()> {
+pub async fn notify(conn: &mut PgConnection, model: &str, task: Option<u32>) -> Result<(), StoreError> {
     let payload = notify_payload(model, task);
     sqlx::query("SELECT pg_notify($1, $2)")
         .bind(CLOCK_NOTIFY_CHANNEL)
@@ -633,7 +644,7 @@ pub(crate) fn notify_payload(model: &str, task: Option<u32>) -> String {
 }
 
 /// Every clock row of a model (what the gateway's gate reads).
-pub async fn clock_rows(conn: &mut PgConnection, model: &str) -> anyhow::Result<Vec<ClockRow>> {
+pub async fn clock_rows(conn: &mut PgConnection, model: &str) -> Result<Vec<ClockRow>, StoreError> {
     let rows = sqlx::query(
         "SELECT task, topic_id, partition, position FROM parsley.clock WHERE model = $1
          ORDER BY task, topic_id, partition",
@@ -655,7 +666,7 @@ pub async fn clock_rows(conn: &mut PgConnection, model: &str) -> anyhow::Result<
 
 /// Per channel of a model: the meet (lowest position over the tasks that record it) and
 /// how many tasks record it — the collection gate's one query.
-pub async fn clock_meet(conn: &mut PgConnection, model: &str) -> anyhow::Result<Vec<(ChannelId, Position, u32)>> {
+pub async fn clock_meet(conn: &mut PgConnection, model: &str) -> Result<Vec<(ChannelId, Position, u32)>, StoreError> {
     let rows = sqlx::query(
         "SELECT topic_id, partition, MIN(position), COUNT(*) FROM parsley.clock WHERE model = $1
          GROUP BY topic_id, partition ORDER BY topic_id, partition",
@@ -669,7 +680,7 @@ pub async fn clock_meet(conn: &mut PgConnection, model: &str) -> anyhow::Result<
 
 /// A task's row, locked until the surrounding transaction ends (as a step locks it): the
 /// `skip` command's first statement, so that it and the task's steps never interleave.
-pub async fn lock_task(conn: &mut PgConnection, model: &str, task: u32) -> anyhow::Result<Option<TaskRow>> {
+pub async fn lock_task(conn: &mut PgConnection, model: &str, task: u32) -> Result<Option<TaskRow>, StoreError> {
     sqlx::query(concat!("SELECT ", task_columns!(), " FROM parsley.tasks WHERE model = $1 AND task = $2 FOR UPDATE"))
         .bind(model)
         .bind(task as i32)
@@ -689,7 +700,7 @@ pub async fn is_delivered(
     task: u32,
     channel: &ChannelId,
     position: Position,
-) -> anyhow::Result<bool> {
+) -> Result<bool, StoreError> {
     let row: Option<(i64, bool)> = sqlx::query_as(
         "SELECT c.fed_up_to, EXISTS (SELECT 1 FROM parsley.held h WHERE h.model = c.model AND h.task = c.task
                                        AND h.topic_id = c.topic_id AND h.partition = c.partition AND h.position = $5)
@@ -744,7 +755,7 @@ impl RecordFound {
 
 /// Records a skip (inside the `skip` command's transaction, after [`lock_task`]). Returns
 /// `false` when the record was skipped before (nothing written).
-pub async fn insert_skip(conn: &mut PgConnection, model: &str, task: u32, skip: &Skip) -> anyhow::Result<bool> {
+pub async fn insert_skip(conn: &mut PgConnection, model: &str, task: u32, skip: &Skip) -> Result<bool, StoreError> {
     let (key, causes_headers) = match &skip.found {
         RecordFound::Read { key, causes_headers } => {
             let framed: Vec<Header> =
@@ -783,7 +794,7 @@ pub async fn skipped_positions(
     conn: &mut PgConnection,
     model: &str,
     task: u32,
-) -> anyhow::Result<BTreeSet<(ChannelId, Position)>> {
+) -> Result<BTreeSet<(ChannelId, Position)>, StoreError> {
     sqlx::query("SELECT topic_id, partition, position FROM parsley.skips WHERE model = $1 AND task = $2")
         .bind(model)
         .bind(task as i32)
@@ -796,7 +807,7 @@ pub async fn skipped_positions(
 }
 
 /// How many skips a task has; a restore compares it, under the row lock, with what it read.
-pub async fn count_skips(conn: &mut PgConnection, model: &str, task: u32) -> anyhow::Result<usize> {
+pub async fn count_skips(conn: &mut PgConnection, model: &str, task: u32) -> Result<usize, StoreError> {
     let n: i64 = sqlx::query_scalar("SELECT count(*) FROM parsley.skips WHERE model = $1 AND task = $2")
         .bind(model)
         .bind(task as i32)
@@ -807,7 +818,7 @@ pub async fn count_skips(conn: &mut PgConnection, model: &str, task: u32) -> any
 }
 
 /// Every skip of a model, oldest first, by task.
-pub async fn skips(conn: &mut PgConnection, model: &str) -> anyhow::Result<Vec<(u32, Skip)>> {
+pub async fn skips(conn: &mut PgConnection, model: &str) -> Result<Vec<(u32, Skip)>, StoreError> {
     let rows = sqlx::query(
         "SELECT task, topic_id, partition, position, skipped_by, skipped_at::text, reason, refusal_reason,
                 refusal_diagnosis, record_found, record_key, causes_headers
@@ -859,7 +870,7 @@ pub async fn insert_dead_letter(
     task: u32,
     record: &HeldRecord<RecordData>,
     reason: &str,
-) -> anyhow::Result<()> {
+) -> Result<(), StoreError> {
     sqlx::query(
         "INSERT INTO parsley.dead_letters (model, task, topic_id, partition, position, record_key, record_value,
            headers, timestamp_ms, causes, reason)
@@ -897,7 +908,7 @@ pub async fn dead_letters(
     conn: &mut PgConnection,
     model: &str,
     latest: usize,
-) -> anyhow::Result<BTreeMap<u32, (usize, Vec<DeadLetter>)>> {
+) -> Result<BTreeMap<u32, (usize, Vec<DeadLetter>)>, StoreError> {
     let rows = sqlx::query(
         "SELECT task, topic_id, partition, position, reason, dead_lettered_at::text, total FROM (
            SELECT d.*, row_number() OVER w AS n, count(*) OVER (PARTITION BY task) AS total
@@ -938,7 +949,7 @@ pub fn mark_skipped_held(state: &mut PersistedState<RecordData>, skipped: &BTree
 
 /// The recorded width (`task_count`) of each of `models` that has state; before the
 /// migrations ran no model has any.
-pub async fn recorded_widths(pool: &PgPool, models: &[String]) -> anyhow::Result<BTreeMap<String, u32>> {
+pub async fn recorded_widths(pool: &PgPool, models: &[String]) -> Result<BTreeMap<String, u32>, StoreError> {
     let rows: Vec<(String, i32)> =
         match sqlx::query_as("SELECT model, task_count FROM parsley.models WHERE model = ANY($1)")
             .bind(models)
@@ -946,7 +957,7 @@ pub async fn recorded_widths(pool: &PgPool, models: &[String]) -> anyhow::Result
             .await
         {
             Ok(rows) => rows,
-            Err(e) if crate::failure::is_undefined_table(&e) => Vec::new(),
+            Err(e) if crate::error::is_undefined_table(&e) => Vec::new(),
             Err(e) => return Err(e).context("reading the models' recorded widths"),
         };
     rows.into_iter()
@@ -958,7 +969,7 @@ pub async fn recorded_widths(pool: &PgPool, models: &[String]) -> anyhow::Result
 }
 
 /// Whether the ordering state's tables exist (the migrations ran) in the database `conn` is on.
-pub async fn schema_exists(conn: &mut PgConnection) -> anyhow::Result<bool> {
+pub async fn schema_exists(conn: &mut PgConnection) -> Result<bool, StoreError> {
     sqlx::query_scalar("SELECT to_regclass('parsley.topics') IS NOT NULL")
         .fetch_one(&mut *conn)
         .await
@@ -974,19 +985,19 @@ pub async fn begin_snapshot(pool: &PgPool) -> Result<Transaction<'static, Postgr
 
 /// The savepoint a step sets before each record it applies alone under the dead-letter
 /// policy: a rejected record is rolled back to it, the rest of the step stays.
-pub async fn set_record_savepoint(conn: &mut PgConnection) -> anyhow::Result<()> {
+pub async fn set_record_savepoint(conn: &mut PgConnection) -> Result<(), StoreError> {
     sqlx::query("SAVEPOINT parsley_record").execute(&mut *conn).await.context("setting a savepoint")?;
     Ok(())
 }
 
 /// The record was applied: its savepoint is released.
-pub async fn release_record_savepoint(conn: &mut PgConnection) -> anyhow::Result<()> {
+pub async fn release_record_savepoint(conn: &mut PgConnection) -> Result<(), StoreError> {
     sqlx::query("RELEASE SAVEPOINT parsley_record").execute(&mut *conn).await.context("releasing a savepoint")?;
     Ok(())
 }
 
 /// The record was rejected: what it wrote is undone.
-pub async fn rollback_to_record_savepoint(conn: &mut PgConnection) -> anyhow::Result<()> {
+pub async fn rollback_to_record_savepoint(conn: &mut PgConnection) -> Result<(), StoreError> {
     sqlx::query("ROLLBACK TO SAVEPOINT parsley_record")
         .execute(&mut *conn)
         .await

@@ -13,7 +13,7 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use anyhow::Context as _;
+use crate::error::{Context as _, StoreError};
 use serde_json::Value;
 use sqlx::{Connection as _, PgConnection, Postgres, Row as _, Transaction};
 
@@ -35,7 +35,7 @@ pub async fn in_snapshot<T, F>(
     model: &str,
     inputs: &GateInputs,
     data: &F,
-) -> anyhow::Result<GatedSnapshot<Result<T, sqlx::Error>>>
+) -> Result<GatedSnapshot<Result<T, sqlx::Error>>, StoreError>
 where
     F: for<'c> Fn(&'c mut PgConnection) -> BoxFuture<'c, Result<T, sqlx::Error>> + ?Sized,
 {
@@ -53,7 +53,7 @@ pub async fn named_query(
     sql: &str,
     params: &[ParamValue],
     limit: i64,
-) -> anyhow::Result<GatedSnapshot<Result<Vec<Value>, sqlx::Error>>> {
+) -> Result<GatedSnapshot<Result<Vec<Value>, sqlx::Error>>, StoreError> {
     let (mut tx, snapshot) = begin_with_clock(conn, model, inputs).await?;
     let data = json_rows(&mut tx, sql, params, limit).await;
     finish(tx, snapshot, data).await
@@ -64,7 +64,7 @@ async fn begin_with_clock<'c>(
     conn: &'c mut PgConnection,
     model: &str,
     inputs: &GateInputs,
-) -> anyhow::Result<(Transaction<'c, Postgres>, GatedSnapshot<()>)> {
+) -> Result<(Transaction<'c, Postgres>, GatedSnapshot<()>), StoreError> {
     let mut tx = conn.begin_with(BEGIN_READ_ONLY).await.context("beginning a read-only snapshot")?;
     let binds = ScopedBinds::of(&inputs.clock);
     // The document reads' statement with no data: in this snapshot the model's shape cannot
@@ -91,7 +91,7 @@ async fn finish<T>(
     tx: Transaction<'_, Postgres>,
     snapshot: GatedSnapshot<()>,
     data: Result<T, sqlx::Error>,
-) -> anyhow::Result<GatedSnapshot<Result<T, sqlx::Error>>> {
+) -> Result<GatedSnapshot<Result<T, sqlx::Error>>, StoreError> {
     if data.is_ok() {
         tx.commit().await.context("ending a read-only snapshot")?;
     }

@@ -7,7 +7,7 @@
 //! bytes the record carried. Only `parsley.causes` means anything to the engine; every other
 //! header is data.
 
-use anyhow::bail;
+use crate::error::StoreError;
 
 /// One application header: name and value as bytes (`None`: a null value).
 pub type Header = (Vec<u8>, Option<Vec<u8>>);
@@ -57,10 +57,10 @@ pub fn encode_headers(headers: &[Header]) -> Vec<u8> {
 }
 
 /// Decodes [`encode_headers`]; anything else is an error. Names are bytes, as written.
-pub fn decode_headers(mut bytes: &[u8]) -> anyhow::Result<Vec<Header>> {
-    fn take<'a>(bytes: &mut &'a [u8], n: usize) -> anyhow::Result<&'a [u8]> {
+pub fn decode_headers(mut bytes: &[u8]) -> Result<Vec<Header>, StoreError> {
+    fn take<'a>(bytes: &mut &'a [u8], n: usize) -> Result<&'a [u8], StoreError> {
         if bytes.len() < n {
-            bail!("stored headers are truncated");
+            return Err(StoreError::bug("stored headers are truncated"));
         }
         let (head, tail) = bytes.split_at(n);
         *bytes = tail;
@@ -74,7 +74,7 @@ pub fn decode_headers(mut bytes: &[u8]) -> anyhow::Result<Vec<Header>> {
         let value = match len {
             -1 => None,
             n if n >= 0 => Some(take(&mut bytes, n as usize)?.to_vec()),
-            n => bail!("stored header value length {n} is negative"),
+            n => return Err(StoreError::bug(format!("stored header value length {n} is negative"))),
         };
         out.push((name, value));
     }

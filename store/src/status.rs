@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
-use anyhow::Context as _;
+use crate::error::{Context as _, StoreError};
 use parsley::channel::{ChannelId, Position, TopicId};
 use parsley::codec;
 use parsley::decide::{decide, Blocker, Decision};
@@ -83,7 +83,7 @@ impl ModelReport {
 }
 
 /// Every model's name.
-pub async fn models(conn: &mut PgConnection) -> anyhow::Result<Vec<String>> {
+pub async fn models(conn: &mut PgConnection) -> Result<Vec<String>, StoreError> {
     sqlx::query_scalar("SELECT model FROM parsley.models ORDER BY model")
         .fetch_all(&mut *conn)
         .await
@@ -91,7 +91,7 @@ pub async fn models(conn: &mut PgConnection) -> anyhow::Result<Vec<String>> {
 }
 
 /// The status of `model`, or `None` if it has no state.
-pub async fn model_report(conn: &mut PgConnection, model: &str) -> anyhow::Result<Option<ModelReport>> {
+pub async fn model_report(conn: &mut PgConnection, model: &str) -> Result<Option<ModelReport>, StoreError> {
     let Some(row) = store::load_model(conn, model).await? else { return Ok(None) };
     let topics: BTreeMap<TopicId, String> = row.topics.iter().map(|(n, id)| (*id, n.clone())).collect();
     let mut skips = store::skips(conn, model).await?;
@@ -331,19 +331,19 @@ const HEAD_CAUSES_SQL: &str = "SELECT h.task, h.topic_id, h.partition, h.causes 
      WHERE h.model = $1";
 const CLOCK_WIDTH_SQL: &str = "SELECT task, count(*)::bigint FROM parsley.clock WHERE model = $1 GROUP BY task";
 
-fn aggregate_channel(topic_id: &Uuid, partition: i32) -> anyhow::Result<ChannelId> {
+fn aggregate_channel(topic_id: &Uuid, partition: i32) -> Result<ChannelId, StoreError> {
     let partition = u32::try_from(partition).with_context(|| format!("a stored partition is {partition}"))?;
     Ok(ChannelId::new(store::topic_of(topic_id), partition))
 }
 
-fn aggregate_task(task: i32) -> anyhow::Result<u32> {
+fn aggregate_task(task: i32) -> Result<u32, StoreError> {
     u32::try_from(task).with_context(|| format!("a stored task is {task}"))
 }
 
 /// The status of `model` from SQL aggregates (no held record is loaded, only counts, sizes
 /// and each queue head's `parsley.causes`), or `None` if it has no state. Run it in one
 /// snapshot ([`crate::ordering::begin_snapshot`]) for a consistent picture.
-pub async fn model_aggregates(conn: &mut PgConnection, model: &str) -> anyhow::Result<Option<ModelAggregates>> {
+pub async fn model_aggregates(conn: &mut PgConnection, model: &str) -> Result<Option<ModelAggregates>, StoreError> {
     let Some(row) = store::load_model(conn, model).await? else { return Ok(None) };
     let topics = row.topics.iter().map(|(name, id)| (*id, name.clone())).collect();
     let mut tasks: BTreeMap<u32, TaskAggregates> = store::load_tasks(conn, model)

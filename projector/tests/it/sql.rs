@@ -16,6 +16,7 @@ use parsley_projector::SqlProjection;
 use parsley_settings::config::{Apply, Config, OnRejected, SQL_PROJECTION};
 use parsley_store::model_migrations::{self, Applied};
 use parsley_store::ordering::TaskStatus;
+use parsley_store::StoreError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use sqlx::{PgPool, Row as _};
@@ -260,7 +261,7 @@ async fn project_migrations(pool: &PgPool) -> Vec<(i64, Vec<u8>)> {
         .unwrap()
 }
 
-async fn run_folder(pool: &PgPool, model: &str, dir: &Path) -> anyhow::Result<Applied> {
+async fn run_folder(pool: &PgPool, model: &str, dir: &Path) -> Result<Applied, StoreError> {
     let files = model_migrations::read_folder(dir)?;
     model_migrations::run(pool, model, &files).await
 }
