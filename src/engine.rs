@@ -52,8 +52,8 @@ pub enum EngineSabotage {
     NoReplayDrop,
     /// An undecodable `parsley.causes` value is read as "no causes".
     UndecodableAsEmpty,
-    /// Frontier pairs are pruned below the log start too (the superseded rule), so a send
-    /// stops expressing a cause that a receiver may not have read.
+    /// Frontier pairs are pruned below the log start too, so a send stops expressing a
+    /// cause that a receiver may not have read.
     PruneStampedBelowLogStart,
     /// A received record's causes are merged into the frontier when it is delivered, not
     /// when it is received, so a send made while a record is held does not express what
@@ -268,12 +268,28 @@ pub struct Engine<P> {
     held_bytes: usize,
     /// How many records are held, over every channel.
     held_records: usize,
+    /// Channels on which the frontier may not cover what it owes (debug builds, for the
+    /// invariant check): a prune dropped the frontier's pair (the clock may keep its own, or
+    /// take it again from a held record delivered later), or the state restored was so.
+    #[cfg(debug_assertions)]
+    lagging: BTreeSet<ChannelId>,
     #[cfg(feature = "sim")]
     sabotage: EngineSabotage,
 }
 
 fn weightless<P>(_: &P) -> usize {
     0
+}
+
+/// The pairs of `past` that `frontier` does not cover (a lower position, or none), found
+/// in one walk of both (each sorted by channel).
+#[cfg(debug_assertions)]
+fn uncovered<'a>(frontier: &'a CausalPast, past: &'a CausalPast) -> impl Iterator<Item = (ChannelId, Position)> + 'a {
+    let mut frontier = frontier.iter().peekable();
+    past.iter().filter(move |&(c, p)| {
+        while frontier.next_if(|&(f, _)| f < c).is_some() {}
+        frontier.peek().is_none_or(|&(f, at)| f != c || at < p)
+    })
 }
 
 impl<P: Clone> Engine<P> {
@@ -297,6 +313,8 @@ impl<P: Clone> Engine<P> {
             weigh: weightless::<P>,
             held_bytes: 0,
             held_records: 0,
+            #[cfg(debug_assertions)]
+            lagging: BTreeSet::new(),
             #[cfg(feature = "sim")]
             sabotage: EngineSabotage::None,
         }
@@ -310,6 +328,7 @@ impl<P: Clone> Engine<P> {
         self.held_bytes = self.channels.values().flat_map(|c| c.held.iter()).map(|r| self.weight_of(r)).sum();
         // Restored state weighed anew may pass the byte bound: refuse as `restore` would.
         let _ = self.check_held_limits(None);
+        self.check_invariants();
         self
     }
 
@@ -325,7 +344,7 @@ impl<P: Clone> Engine<P> {
     /// Refuses `HELD_LIMIT_EXCEEDED` when the held records pass a configured bound; `at`
     /// names the record whose receipt passed it (none at restore).
     fn check_held_limits(&mut self, at: Option<(ChannelId, Position)>) -> Result<(), Refusal> {
-        // Called on every receipt: the kept count, not a walk of every channel's queue.
+        // The kept count, equal to the queued records (as `broken_count` also checks).
         debug_assert_eq!(self.held_records, self.held_count());
         let count = self.held_records;
         let over = match (self.config.max_held_records, self.config.max_held_bytes) {
@@ -352,6 +371,129 @@ impl<P: Clone> Engine<P> {
             }
             None => Refusal::new(RefusalReason::HeldLimitExceeded, diagnosis),
         }))
+    }
+
+    /// Panics naming the invariant the state breaks, if any; compiled to nothing in release.
+    #[inline]
+    fn check_invariants(&self) {
+        #[cfg(debug_assertions)]
+        if let Some(broken) = self.broken_invariant() {
+            panic!("engine invariant broken: {broken}");
+        }
+    }
+
+    /// [`Engine::check_invariants`] of `channel`'s own and the counts only: after a receipt,
+    /// a seed or a read position on it, which the end of the step checks in full.
+    #[inline]
+    fn check_channel_invariants(&self, _channel: &ChannelId) {
+        #[cfg(debug_assertions)]
+        if let Some(broken) = self.broken_channel_invariant(_channel).or_else(|| self.broken_count()) {
+            panic!("engine invariant broken: {broken}");
+        }
+    }
+
+    /// The first invariant the state breaks, if any. The pasts' own (sorted channels,
+    /// positions >= 0) each past checks as it changes.
+    #[cfg(debug_assertions)]
+    fn broken_invariant(&self) -> Option<String> {
+        if !self.channels.keys().eq(&self.received) || !self.drain_order.iter().eq(&self.received) {
+            let channels: Vec<_> = self.channels.keys().collect();
+            return Some(format!(
+                "the channels {channels:?}, received {:?} and drain order {:?} differ",
+                self.received, self.drain_order
+            ));
+        }
+        (self.channels.keys().find_map(|c| self.broken_channel_invariant(c)))
+            .or_else(|| self.broken_count())
+            .or_else(|| self.broken_walked_invariant())
+    }
+
+    /// The first broken invariant of one channel's: it holds no record above its
+    /// `fed_up_to`; unless the task refused (a refused record counts as fed in this
+    /// execution), neither was one fed in this execution.
+    #[cfg(debug_assertions)]
+    fn broken_channel_invariant(&self, channel: &ChannelId) -> Option<String> {
+        let state = self.channels.get(channel)?;
+        let fed_here = state.fed_this_execution.filter(|_| self.refusal.is_none());
+        let highest_fed = state.held.back().map(|r| r.position).max(fed_here);
+        highest_fed.is_some_and(|f| state.fed_up_to.is_none_or(|u| u < f)).then(|| {
+            format!(
+                "{channel} was fed up to {highest_fed:?} (held or in this execution), above fed_up_to {:?}",
+                state.fed_up_to
+            )
+        })
+    }
+
+    /// The first broken invariant of the counts, checked in O(channels): `held_records` is
+    /// the number of records queued; the step's refusal, if any, is the sticky one.
+    #[cfg(debug_assertions)]
+    fn broken_count(&self) -> Option<String> {
+        let queued = self.held_count();
+        if self.held_records != queued {
+            return Some(format!("held_records is {}, but {queued} records are queued", self.held_records));
+        }
+        if self.pending.refusal.is_some() && self.pending.refusal != self.refusal {
+            return Some(format!("the step's refusal {:?} is not the sticky {:?}", self.pending.refusal, self.refusal));
+        }
+        None
+    }
+
+    /// The first broken invariant of those checked by a walk of the pasts and the held
+    /// records (O(widths + held records and their causes)):
+    /// - the frontier covers the delivered past and every held record's causes (it took
+    ///   them at receipt), but on `lagging` channels;
+    /// - each channel's queue holds its own records, strictly ascending by position;
+    /// - `held_bytes` is the weight of the queued records;
+    /// - every record inserted in this step and not delivered is still queued.
+    #[cfg(debug_assertions)]
+    fn broken_walked_invariant(&self) -> Option<String> {
+        if let Some((c, p)) = self.uncovered(&self.delivered) {
+            return Some(format!(
+                "the frontier is at {:?} on {c}, below the delivered past at {p}",
+                self.frontier.get(&c)
+            ));
+        }
+        #[cfg(feature = "sim")]
+        let merged_at_receipt = self.sabotage != EngineSabotage::SkipReceiptMerge;
+        #[cfg(not(feature = "sim"))]
+        let merged_at_receipt = true;
+        let held = || self.channels.values().flat_map(|c| c.held.iter());
+        let uncovered_cause = |r: &HeldRecord<P>| Some((r.channel, r.position, self.uncovered(&r.causes)?));
+        if let Some((channel, position, (c, p))) = held().filter(|_| merged_at_receipt).find_map(uncovered_cause) {
+            return Some(format!(
+                "the frontier is at {:?} on {c}, below the cause at {p} of held {channel}@{position}",
+                self.frontier.get(&c)
+            ));
+        }
+        for (&channel, state) in &self.channels {
+            if let Some(r) = state.held.iter().find(|r| r.channel != channel) {
+                return Some(format!("{}@{} is queued on {channel}", r.channel, r.position));
+            }
+            if let Some(i) = (1..state.held.len()).find(|&i| state.held[i - 1].position >= state.held[i].position) {
+                return Some(format!(
+                    "{channel} queues {} before {}",
+                    state.held[i - 1].position,
+                    state.held[i].position
+                ));
+            }
+        }
+        let weight: usize = held().map(|r| self.weight_of(r)).sum();
+        if self.held_bytes != weight {
+            return Some(format!("held_bytes is {}, but the queued records weigh {weight}", self.held_bytes));
+        }
+        let queued_at = |(c, p): &(ChannelId, Position)| {
+            self.channels.get(c).is_some_and(|s| s.held.binary_search_by_key(p, |r| r.position).is_ok())
+        };
+        if let Some((c, p)) = self.pending.held_inserted.iter().find(|key| !queued_at(key)) {
+            return Some(format!("{c}@{p} was inserted in this step and not delivered, but is not queued"));
+        }
+        None
+    }
+
+    /// The first pair of `past` the frontier does not cover (but on `lagging` channels).
+    #[cfg(debug_assertions)]
+    fn uncovered(&self, past: &CausalPast) -> Option<(ChannelId, Position)> {
+        uncovered(&self.frontier, past).find(|(c, _)| !self.lagging.contains(c))
     }
 
     /// Switches on a deliberately broken behaviour (simulator meta-tests only).
@@ -454,9 +596,16 @@ impl<P: Clone> Engine<P> {
         engine.persisted_delivered = state.delivered.clone();
         engine.frontier = state.frontier;
         engine.delivered = state.delivered;
+        #[cfg(debug_assertions)]
+        {
+            let held = engine.channels.values().flat_map(|c| c.held.iter());
+            let owed = std::iter::once(&engine.delivered).chain(held.map(|r| &r.causes));
+            engine.lagging = owed.flat_map(|past| uncovered(&engine.frontier, past).map(|(c, _)| c)).collect();
+        }
         engine.held_bytes = engine.channels.values().flat_map(|c| c.held.iter()).map(|r| engine.weight_of(r)).sum();
         // A bound lowered since (or passed by the last receipt before a stop) refuses again.
         let _ = engine.check_held_limits(None);
+        engine.check_invariants();
         Ok(engine)
     }
 
@@ -534,6 +683,7 @@ impl<P: Clone> Engine<P> {
         let baseline = fed_up_to.max(floor).max(-1);
         ch.fed_up_to = Some(baseline);
         self.pending.fed_up_to.insert(channel);
+        self.check_channel_invariants(&channel);
         Ok(baseline)
     }
 
@@ -557,6 +707,7 @@ impl<P: Clone> Engine<P> {
                 self.channels.get_mut(&channel).expect("received").fed_up_to = Some(log_start - 1);
                 self.pending.fed_up_to.insert(channel);
             }
+            self.check_channel_invariants(&channel);
             return Ok(());
         }
         if log_start > settled.saturating_add(1) {
@@ -679,6 +830,21 @@ impl<P: Clone> Engine<P> {
 
     /// As [`Engine::receive_decoded`], appending the deliveries to `out`.
     pub fn receive_decoded_into(
+        &mut self,
+        channel: ChannelId,
+        position: Position,
+        causes: CausalPast,
+        payload: P,
+        out: &mut Vec<Delivery<P>>,
+    ) -> Result<Fed, Refusal> {
+        let fed = self.feed(channel, position, causes, payload, out);
+        self.check_channel_invariants(&channel);
+        fed
+    }
+
+    /// Feeds one record whose causes are decoded: refuses it, drops it as a replay,
+    /// delivers it at once, or queues it and drains.
+    fn feed(
         &mut self,
         channel: ChannelId,
         position: Position,
@@ -828,6 +994,7 @@ impl<P: Clone> Engine<P> {
             ch.fed_this_execution = Some(ch.fed_this_execution.map_or(read_up_to, |f| f.max(read_up_to)));
             self.pending.fed_up_to.insert(channel);
         }
+        self.check_channel_invariants(&channel);
         Ok(())
     }
 
@@ -840,6 +1007,7 @@ impl<P: Clone> Engine<P> {
         }
         let mut deliveries = Vec::new();
         self.drain_inner(&mut deliveries);
+        self.check_invariants();
         deliveries
     }
 
@@ -953,6 +1121,9 @@ impl<P: Clone> Engine<P> {
         if !clock_dead.is_empty() {
             self.delivered = std::mem::take(&mut self.delivered).retain(|c, _| !clock_dead.contains(&c));
         }
+        #[cfg(debug_assertions)]
+        self.lagging.extend(frontier_dead);
+        self.check_invariants();
     }
 
     /// The frontier encoded for a send, or `None` when it is empty (the header is then
@@ -1015,7 +1186,7 @@ impl<P: Clone> Engine<P> {
         let (clock_upserts, clock_removed) = self.persisted_delivered.changes_to(&self.delivered);
         self.persisted_frontier.clone_from(&self.frontier);
         self.persisted_delivered.clone_from(&self.delivered);
-        StepChanges {
+        let changes = StepChanges {
             held_inserted,
             held_removed: pending.held_removed.into_iter().collect(),
             fed_up_to: pending
@@ -1029,7 +1200,12 @@ impl<P: Clone> Engine<P> {
             clock_upserts,
             clock_removed,
             refusal: pending.refusal,
+        };
+        // An engine whose step changed nothing was checked when it last changed.
+        if !changes.is_empty() {
+            self.check_invariants();
         }
+        changes
     }
 
     /// Everything a host would have persisted if every change so far had committed: what
@@ -1076,5 +1252,130 @@ impl<P: Clone> Engine<P> {
             frontier_width: self.frontier.len(),
             clock_width: self.delivered.len(),
         }
+    }
+}
+
+#[cfg(all(test, debug_assertions))]
+mod tests {
+    use super::*;
+
+    const A: ChannelId = ChannelId::new(TopicId::from_bytes([1; 16]), 0);
+    const B: ChannelId = ChannelId::new(TopicId::from_bytes([2; 16]), 0);
+    const UPSTREAM: ChannelId = ChannelId::new(TopicId::from_bytes([9; 16]), 0);
+
+    type Task = Engine<&'static str>;
+
+    /// A task receiving `A` and `B` that delivered a@0 and holds b@3 (waiting for a@1) and
+    /// b@4 behind it: every invariant holds.
+    fn busy() -> Task {
+        let mut e = Task::new(EngineConfig::default(), [A, B]).with_weigher(|p| p.len());
+        e.seed(A, -1).unwrap();
+        e.seed(B, -1).unwrap();
+        e.receive_decoded(A, 0, CausalPast::new(), "a0").unwrap();
+        e.receive_decoded(B, 3, CausalPast::from_pairs([(A, 1), (UPSTREAM, 7)]), "b3").unwrap();
+        e.receive_decoded(B, 4, CausalPast::new(), "b4").unwrap();
+        assert_eq!(e.held_count(), 2);
+        assert_eq!(e.broken_invariant(), None);
+        e
+    }
+
+    fn held_on(e: &mut Task, channel: ChannelId) -> &mut VecDeque<HeldRecord<&'static str>> {
+        &mut e.channels.get_mut(&channel).unwrap().held
+    }
+
+    /// Asserts that `e` breaks an invariant, and that the report says `what`.
+    fn assert_broken(e: &Task, what: &str) {
+        let broken = e.broken_invariant().expect("a broken invariant");
+        assert!(broken.contains(what), "{broken:?} does not say {what:?}");
+    }
+
+    #[test]
+    fn a_frontier_below_the_delivered_past_or_a_held_cause_is_reported_unless_a_prune_let_it_lag() {
+        let mut e = busy();
+        e.delivered = e.delivered.clone().merge(A, 5);
+        assert_broken(&e, "below the delivered past at 5");
+        let mut e = busy();
+        e.frontier = e.frontier.clone().retain(|c, _| c != UPSTREAM);
+        assert_broken(&e, "below the cause at 7 of held");
+        let mut e = busy();
+        e.frontier = e.frontier.clone().retain(|c, _| c != A);
+        assert_broken(&e, "the frontier is at None");
+        e.lagging.insert(A);
+        assert_eq!(e.broken_invariant(), None, "a lagging channel is exempt");
+    }
+
+    #[test]
+    fn a_received_topic_gone_lets_the_frontier_lag_through_prune_and_restore() {
+        let mut e = busy();
+        e.prune(|c| if c.topic == A.topic { ChannelFact::TopicGone } else { ChannelFact::Unknown });
+        assert_eq!((e.frontier().get(&A), e.delivered_past().get(&A)), (None, Some(0)));
+        assert_eq!(e.lagging, BTreeSet::from([A]));
+        assert_eq!(e.broken_invariant(), None);
+        let restored = Task::restore(EngineConfig::default(), [A, B], e.snapshot()).unwrap();
+        assert_eq!(restored.lagging, BTreeSet::from([A]));
+        assert_eq!(restored.broken_invariant(), None);
+    }
+
+    #[test]
+    fn a_held_record_delivered_after_a_prune_lets_the_frontier_lag() {
+        let mut e = busy();
+        e.prune(|c| if *c == UPSTREAM { ChannelFact::TopicGone } else { ChannelFact::Unknown });
+        assert_eq!(e.lagging, BTreeSet::from([UPSTREAM]));
+        // a@1 releases b@3, whose cause the clock now takes and the frontier no longer has.
+        let delivered = e.receive_decoded(A, 1, CausalPast::new(), "a1").unwrap();
+        assert!(matches!(delivered, Receipt::Accepted { deliveries } if deliveries.len() == 3));
+        assert_eq!((e.frontier().get(&UPSTREAM), e.delivered_past().get(&UPSTREAM)), (None, Some(7)));
+        assert_eq!(e.broken_invariant(), None);
+        let restored = Task::restore(EngineConfig::default(), [A, B], e.snapshot()).unwrap();
+        assert_eq!(restored.lagging, BTreeSet::from([UPSTREAM]));
+    }
+
+    #[test]
+    fn queues_out_of_order_of_another_channel_or_above_fed_up_to_are_reported() {
+        let mut e = busy();
+        held_on(&mut e, B).swap(0, 1);
+        assert_broken(&e, "queues 4 before 3");
+        let mut e = busy();
+        held_on(&mut e, B)[1].channel = A;
+        assert_broken(&e, "is queued on");
+        let mut e = busy();
+        e.channels.get_mut(&B).unwrap().fed_up_to = Some(3);
+        assert_broken(&e, "above fed_up_to Some(3)");
+        let mut e = busy();
+        e.channels.get_mut(&A).unwrap().fed_this_execution = Some(1);
+        assert_broken(&e, "above fed_up_to Some(0)");
+        // A refused record counts as fed in this execution, not in `fed_up_to`.
+        let err = e.receive_decoded(A, 5, CausalPast::from_pairs([(A, 5)]), "a5").unwrap_err();
+        assert_eq!(err.reason, RefusalReason::ImpossibleSelfCause);
+        assert_eq!(e.broken_invariant(), None);
+    }
+
+    #[test]
+    fn a_held_count_or_weight_other_than_the_queues_is_reported() {
+        let mut e = busy();
+        e.held_records += 1;
+        assert_broken(&e, "held_records is 3, but 2 records are queued");
+        let mut e = busy();
+        held_on(&mut e, B).pop_back();
+        assert_broken(&e, "held_records is 2, but 1 records are queued");
+        let mut e = busy();
+        e.held_bytes -= 1;
+        assert_broken(&e, "held_bytes");
+    }
+
+    #[test]
+    fn channel_sets_step_rows_and_refusals_that_disagree_are_reported() {
+        let mut e = busy();
+        e.drain_order.reverse();
+        assert_broken(&e, "drain order");
+        let mut e = busy();
+        e.received.remove(&B);
+        assert_broken(&e, "received");
+        let mut e = busy();
+        e.pending.held_inserted.insert((B, 9));
+        assert_broken(&e, "is not queued");
+        let mut e = busy();
+        e.pending.refusal = Some(Refusal::new(RefusalReason::HeldLimitExceeded, "only in the step"));
+        assert_broken(&e, "is not the sticky");
     }
 }

@@ -466,6 +466,33 @@ impl<P: Clone> TaskHost<P> {
         assert!(ok, "host protocol: {input} in state {:?}", self.phase);
     }
 
+    /// Panics naming the broken invariant of the machine's own state, if one is (debug
+    /// builds only; the engine checks its own).
+    fn check_invariants(&self) {
+        debug_assert_eq!(self.broken_invariant(), None, "host invariant broken in state {:?}", self.phase);
+    }
+
+    /// The first invariant of the machine's own state that does not hold, if any:
+    /// - `received` is strictly ascending and is the engine's received set;
+    /// - a careful step polls between 1 and [`MAX_CAREFUL_RECORDS`] records, and exactly 1
+    ///   when the task is not careful; a careful task waits for at least one channel;
+    /// - a step that fed or delivered anything is open (not idle).
+    fn broken_invariant(&self) -> Option<&'static str> {
+        if !self.received.windows(2).all(|w| w[0] < w[1]) || !self.received.iter().eq(self.engine.received()) {
+            return Some("the received channels are not ascending, or not the engine's");
+        }
+        if !(1..=MAX_CAREFUL_RECORDS).contains(&self.careful_records) {
+            return Some("a careful step polls no records, or more than MAX_CAREFUL_RECORDS");
+        }
+        if self.careful_until.as_ref().map_or(self.careful_records != 1, |until| until.is_empty()) {
+            return Some("a task not careful polls more than 1 record carefully, or a careful one waits for nothing");
+        }
+        if !self.step.open && (!self.step.fed.is_empty() || !self.step.delivered.is_empty()) {
+            return Some("a step that fed or delivered records is not open");
+        }
+        None
+    }
+
     fn in_step(&self, batches: &[Batch]) -> bool {
         matches!(self.phase, Phase::Step(b) if batches.contains(&b))
     }
@@ -500,6 +527,7 @@ impl<P: Clone> TaskHost<P> {
                 self.phase = Phase::ReadStarts;
             }
         }
+        self.check_invariants();
     }
 
     /// The stored state cannot be read (answer to [`Next::Restore`]): a refusal to persist.
@@ -658,6 +686,7 @@ impl<P: Clone> TaskHost<P> {
         self.step.open = true;
         let deliveries = self.engine.drain();
         self.mark_delivered(&deliveries);
+        self.check_invariants();
         deliveries
     }
 
@@ -746,6 +775,7 @@ impl<P: Clone> TaskHost<P> {
             receive(&mut self.engine, payload, out)
         };
         self.mark_delivered(&out[before..]);
+        self.check_invariants();
         fed
     }
 
@@ -779,6 +809,7 @@ impl<P: Clone> TaskHost<P> {
             moved |= self.engine.fed_up_to(&channel) != before;
         }
         self.step.open |= moved;
+        self.check_invariants();
         moved
     }
 
@@ -796,6 +827,7 @@ impl<P: Clone> TaskHost<P> {
             self.phase = self.after_step();
             return None;
         }
+        self.check_invariants();
         let changes = self.engine.take_changes();
         let write_running = self.recorded == TaskStatus::Failing && changes.refusal.is_none();
         let notify = self.recorded == TaskStatus::Failing || changes.refusal.is_some();
@@ -840,6 +872,7 @@ impl<P: Clone> TaskHost<P> {
         }
         self.step = StepMarks::default();
         self.phase = self.after_step();
+        self.check_invariants();
     }
 
     /// The start, the step, or a read it needed failed (nothing of it committed): restore
@@ -867,6 +900,7 @@ impl<P: Clone> TaskHost<P> {
         self.out_of_range = false;
         self.restore_after_step = false;
         self.phase = Phase::Restore;
+        self.check_invariants();
     }
 
     /// The host recorded the failure in the task's row.
@@ -910,5 +944,64 @@ impl<P: Clone> TaskHost<P> {
             self.restore_after_step = false;
             self.phase = Phase::Restore;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: ChannelId = ChannelId::new(TopicId::from_bytes([1; 16]), 0);
+    const B: ChannelId = ChannelId::new(TopicId::from_bytes([2; 16]), 0);
+
+    /// A machine whose state is consistent: a new one, receiving `A` and `B`.
+    fn fresh() -> TaskHost<u32> {
+        let h = TaskHost::new(EngineConfig::default(), [B, A], TaskStatus::Running);
+        assert_eq!(h.broken_invariant(), None);
+        h
+    }
+
+    fn assert_broken(h: &TaskHost<u32>, what: &str) {
+        let broken = h.broken_invariant().expect("a broken invariant");
+        assert!(broken.contains(what), "{broken:?} does not say {what:?}");
+    }
+
+    #[test]
+    fn received_channels_out_of_order_or_not_the_engines_are_reported() {
+        let mut h = fresh();
+        h.received.reverse();
+        assert_broken(&h, "received channels");
+        let mut h = fresh();
+        h.received.pop();
+        assert_broken(&h, "received channels");
+    }
+
+    #[test]
+    fn careful_bounds_out_of_range_or_without_a_careful_task_are_reported() {
+        let mut h = fresh();
+        h.careful_records = 0;
+        assert_broken(&h, "no records");
+        let mut h = fresh();
+        h.careful_records = MAX_CAREFUL_RECORDS + 1;
+        assert_broken(&h, "more than MAX_CAREFUL_RECORDS");
+        let mut h = fresh();
+        h.careful_records = 4;
+        assert_broken(&h, "not careful");
+        h.careful_until = Some(BTreeMap::from([(A, 7)]));
+        assert_eq!(h.broken_invariant(), None, "a careful task may poll 4");
+        h.careful_until = Some(BTreeMap::new());
+        assert_broken(&h, "waits for nothing");
+    }
+
+    #[test]
+    fn a_step_that_fed_or_delivered_while_closed_is_reported() {
+        let mut h = fresh();
+        h.step.fed.insert(A, 3);
+        assert_broken(&h, "not open");
+        h.step.open = true;
+        assert_eq!(h.broken_invariant(), None);
+        let mut h = fresh();
+        h.step.delivered.insert(B, 0);
+        assert_broken(&h, "not open");
     }
 }

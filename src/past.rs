@@ -63,13 +63,22 @@ impl CausalPast {
                 _ => out.push((c, p)),
             }
         }
-        CausalPast { pairs: out }
+        let past = CausalPast { pairs: out };
+        debug_assert!(past.invariants_hold(), "{past:?}");
+        past
     }
 
     /// Wraps pairs the codec has already proven strictly ascending and non-negative.
     pub(crate) fn from_sorted_unchecked(pairs: Vec<(ChannelId, Position)>) -> Self {
-        debug_assert!(pairs.windows(2).all(|w| w[0].0 < w[1].0));
-        CausalPast { pairs }
+        let past = CausalPast { pairs };
+        debug_assert!(past.invariants_hold(), "{past:?}");
+        past
+    }
+
+    /// Whether the pairs keep the type's promise: strictly ascending by channel (so no
+    /// channel twice) and no negative position. Debug builds check it after every change.
+    pub(crate) fn invariants_hold(&self) -> bool {
+        self.pairs.windows(2).all(|w| w[0].0 < w[1].0) && self.pairs.iter().all(|&(_, p)| p >= 0)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -135,7 +144,9 @@ impl CausalPast {
                 (None, None) => break,
             }
         }
-        CausalPast { pairs: out }
+        let past = CausalPast { pairs: out };
+        debug_assert!(past.invariants_hold(), "{past:?}");
+        past
     }
 
     /// Keeps only the pairs `keep` accepts (used by pruning, which is the only rule allowed
@@ -143,6 +154,7 @@ impl CausalPast {
     #[must_use]
     pub fn retain(mut self, mut keep: impl FnMut(ChannelId, Position) -> bool) -> Self {
         self.pairs.retain(|&(c, p)| keep(c, p));
+        debug_assert!(self.invariants_hold(), "{self:?}");
         self
     }
 
@@ -153,7 +165,9 @@ impl CausalPast {
     /// Merges `(channel, position)` in (pointwise maximum) with one search; true when it
     /// changed this past (the channel was new, or below `position`).
     pub(crate) fn raise(&mut self, channel: ChannelId, position: Position) -> bool {
-        self.raise_from(0, channel, position).1
+        let raised = self.raise_from(0, channel, position).1;
+        debug_assert!(self.invariants_hold(), "{self:?}");
+        raised
     }
 
     /// Merges `other` in (pointwise maximum). Both are sorted, so each pair is searched for
@@ -163,6 +177,7 @@ impl CausalPast {
         for &(channel, position) in &other.pairs {
             from = self.raise_from(from, channel, position).0 + 1;
         }
+        debug_assert!(self.invariants_hold(), "{self:?}");
     }
 
     /// Merges a record's own pair and its causes in (pointwise maximum): the same result as
@@ -179,6 +194,7 @@ impl CausalPast {
         }
         let mut at = 0;
         merged_with(channel, position, causes, |c, p| at = self.raise_walking(at, c, p));
+        debug_assert!(self.invariants_hold(), "{self:?}");
     }
 
     /// [`CausalPast::raise_record`] on two pasts at once (a task's frontier and its delivered
@@ -211,6 +227,7 @@ impl CausalPast {
                 _ => other_at = other.raise_walking(other_at, c, p),
             }
         });
+        debug_assert!(self.invariants_hold() && other.invariants_hold(), "{self:?}, {other:?}");
     }
 
     /// Raises `channel` to `position`, walking from index `at` (every pair before it sorts
@@ -453,6 +470,22 @@ mod tests {
         assert!(!cov.is_covered());
         assert!(recorded.coverage_of(&CausalPast::new()).is_covered());
         assert!(recorded.covers(&CausalPast::from_pairs([(ch(1, 0), 9)])));
+    }
+
+    #[test]
+    fn the_invariant_check_reports_unsorted_repeated_and_negative_pairs() {
+        assert!(CausalPast::new().invariants_hold());
+        assert!(CausalPast::from_pairs([(ch(1, 0), 0), (ch(1, 1), 4), (ch(2, 0), 9)]).invariants_hold());
+        let broken = [
+            ("descending channels", vec![(ch(2, 0), 1), (ch(1, 0), 1)]),
+            ("descending partitions", vec![(ch(1, 1), 1), (ch(1, 0), 1)]),
+            ("a channel twice", vec![(ch(1, 0), 1), (ch(1, 0), 3)]),
+            ("a channel twice, apart", vec![(ch(1, 0), 1), (ch(2, 0), 3), (ch(1, 0), 1)]),
+            ("a negative position", vec![(ch(1, 0), 1), (ch(2, 0), -1)]),
+        ];
+        for (what, pairs) in broken {
+            assert!(!CausalPast { pairs }.invariants_hold(), "{what}");
+        }
     }
 
     mod props {

@@ -161,7 +161,7 @@ mod tests {
 
     #[test]
     fn header_names_of_any_characters_are_checked_without_panicking() {
-        // A multibyte character straddling the prefix length used to panic a byte slice.
+        // Names whose multibyte characters straddle the prefix's length are checked whole.
         for name in ["abcdefgé", "é", "", "ééééé", "parsleé.", "pârsley.x", "\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}"]
         {
             assert!(check_application_header(name).is_ok(), "{name:?}");
