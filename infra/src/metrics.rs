@@ -373,8 +373,8 @@ mod tests {
         }
     }
 
-    /// The exact text the projector's and the gateway's own registries rendered for these
-    /// updates before they were merged here: the services' `/metrics` output must not change.
+    /// The exposition text of these updates, byte for byte: the services' `/metrics` output
+    /// is a contract.
     #[test]
     fn renders_every_kind_byte_for_byte() {
         let m = Registry::new(T::ALL);

@@ -222,10 +222,9 @@ pub struct TaskRunner<P: Projection> {
 }
 
 /// The lists a step fills: the records its poll returned, its deliveries, and the views
-/// handed to the projection. Kept from step to step: allocated anew for every step, lists
-/// of tens of thousands of records came from fresh pages each time, a page fault per 4 KiB
-/// (docs/projector.md, "A start that does not wait for its metadata client, and a step's
-/// lists kept").
+/// handed to the projection. Kept from step to step, emptied, so a step reuses memory it
+/// already touched (why: docs/projector.md, "A start that does not wait for its metadata
+/// client, and a step's lists kept").
 #[derive(Default)]
 struct StepBuffers {
     batch: Vec<Fetched>,
