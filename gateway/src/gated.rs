@@ -87,7 +87,7 @@ use parsley_store::StoreError;
 use serde_json::{json, Value};
 use sqlx::PgConnection;
 
-use crate::database;
+use crate::store_errors;
 use crate::feed;
 use crate::metrics::Metric;
 use crate::problem::{ApiError, Problem, ProblemType};
@@ -211,7 +211,7 @@ where
         inputs: &GateInputs,
     ) -> Result<GatedSnapshot<Result<T, ApiError>>, ApiError> {
         let retry_after = state.config.settings.retry_after_s;
-        let failed = |e: StoreError| database::failed(e, "the read", retry_after, None);
+        let failed = |e: StoreError| store_errors::failed(e, "the read", retry_after, None);
         let mut conn = state.reads.acquire().await.map_err(|e| failed(e.into()))?;
         let snapshot = parsley_store::queries::in_snapshot(&mut conn, model, inputs, &self.0).await.map_err(failed)?;
         // A failed data statement left its transaction to a rollback: the pool's test ends it.
@@ -507,7 +507,7 @@ fn clock_scope(scope: Scope<'_>, shape: &ModelShape, demand: &CausalPast) -> Clo
 /// The model's task rows, for a 503's diagnosis.
 async fn load_tasks(state: &AppState, model: &str) -> Result<Vec<TaskRow>, ApiError> {
     let retry_after = state.config.settings.retry_after_s;
-    let db = |e: StoreError| database::failed(e, "the read", retry_after, None);
+    let db = |e: StoreError| store_errors::failed(e, "the read", retry_after, None);
     let mut conn = state.pool.acquire().await.map_err(|e| db(e.into()))?;
     ordering::load_tasks(&mut conn, model).await.map_err(db)
 }

@@ -34,7 +34,7 @@
 //! - [`ops`]: `/healthz`, `/readyz`, `/metrics`, `/v1/status` (from SQL aggregates).
 //! - [`openapi`]: the API's OpenAPI 3.1 document, `GET /openapi.json` (`gateway/openapi.json`).
 //! - [`problem`]: the one error type and its problem documents.
-//! - [`database`]: failed database calls told apart (outage, rejected value, bug).
+//! - [`store_errors`]: the store's failed calls answered (outage `503`, the client's rejected value `400`, a bug `500`).
 //! - [`metrics`]: the Prometheus registry.
 //! - [`state`]: [`AppState`], what every handler shares, and its lookups.
 //! - [`mod@app`]: the routers ([`app()`], [`admin_app()`]), the middleware and the [`Gateway`]
@@ -53,8 +53,6 @@ pub mod batch;
 pub mod body;
 #[doc(hidden)]
 pub mod cors;
-#[doc(hidden)]
-pub mod database;
 #[doc(hidden)]
 pub mod facts_cache;
 #[doc(hidden)]
@@ -84,6 +82,8 @@ pub mod settings;
 #[doc(hidden)]
 pub mod shapes;
 pub mod state;
+#[doc(hidden)]
+pub mod store_errors;
 #[doc(hidden)]
 pub mod subject;
 pub mod token;

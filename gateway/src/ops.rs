@@ -16,7 +16,7 @@ use parsley_store::status::{model_aggregates, ModelAggregates};
 use parsley_store::StoreError;
 use serde_json::{json, Value};
 
-use crate::database;
+use crate::store_errors;
 use crate::metrics::Metric;
 use crate::problem::{ApiError, Problem, ProblemType};
 use crate::state::AppState;
@@ -82,7 +82,7 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
 /// held record is loaded, only counts, sizes and each queue head's `parsley.causes`.
 pub async fn status(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     let retry_after = state.config.settings.retry_after_s;
-    let db = |e: StoreError| database::failed(e, "the status query", retry_after, None);
+    let db = |e: StoreError| store_errors::failed(e, "the status query", retry_after, None);
     let mut tx = begin_snapshot(&state.pool).await.map_err(|e| db(e.into()))?;
     let mut models = Vec::new();
     for model in &state.config.shared.models {

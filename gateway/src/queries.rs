@@ -31,7 +31,7 @@ use parsley_store::error::{classify_sqlx, ErrorKind, StoreError};
 use parsley_store::queries::{self, ParamValue};
 use serde_json::{json, Value};
 
-use crate::database;
+use crate::store_errors;
 use crate::gated::{self, Gated, Scope, Snapshot};
 use crate::problem::ApiError;
 use crate::read::{check_key, parse_query};
@@ -177,7 +177,7 @@ impl Snapshot for NamedQuery<'_> {
         inputs: &GateInputs,
     ) -> Result<GatedSnapshot<Result<Vec<Value>, ApiError>>, ApiError> {
         let retry_after = state.config.settings.retry_after_s;
-        let failed = |e: StoreError| database::failed(e, "the query", retry_after, None);
+        let failed = |e: StoreError| store_errors::failed(e, "the query", retry_after, None);
         let mut conn = state.reads.acquire().await.map_err(|e| failed(e.into()))?;
         let limit = i64::from(self.query.max_rows) + 1;
         let p = self.prepared;
@@ -197,7 +197,7 @@ impl NamedQuery<'_> {
     /// the query's failure, logged in full and answered by SQLSTATE only.
     fn failed(&self, e: sqlx::Error, retry_after: u64) -> ApiError {
         if classify_sqlx(&e) == ErrorKind::Unavailable {
-            return database::failed(e.into(), "the query", retry_after, None);
+            return store_errors::failed(e.into(), "the query", retry_after, None);
         }
         let sqlstate = match &e {
             sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),

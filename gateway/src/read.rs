@@ -20,7 +20,7 @@
 //!
 //! A key or cursor no document can have (NUL, not UTF-8 after percent-decoding, longer than
 //! `max_key_bytes`) is refused before the database is asked; a database error is an outage
-//! (503) only when the database did not answer ([`crate::database`]).
+//! (503) only when the database did not answer ([`crate::store_errors`]).
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -39,7 +39,7 @@ use parsley_store::documents::{self, Document, GateInputs, GatedSnapshot};
 use parsley_store::StoreError;
 use serde_json::{json, Value};
 
-use crate::database;
+use crate::store_errors;
 use crate::gated::{self, KeptSnapshot, Scope, Snapshot};
 use crate::problem::{ApiError, Problem, ProblemType};
 use crate::session::SESSION_HEADER;
@@ -320,7 +320,7 @@ async fn read_snapshot(
                 detail: "the database cannot hold this cursor".into(),
             },
         };
-        database::failed(e, "the read", retry_after, Some(rejected))
+        store_errors::failed(e, "the read", retry_after, Some(rejected))
     };
     let mut conn = state.reads.acquire().await.map_err(|e| failed(e.into()))?;
     let snapshot = match target {

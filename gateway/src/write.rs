@@ -27,7 +27,7 @@ use rdkafka::util::Timeout;
 use serde_json::{json, Value};
 
 use crate::body::{self, WriteBody};
-use crate::database;
+use crate::store_errors;
 use crate::facts_cache::TopicFact;
 use crate::metrics::Metric;
 use crate::problem::ApiError;
@@ -112,7 +112,7 @@ pub async fn claim_idempotency(
     let stale_after = settings.produce_timeout() * 2;
     let begun = idempotency::begin(&state.pool, &scope, &key, &request_hash(route, body), window, stale_after)
         .await
-        .map_err(|e| database::failed(e, "the idempotency key", settings.retry_after_s, None))?;
+        .map_err(|e| store_errors::failed(e, "the idempotency key", settings.retry_after_s, None))?;
     match begun {
         Begun::Claimed => Ok(Idempotent::Write(Some(Claim { scope, key }))),
         Begun::Done(ack) => {
@@ -341,7 +341,7 @@ pub async fn check_width(
 }
 
 fn widths_unavailable(state: &AppState, e: StoreError) -> ApiError {
-    database::failed(e, "the models' recorded widths", state.config.settings.retry_after_s, None)
+    store_errors::failed(e, "the models' recorded widths", state.config.settings.retry_after_s, None)
 }
 
 fn write_failed(state: &AppState, topic: &str, e: KafkaError) -> ApiError {
