@@ -87,13 +87,13 @@ use parsley_store::StoreError;
 use serde_json::{json, Value};
 use sqlx::PgConnection;
 
-use crate::store_errors;
 use crate::feed;
 use crate::metrics::Metric;
 use crate::problem::{ApiError, Problem, ProblemType};
 use crate::session::{self, SESSION_HEADER};
 use crate::shapes::Recorded;
 use crate::state::AppState;
+use crate::store_errors;
 
 /// What a gated read is served by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -16,10 +16,10 @@ use parsley_store::status::{model_aggregates, ModelAggregates};
 use parsley_store::StoreError;
 use serde_json::{json, Value};
 
-use crate::store_errors;
 use crate::metrics::Metric;
 use crate::problem::{ApiError, Problem, ProblemType};
 use crate::state::AppState;
+use crate::store_errors;
 
 pub async fn healthz() -> Json<Value> {
     Json(json!({"status": "ok"}))

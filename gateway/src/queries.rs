@@ -31,11 +31,11 @@ use parsley_store::error::{classify_sqlx, ErrorKind, StoreError};
 use parsley_store::queries::{self, ParamValue};
 use serde_json::{json, Value};
 
-use crate::store_errors;
 use crate::gated::{self, Gated, Scope, Snapshot};
 use crate::problem::ApiError;
 use crate::read::{check_key, parse_query};
 use crate::state::AppState;
+use crate::store_errors;
 
 /// `GET /v1/models/{model}/queries/{name}`.
 pub async fn get_query(

@@ -39,11 +39,11 @@ use parsley_store::documents::{self, Document, GateInputs, GatedSnapshot};
 use parsley_store::StoreError;
 use serde_json::{json, Value};
 
-use crate::store_errors;
 use crate::gated::{self, KeptSnapshot, Scope, Snapshot};
 use crate::problem::{ApiError, Problem, ProblemType};
 use crate::session::SESSION_HEADER;
 use crate::state::AppState;
+use crate::store_errors;
 
 /// Default and largest page of a collection read.
 pub const DEFAULT_LIMIT: u32 = 100;

@@ -27,12 +27,12 @@ use rdkafka::util::Timeout;
 use serde_json::{json, Value};
 
 use crate::body::{self, WriteBody};
-use crate::store_errors;
 use crate::facts_cache::TopicFact;
 use crate::metrics::Metric;
 use crate::problem::ApiError;
 use crate::session::{self, kafka_unavailable, SESSION_HEADER};
 use crate::state::AppState;
+use crate::store_errors;
 use crate::trace::{TraceContext, TRACEPARENT};
 
 /// The body's bytes, or why there are none.
