@@ -380,8 +380,7 @@ max_key_bytes = 16
     }
 
     fn state() -> AppState {
-        let shared = Config::parse(FILE).unwrap();
-        AppState::new(GatewayConfig::with_keys(shared, ring()).unwrap()).unwrap()
+        AppState::new(crate::state::offline_config(FILE)).unwrap()
     }
 
     fn sealed(expires_at: u64, subject: Option<&str>) -> String {

@@ -27,29 +27,16 @@ mod tests {
     use axum::body::Body;
     use axum::http::{Method, Request, StatusCode};
     use axum::Router;
-    use parsley_settings::config::Config;
     use serde_json::Value;
     use tower::ServiceExt as _;
 
     use super::*;
     use crate::problem::{ProblemType, PROBLEM_BASE};
-    use crate::token::{KeyRing, SecretKey};
-    use crate::{admin_app, app, AppState, GatewayConfig};
-
-    /// Nothing here reaches a service: the pool connects lazily, Kafka is a closed port.
-    const FILE: &str = r#"
-[kafka]
-bootstrap = "127.0.0.1:1"
-[database]
-url = "postgres://nobody:secret@127.0.0.1:1/none"
-[[models]]
-name = "shop"
-topics = [{ name = "orders" }]
-"#;
+    use crate::state::{offline_config, OFFLINE_FILE};
+    use crate::{admin_app, app, AppState};
 
     fn state() -> AppState {
-        let ring = KeyRing::new(vec![("k1".into(), SecretKey::from_bytes([5; 32]))]).unwrap();
-        let mut config = GatewayConfig::with_keys(Config::parse(FILE).unwrap(), ring).unwrap();
+        let mut config = offline_config(OFFLINE_FILE);
         config.admin_token = Some(crate::settings::AdminToken::new("an-admin-token-of-some-length").unwrap());
         AppState::new(config).unwrap()
     }

@@ -179,16 +179,10 @@ impl AppState {
     }
 }
 
+/// The shared file of tests that reach no service: the pool connects lazily, Kafka is a
+/// closed port.
 #[cfg(test)]
-mod tests {
-    //! The state's lookups, on a state built without infrastructure.
-
-    use parsley_settings::config::Config;
-
-    use super::*;
-    use crate::token::{KeyRing, SecretKey};
-
-    const FILE: &str = r#"
+pub(crate) const OFFLINE_FILE: &str = r#"
 [kafka]
 bootstrap = "127.0.0.1:1"
 [database]
@@ -198,9 +192,23 @@ name = "shop"
 topics = [{ name = "orders" }]
 "#;
 
+/// A gateway configuration for tests that reach no service: `file` as the shared
+/// configuration, with the one token key `k1` (32 bytes of 5).
+#[cfg(test)]
+pub(crate) fn offline_config(file: &str) -> GatewayConfig {
+    use crate::token::{KeyRing, SecretKey};
+    let ring = KeyRing::new(vec![("k1".into(), SecretKey::from_bytes([5; 32]))]).unwrap();
+    GatewayConfig::with_keys(parsley_settings::config::Config::parse(file).unwrap(), ring).unwrap()
+}
+
+#[cfg(test)]
+mod tests {
+    //! The state's lookups, on a state built without infrastructure.
+
+    use super::*;
+
     fn state() -> AppState {
-        let ring = KeyRing::new(vec![("k1".into(), SecretKey::from_bytes([5; 32]))]).unwrap();
-        AppState::new(GatewayConfig::with_keys(Config::parse(FILE).unwrap(), ring).unwrap()).unwrap()
+        AppState::new(offline_config(OFFLINE_FILE)).unwrap()
     }
 
     #[tokio::test]
