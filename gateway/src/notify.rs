@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use parsley_store::listen::barrier;
 use parsley_store::{CLOCK_NOTIFY_CHANNEL, EVERY_MODEL_PAYLOAD};
 use sqlx::postgres::PgListener;
 use sqlx::PgPool;
@@ -192,7 +193,19 @@ pub async fn listen(
                 continue;
             }
         };
-        tracing::info!(channel = CLOCK_NOTIFY_CHANNEL, "listening for clock changes");
+        // The backend this LISTEN is on: a barrier answered by another one means the
+        // connection was replaced underneath.
+        let mut backend_pid = tokio::select! {
+            _ = shutdown.wait_for(|stop| *stop) => return,
+            pid = barrier(&mut listener) => match pid {
+                Ok(pid) => pid,
+                Err(e) => {
+                    tracing::warn!(error = %format!("{e:#}"), "clock listener failed after LISTEN; reconnecting");
+                    continue;
+                }
+            },
+        };
+        tracing::info!(channel = CLOCK_NOTIFY_CHANNEL, backend_pid, "listening for clock changes");
         backoff = Duration::from_millis(100);
         // Anything committed before LISTEN took effect was not heard: re-check everyone.
         notifier.set_listening(true);
@@ -208,16 +221,25 @@ pub async fn listen(
                 None => {
                     // Every read that asked so far is served by this barrier.
                     let tickets = notifier.barrier_tickets.load(Ordering::SeqCst);
-                    match parsley_store::listen::barrier(&mut listener).await {
-                        Ok(_) => {
+                    match barrier(&mut listener).await {
+                        Ok(pid) => {
                             // What arrived meanwhile sqlx kept aside, in order.
                             while let Some(n) = listener.next_buffered() {
                                 heard(&notifier, &metrics, n.payload());
                             }
+                            if pid != backend_pid {
+                                replaced(&notifier, &metrics, backend_pid, pid);
+                                backend_pid = pid;
+                            }
+                            // Published after a replacement woke everyone, so no read served
+                            // past this barrier trusts what the lost connection would have said.
                             notifier.barrier_passed.send_modify(|p| *p = (*p).max(tickets));
                             continue;
                         }
-                        Err(e) => Err(e),
+                        Err(e) => {
+                            lost(&notifier, &metrics, &e);
+                            break;
+                        }
                     }
                 }
             };
@@ -229,16 +251,38 @@ pub async fn listen(
                     metrics.add(Metric::ListenerReconnectsTotal, &[], 1.0);
                     tracing::warn!("clock listener reconnected; re-checking every waiting read");
                     notifier.set_listening(true);
+                    match barrier(&mut listener).await {
+                        Ok(pid) => backend_pid = pid,
+                        Err(e) => {
+                            lost(&notifier, &metrics, &e);
+                            break;
+                        }
+                    }
                 }
                 Err(e) => {
-                    metrics.add(Metric::ListenerReconnectsTotal, &[], 1.0);
-                    tracing::warn!(error = %e, "clock listener failed; reconnecting");
-                    notifier.set_listening(false);
+                    lost(&notifier, &metrics, &e);
                     break;
                 }
             }
         }
     }
+}
+
+/// The listener's connection failed: counted, and every waiting read re-checks until a new
+/// connection listens.
+fn lost(notifier: &ClockNotifier, metrics: &Metrics, error: &dyn std::fmt::Display) {
+    metrics.add(Metric::ListenerReconnectsTotal, &[], 1.0);
+    tracing::warn!(error = %format!("{error:#}"), "clock listener failed; reconnecting");
+    notifier.set_listening(false);
+}
+
+/// The listener's connection was replaced underneath (a barrier answered from another
+/// backend): what was committed in between was never heard, so it counts as a reconnect and
+/// every model is woken (its kept snapshots no longer served).
+fn replaced(notifier: &ClockNotifier, metrics: &Metrics, was: i32, now: i32) {
+    metrics.add(Metric::ListenerReconnectsTotal, &[], 1.0);
+    tracing::warn!(was, now, "clock listener's connection was replaced; re-checking every waiting read");
+    notifier.set_listening(true);
 }
 
 /// One notification heard, whether it came on its own or behind a barrier's answer.

@@ -568,3 +568,43 @@ async fn a_statement_on_the_listening_connection_is_a_barrier_for_notifications(
         assert_eq!(heard, vec![payload], "round {i}: the barrier's answer came before the notification");
     }
 }
+
+/// What noticing a lost listener rests on (`notify::listen`). Once sqlx has dropped a dead
+/// listening connection (`try_recv` saw it end), the next statement on the listener
+/// reconnects and listens again without a word, so a barrier then answers from another
+/// backend: the pid differs from the one seen after `LISTEN`, which is how the gateway
+/// counts the loss and stops trusting what it kept, whichever of its calls met the end first.
+/// The new backend listens: a notification sent after the reconnect is heard behind the
+/// next barrier.
+#[tokio::test]
+async fn a_barrier_after_the_listening_backend_ended_answers_from_another_backend() {
+    use parsley_store::listen::barrier;
+
+    let pool = pool().await;
+    let channel = format!("replaced_{}", std::process::id());
+    let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await.unwrap();
+    listener.listen(&channel).await.unwrap();
+    let first = barrier(&mut listener).await.unwrap();
+    let terminated: bool =
+        sqlx::query_scalar("SELECT pg_terminate_backend($1)").bind(first).fetch_one(&pool).await.unwrap();
+    assert!(terminated, "the listening backend {first} was terminated");
+    // The listener reads the backend's last words (an error, then the end of the stream),
+    // and drops the connection when it meets the end.
+    let mut seen = Vec::new();
+    loop {
+        let next = tokio::time::timeout(Duration::from_secs(10), listener.try_recv()).await;
+        let next = next.expect("the listener notices its backend's end within 10 s");
+        let dropped = matches!(next, Ok(None));
+        seen.push(format!("{next:?}"));
+        if dropped {
+            break;
+        }
+        assert!(seen.len() < 5, "the listener never dropped the dead connection: {seen:?}");
+    }
+    let second = barrier(&mut listener).await.expect("a barrier reconnects a listener without a connection");
+    assert_ne!(second, first, "the barrier answered from the terminated backend (seen: {seen:?})");
+    sqlx::query("SELECT pg_notify($1, 'after')").bind(&channel).execute(&pool).await.unwrap();
+    assert_eq!(barrier(&mut listener).await.unwrap(), second);
+    let heard: Vec<String> = std::iter::from_fn(|| listener.next_buffered()).map(|n| n.payload().to_string()).collect();
+    assert_eq!(heard, vec!["after".to_string()], "the new backend listens on the channel");
+}
