@@ -29,11 +29,14 @@
 //! A snapshot is kept only if the generation did not change while its statement ran (a
 //! notification that arrived meanwhile may be of a commit the snapshot does not have).
 //! Memory: at most `gateway.read_cache_bytes` over all models (split evenly between them).
-//! When a new snapshot would pass its model's share, the snapshots that can no longer be
-//! served go first, and all of the model's if that is not room enough. 64 MiB by default;
-//! `0` turns keeping off.
+//! When a new snapshot would pass its model's share, room is made one snapshot at a time by
+//! the CLOCK rule (second chance): snapshots of absent documents (`404`s) go first, then the
+//! oldest kept snapshot not served since the hand last passed it; one that can no longer be
+//! served goes whatever it was. A `404` is kept only in room `404`s make: it never evicts a
+//! document. 64 MiB by default; `0` turns keeping off.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -51,6 +54,8 @@ pub struct Kept {
     generation: u64,
     at: Instant,
     size: usize,
+    /// Served since the clock's hand last passed it (its second chance).
+    referenced: AtomicBool,
     pub shape: Arc<ModelShape>,
     pub rows: Arc<[ClockRow]>,
     pub body: Option<Bytes>,
@@ -76,7 +81,61 @@ pub struct KeptReads {
 #[derive(Debug, Default)]
 struct Model {
     bytes: usize,
-    keys: HashMap<String, Arc<Kept>>,
+    keys: HashMap<String, Entry>,
+    /// The clock's rings, oldest first: snapshots of documents, and of absent ones. A slot
+    /// whose key now holds another entry (or none) is skipped when the hand meets it.
+    found: VecDeque<Slot>,
+    missing: VecDeque<Slot>,
+    next_id: u64,
+}
+
+#[derive(Debug)]
+struct Entry {
+    id: u64,
+    kept: Arc<Kept>,
+}
+
+#[derive(Debug)]
+struct Slot {
+    key: String,
+    id: u64,
+}
+
+impl Model {
+    /// Removes `key`'s entry, returning its size.
+    fn remove(&mut self, key: &str) -> usize {
+        let gone = self.keys.remove(key).map_or(0, |e| e.kept.size);
+        self.bytes -= gone;
+        gone
+    }
+
+    /// Evicts one snapshot of `ring` by the CLOCK rule: the first in ring order not served
+    /// since the hand last passed it, or that can no longer be served (`servable`). `false`:
+    /// the ring is empty.
+    fn evict_one(&mut self, missing: bool, servable: impl Fn(&Kept) -> bool) -> bool {
+        loop {
+            let ring = if missing { &mut self.missing } else { &mut self.found };
+            let Some(slot) = ring.pop_front() else { return false };
+            let Some(entry) = self.keys.get(&slot.key).filter(|e| e.id == slot.id) else { continue };
+            if servable(&entry.kept) && entry.kept.referenced.swap(false, Ordering::Relaxed) {
+                ring.push_back(slot);
+                continue;
+            }
+            self.remove(&slot.key);
+            return true;
+        }
+    }
+
+    /// Drops the slots of entries no longer there once they outnumber the live ones, so the
+    /// rings stay within twice the entries (each insert pays for one slot of the pass).
+    fn compact(&mut self) {
+        if self.found.len() + self.missing.len() > 2 * self.keys.len() + 64 {
+            let keys = &self.keys;
+            let live = |s: &Slot| keys.get(&s.key).is_some_and(|e| e.id == s.id);
+            self.found.retain(live);
+            self.missing.retain(live);
+        }
+    }
 }
 
 /// What an entry is counted as besides its key and body: the rows, the map's slot, the
@@ -112,12 +171,12 @@ impl KeptReads {
             return None;
         }
         let mut m = self.models.get(model)?.lock().unwrap_or_else(|e| e.into_inner());
-        let kept = m.keys.get(key)?;
-        if generation(notifier, model, kept.owner) == Some(kept.generation) && kept.at.elapsed() < self.max_age {
+        let kept = &m.keys.get(key)?.kept;
+        if self.servable(notifier, model, kept) {
+            kept.referenced.store(true, Ordering::Relaxed);
             return Some(Arc::clone(kept));
         }
-        let gone = m.keys.remove(key).map_or(0, |k| k.size);
-        m.bytes -= gone;
+        m.remove(key);
         None
     }
 
@@ -141,21 +200,41 @@ impl KeptReads {
         }
         let Some(m) = self.models.get(model) else { return };
         let mut m = m.lock().unwrap_or_else(|e| e.into_inner());
-        if m.bytes + size > self.model_bytes {
-            // First the snapshots that can no longer be served; if that is not room enough,
-            // all of them.
-            let max_age = self.max_age;
-            m.keys
-                .retain(|_, k| generation(notifier, model, k.owner) == Some(k.generation) && k.at.elapsed() < max_age);
-            m.bytes = m.keys.values().map(|k| k.size).sum();
-            if m.bytes + size > self.model_bytes {
-                m.keys.clear();
-                m.bytes = 0;
+        m.remove(key);
+        let missing = body.is_none();
+        let servable = |k: &Kept| self.servable(notifier, model, k);
+        while m.bytes + size > self.model_bytes {
+            // Absent documents first; a snapshot of an absent one never evicts a document.
+            if !m.evict_one(true, servable) && (missing || !m.evict_one(false, servable)) {
+                return;
             }
         }
-        let kept = Kept { owner, generation: read_under, at: Instant::now(), size, shape, rows: rows.into(), body };
-        let gone = m.keys.insert(key.to_string(), Arc::new(kept)).map_or(0, |k| k.size);
-        m.bytes = m.bytes + size - gone;
+        let id = m.next_id;
+        m.next_id += 1;
+        let kept = Kept {
+            owner,
+            generation: read_under,
+            at: Instant::now(),
+            size,
+            referenced: AtomicBool::new(false),
+            shape,
+            rows: rows.into(),
+            body,
+        };
+        m.keys.insert(key.to_string(), Entry { id, kept: Arc::new(kept) });
+        m.bytes += size;
+        let slot = Slot { key: key.to_string(), id };
+        if missing {
+            m.missing.push_back(slot);
+        } else {
+            m.found.push_back(slot);
+        }
+        m.compact();
+    }
+
+    /// Whether `kept` may still be served: its owner's generation unchanged, and young enough.
+    fn servable(&self, notifier: &ClockNotifier, model: &str, kept: &Kept) -> bool {
+        generation(notifier, model, kept.owner) == Some(kept.generation) && kept.at.elapsed() < self.max_age
     }
 
     /// Bytes held for `model` now (the `parsley_gateway_read_cache_bytes` gauge).
@@ -269,5 +348,71 @@ mod tests {
         assert!(body(&k, &n, "big").is_none());
         let off = KeptReads::new(["shop"], 0, Duration::from_secs(60));
         assert!(!off.on() && off.before_read(&n, "shop", Some(0)).is_none());
+    }
+
+    fn keep_missing(k: &KeptReads, n: &ClockNotifier, key: &str, owner: u32, generation: u64) {
+        k.keep(n, "shop", key, Some(owner), generation, shape(), &[], None);
+    }
+
+    fn kept(k: &KeptReads, n: &ClockNotifier, key: &str) -> bool {
+        k.get(n, "shop", key).is_some()
+    }
+
+    #[test]
+    fn room_is_made_one_snapshot_at_a_time_the_oldest_unserved_first() {
+        let n = listening();
+        let share = 3 * (ENTRY_OVERHEAD + 8);
+        let k = KeptReads::new(["shop"], share, Duration::from_secs(60));
+        let g = k.before_read(&n, "shop", Some(0)).unwrap();
+        keep(&k, &n, "a", 0, g, "1234567");
+        keep(&k, &n, "b", 0, g, "1234567");
+        keep(&k, &n, "c", 0, g, "1234567");
+        assert!(kept(&k, &n, "a"), "served since kept: a second chance");
+        keep(&k, &n, "d", 0, g, "1234567");
+        assert_eq!(k.bytes("shop"), share);
+        assert!(!kept(&k, &n, "b"), "the oldest not served since goes");
+        assert!(kept(&k, &n, "a") && kept(&k, &n, "c") && kept(&k, &n, "d"), "only one went");
+        // Every snapshot served: the hand clears each once, then takes the first it meets
+        // again — `c`, ahead of `a` since `a` went round once more.
+        keep(&k, &n, "e", 0, g, "1234567");
+        assert!(!kept(&k, &n, "c") && kept(&k, &n, "a") && kept(&k, &n, "d") && kept(&k, &n, "e"));
+    }
+
+    #[test]
+    fn an_absent_document_never_evicts_a_found_one_and_goes_first() {
+        let n = listening();
+        let share = 2 * (ENTRY_OVERHEAD + 8);
+        let k = KeptReads::new(["shop"], share, Duration::from_secs(60));
+        let g = k.before_read(&n, "shop", Some(0)).unwrap();
+        keep(&k, &n, "a", 0, g, "1234567");
+        keep(&k, &n, "b", 0, g, "1234567");
+        for i in 0..100 {
+            keep_missing(&k, &n, &format!("missing-{i}"), 0, g);
+        }
+        assert!(kept(&k, &n, "a") && kept(&k, &n, "b"), "a flood of 404s evicts no document");
+        assert!(!kept(&k, &n, "missing-0"), "no room: the 404 is not kept");
+        assert_eq!(k.bytes("shop"), share);
+        // With room, a 404 is kept, and it is the first to go for a document.
+        let k = KeptReads::new(["shop"], share, Duration::from_secs(60));
+        keep(&k, &n, "a", 0, g, "1234567");
+        keep_missing(&k, &n, "gone", 0, g);
+        assert!(kept(&k, &n, "gone"));
+        keep(&k, &n, "b", 0, g, "1234567");
+        assert!(kept(&k, &n, "a") && kept(&k, &n, "b") && !kept(&k, &n, "gone"));
+    }
+
+    #[test]
+    fn keys_kept_again_and_again_leave_the_rings_bounded() {
+        let n = listening();
+        let k = KeptReads::new(["shop"], 1 << 20, Duration::from_secs(60));
+        let g = k.before_read(&n, "shop", Some(0)).unwrap();
+        for _ in 0..10_000 {
+            keep(&k, &n, "a", 0, g, "{}");
+            keep_missing(&k, &n, "b", 0, g);
+        }
+        let m = k.models["shop"].lock().unwrap();
+        assert_eq!(m.keys.len(), 2);
+        assert!(m.found.len() + m.missing.len() <= 2 * m.keys.len() + 65, "{} slots", m.found.len() + m.missing.len());
+        assert_eq!(m.bytes, m.keys.values().map(|e| e.kept.size).sum::<usize>());
     }
 }
