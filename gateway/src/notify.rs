@@ -35,6 +35,9 @@ pub struct ClockNotifier {
     models: BTreeMap<String, Counters>,
     /// Whether the listener is connected and listening (notifications are being heard).
     listening: AtomicBool,
+    /// Whether every change is announced: the last barrier found every announcing trigger in
+    /// place and firing `ALWAYS` (`parsley_store::listen::ANNOUNCING_TRIGGERS`).
+    announced: AtomicBool,
     /// Barriers ([`ClockNotifier::caught_up`]): tickets handed out, the highest ticket whose
     /// barrier the listener has passed, and the listener's wake-up.
     barrier_tickets: AtomicU64,
@@ -67,6 +70,7 @@ impl ClockNotifier {
         ClockNotifier {
             models: models.into_iter().map(|m| (m.to_string(), Counters::new())).collect(),
             listening: AtomicBool::new(false),
+            announced: AtomicBool::new(false),
             barrier_tickets: AtomicU64::new(0),
             barrier_passed: watch::Sender::new(0),
             barrier_asked: Notify::new(),
@@ -109,6 +113,22 @@ impl ClockNotifier {
     /// Whether notifications are being heard now: the listener is connected and `LISTEN`ing.
     pub fn listening(&self) -> bool {
         self.listening.load(Ordering::SeqCst)
+    }
+
+    /// Whether a kept snapshot may be kept and served now: notifications are heard and every
+    /// change is announced.
+    pub fn may_keep(&self) -> bool {
+        self.listening() && self.announced.load(Ordering::SeqCst)
+    }
+
+    /// Whether every change is announced (see [`Self::may_keep`]); a change of that changes
+    /// every generation, so nothing kept before it is served after. Returns whether it changed.
+    pub fn set_announced(&self, on: bool) -> bool {
+        let changed = self.announced.swap(on, Ordering::SeqCst) != on;
+        if changed {
+            self.wake_all();
+        }
+        changed
     }
 
     /// The listener connected (`true`) or lost its connection (`false`); either way every
@@ -197,8 +217,11 @@ pub async fn listen(
         // connection was replaced underneath.
         let mut backend_pid = tokio::select! {
             _ = shutdown.wait_for(|stop| *stop) => return,
-            pid = barrier(&mut listener) => match pid {
-                Ok(pid) => pid,
+            first = barrier(&mut listener) => match first {
+                Ok(first) => {
+                    announce(&notifier, &first.unannounced);
+                    first.backend_pid
+                }
                 Err(e) => {
                     tracing::warn!(error = %format!("{e:#}"), "clock listener failed after LISTEN; reconnecting");
                     continue;
@@ -222,15 +245,16 @@ pub async fn listen(
                     // Every read that asked so far is served by this barrier.
                     let tickets = notifier.barrier_tickets.load(Ordering::SeqCst);
                     match barrier(&mut listener).await {
-                        Ok(pid) => {
+                        Ok(answer) => {
                             // What arrived meanwhile sqlx kept aside, in order.
                             while let Some(n) = listener.next_buffered() {
                                 heard(&notifier, &metrics, n.payload());
                             }
-                            if pid != backend_pid {
-                                replaced(&notifier, &metrics, backend_pid, pid);
-                                backend_pid = pid;
+                            if answer.backend_pid != backend_pid {
+                                replaced(&notifier, &metrics, backend_pid, answer.backend_pid);
+                                backend_pid = answer.backend_pid;
                             }
+                            announce(&notifier, &answer.unannounced);
                             // Published after a replacement woke everyone, so no read served
                             // past this barrier trusts what the lost connection would have said.
                             notifier.barrier_passed.send_modify(|p| *p = (*p).max(tickets));
@@ -252,7 +276,10 @@ pub async fn listen(
                     tracing::warn!("clock listener reconnected; re-checking every waiting read");
                     notifier.set_listening(true);
                     match barrier(&mut listener).await {
-                        Ok(pid) => backend_pid = pid,
+                        Ok(answer) => {
+                            backend_pid = answer.backend_pid;
+                            announce(&notifier, &answer.unannounced);
+                        }
                         Err(e) => {
                             lost(&notifier, &metrics, &e);
                             break;
@@ -283,6 +310,22 @@ fn replaced(notifier: &ClockNotifier, metrics: &Metrics, was: i32, now: i32) {
     metrics.add(Metric::ListenerReconnectsTotal, &[], 1.0);
     tracing::warn!(was, now, "clock listener's connection was replaced; re-checking every waiting read");
     notifier.set_listening(true);
+}
+
+/// Records whether every change is announced, from a barrier's list of the announcing
+/// triggers missing or not firing `ALWAYS`; logs when that changes.
+fn announce(notifier: &ClockNotifier, unannounced: &[String]) {
+    if notifier.set_announced(unannounced.is_empty()) {
+        if unannounced.is_empty() {
+            tracing::info!("every change is announced on the clock channel: snapshots are kept again");
+        } else {
+            tracing::warn!(
+                triggers = ?unannounced,
+                "changes may go unannounced (announcing triggers missing or not ENABLE ALWAYS): \
+                 no snapshot is kept until they are back (run `parsley-projector migrate`)"
+            );
+        }
+    }
 }
 
 /// One notification heard, whether it came on its own or behind a barrier's answer.

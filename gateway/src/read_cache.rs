@@ -159,7 +159,7 @@ impl KeptReads {
     /// The generation to keep a snapshot under, read before its statement runs: that of the
     /// task serving it (`owner`), or of every task (`None`). `None`: nothing will be kept.
     pub fn before_read(&self, notifier: &ClockNotifier, model: &str, owner: Option<u32>) -> Option<u64> {
-        if !self.on() || !notifier.listening() {
+        if !self.on() || !notifier.may_keep() {
             return None;
         }
         generation(notifier, model, owner)
@@ -167,7 +167,7 @@ impl KeptReads {
 
     /// The snapshot kept for `key`, if it may still be served.
     pub fn get(&self, notifier: &ClockNotifier, model: &str, key: &str) -> Option<Arc<Kept>> {
-        if !self.on() || !notifier.listening() {
+        if !self.on() || !notifier.may_keep() {
             return None;
         }
         let mut m = self.models.get(model)?.lock().unwrap_or_else(|e| e.into_inner());
@@ -195,7 +195,7 @@ impl KeptReads {
         body: Option<Bytes>,
     ) {
         let size = key.len() + body.as_ref().map_or(0, Bytes::len) + std::mem::size_of_val(rows) + ENTRY_OVERHEAD;
-        if size > self.model_bytes || !notifier.listening() || generation(notifier, model, owner) != Some(read_under) {
+        if size > self.model_bytes || !notifier.may_keep() || generation(notifier, model, owner) != Some(read_under) {
             return;
         }
         let Some(m) = self.models.get(model) else { return };
@@ -256,6 +256,7 @@ mod tests {
     fn listening() -> ClockNotifier {
         let n = ClockNotifier::new(["shop", "audit"]);
         n.set_listening(true);
+        n.set_announced(true);
         n
     }
 
@@ -300,6 +301,7 @@ mod tests {
     #[test]
     fn nothing_is_kept_or_served_while_the_listener_is_not_connected() {
         let n = ClockNotifier::new(["shop"]);
+        n.set_announced(true);
         let k = KeptReads::new(["shop"], 1 << 20, Duration::from_secs(60));
         assert!(k.before_read(&n, "shop", Some(0)).is_none());
         n.set_listening(true);
@@ -414,5 +416,23 @@ mod tests {
         assert_eq!(m.keys.len(), 2);
         assert!(m.found.len() + m.missing.len() <= 2 * m.keys.len() + 65, "{} slots", m.found.len() + m.missing.len());
         assert_eq!(m.bytes, m.keys.values().map(|e| e.kept.size).sum::<usize>());
+    }
+
+    #[test]
+    fn nothing_is_kept_or_served_while_a_change_may_go_unannounced() {
+        let n = listening();
+        let k = KeptReads::new(["shop"], 1 << 20, Duration::from_secs(60));
+        let g = k.before_read(&n, "shop", Some(0)).unwrap();
+        keep(&k, &n, "a", 0, g, "{}");
+        assert!(body(&k, &n, "a").is_some());
+        assert!(n.set_announced(false), "a trigger went missing");
+        assert!(body(&k, &n, "a").is_none() && k.before_read(&n, "shop", Some(0)).is_none());
+        keep(&k, &n, "b", 0, g, "{}");
+        assert!(n.set_announced(true), "the triggers are back");
+        assert!(!n.set_announced(true), "no change, no wake-up");
+        assert!(body(&k, &n, "a").is_none() && body(&k, &n, "b").is_none(), "what was kept before is never served");
+        let g = k.before_read(&n, "shop", Some(0)).unwrap();
+        keep(&k, &n, "c", 0, g, "{}");
+        assert!(body(&k, &n, "c").is_some(), "kept again once announced");
     }
 }

@@ -584,7 +584,7 @@ async fn a_barrier_after_the_listening_backend_ended_answers_from_another_backen
     let channel = format!("replaced_{}", std::process::id());
     let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await.unwrap();
     listener.listen(&channel).await.unwrap();
-    let first = barrier(&mut listener).await.unwrap();
+    let first = barrier(&mut listener).await.unwrap().backend_pid;
     let terminated: bool =
         sqlx::query_scalar("SELECT pg_terminate_backend($1)").bind(first).fetch_one(&pool).await.unwrap();
     assert!(terminated, "the listening backend {first} was terminated");
@@ -601,10 +601,10 @@ async fn a_barrier_after_the_listening_backend_ended_answers_from_another_backen
         }
         assert!(seen.len() < 5, "the listener never dropped the dead connection: {seen:?}");
     }
-    let second = barrier(&mut listener).await.expect("a barrier reconnects a listener without a connection");
+    let second = barrier(&mut listener).await.expect("a barrier reconnects a listener without a connection").backend_pid;
     assert_ne!(second, first, "the barrier answered from the terminated backend (seen: {seen:?})");
     sqlx::query("SELECT pg_notify($1, 'after')").bind(&channel).execute(&pool).await.unwrap();
-    assert_eq!(barrier(&mut listener).await.unwrap(), second);
+    assert_eq!(barrier(&mut listener).await.unwrap().backend_pid, second);
     let heard: Vec<String> = std::iter::from_fn(|| listener.next_buffered()).map(|n| n.payload().to_string()).collect();
     assert_eq!(heard, vec!["after".to_string()], "the new backend listens on the channel");
 }
