@@ -50,9 +50,18 @@ async fn edits_outside_a_step_are_announced_and_a_trigger_not_always_is_named() 
 
     // A trigger disabled, or enabled only for the origin role, is named until it fires ALWAYS.
     for (statement, expected) in [
-        ("ALTER TABLE projection.documents DISABLE TRIGGER documents_edited", vec!["projection.documents.documents_edited"]),
-        ("ALTER TABLE projection.documents ENABLE TRIGGER documents_edited", vec!["projection.documents.documents_edited"]),
-        ("DROP TRIGGER clock_edited ON parsley.clock", vec!["projection.documents.documents_edited", "parsley.clock.clock_edited"]),
+        (
+            "ALTER TABLE projection.documents DISABLE TRIGGER documents_edited",
+            vec!["projection.documents.documents_edited"],
+        ),
+        (
+            "ALTER TABLE projection.documents ENABLE TRIGGER documents_edited",
+            vec!["projection.documents.documents_edited"],
+        ),
+        (
+            "DROP TRIGGER clock_edited ON parsley.clock",
+            vec!["projection.documents.documents_edited", "parsley.clock.clock_edited"],
+        ),
         ("ALTER TABLE projection.documents ENABLE ALWAYS TRIGGER documents_edited", vec!["parsley.clock.clock_edited"]),
     ] {
         conn.execute(statement).await.unwrap();

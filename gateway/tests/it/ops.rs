@@ -601,7 +601,8 @@ async fn a_barrier_after_the_listening_backend_ended_answers_from_another_backen
         }
         assert!(seen.len() < 5, "the listener never dropped the dead connection: {seen:?}");
     }
-    let second = barrier(&mut listener).await.expect("a barrier reconnects a listener without a connection").backend_pid;
+    let second =
+        barrier(&mut listener).await.expect("a barrier reconnects a listener without a connection").backend_pid;
     assert_ne!(second, first, "the barrier answered from the terminated backend (seen: {seen:?})");
     sqlx::query("SELECT pg_notify($1, 'after')").bind(&channel).execute(&pool).await.unwrap();
     assert_eq!(barrier(&mut listener).await.unwrap().backend_pid, second);
