@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use parsley_store::listen::barrier;
 use parsley_store::{migrations, CLOCK_NOTIFY_CHANNEL};
-use parsley_testkit::{create_database, database_url, drop_database, unique, with_database};
+use parsley_testkit::{database_url, drop_database, scratch_database};
 use sqlx::postgres::PgListener;
 use sqlx::{Connection as _, Executor as _};
 
@@ -18,10 +18,7 @@ async fn heard(listener: &mut PgListener) -> Vec<String> {
 
 #[tokio::test]
 async fn edits_outside_a_step_are_announced_and_a_trigger_not_always_is_named() {
-    let admin = database_url();
-    let name = unique("store_announce").to_ascii_lowercase().replace(['-', '.'], "_");
-    create_database(&admin, &name).await.unwrap();
-    let url = with_database(&admin, &name).unwrap();
+    let (name, url) = scratch_database("store_announce").await;
     let pool = sqlx::PgPool::connect(&url).await.unwrap();
     migrations::run(&pool).await.unwrap();
 
@@ -73,5 +70,5 @@ async fn edits_outside_a_step_are_announced_and_a_trigger_not_always_is_named() 
     drop(listener);
     pool.close().await;
     tokio::time::sleep(Duration::from_millis(50)).await;
-    drop_database(&admin, &name).await.unwrap();
+    drop_database(&database_url(), &name).await.unwrap();
 }

@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use parsley_store::{migrations, ordering};
-use parsley_testkit::{create_database, database_url, drop_database, unique, with_database};
+use parsley_testkit::{database_url, drop_database, scratch_database};
 use sqlx::{Connection as _, Row as _};
 
 const FIXTURE: &str = include_str!("fixtures/previous-layout.sql");
@@ -38,10 +38,7 @@ async fn counts(conn: &mut sqlx::PgConnection) -> BTreeMap<&'static str, i64> {
 
 #[tokio::test]
 async fn a_database_of_the_previous_layout_migrates_forward_without_loss() {
-    let admin = database_url();
-    let name = unique("store_forward").to_ascii_lowercase().replace(['-', '.'], "_");
-    create_database(&admin, &name).await.unwrap();
-    let url = with_database(&admin, &name).unwrap();
+    let (name, url) = scratch_database("store_forward").await;
 
     let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
     sqlx::raw_sql(FIXTURE).execute(&mut conn).await.expect("restoring the previous layout's dump");
@@ -82,5 +79,5 @@ async fn a_database_of_the_previous_layout_migrates_forward_without_loss() {
 
     conn.close().await.unwrap();
     pool.close().await;
-    drop_database(&admin, &name).await.unwrap();
+    drop_database(&database_url(), &name).await.unwrap();
 }

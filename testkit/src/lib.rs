@@ -275,6 +275,16 @@ pub fn with_database(url: &str, database: &str) -> Result<String, String> {
     Ok(out)
 }
 
+/// A new empty database on the test server (named after `prefix`), for one test:
+/// `(name, URL)`. Drop it with [`drop_database`]`(&database_url(), &name)`.
+pub async fn scratch_database(prefix: &str) -> (String, String) {
+    let admin = database_url();
+    let name = unique(prefix).to_ascii_lowercase().replace(['-', '.'], "_");
+    create_database(&admin, &name).await.unwrap_or_else(|e| panic!("creating the scratch database {name}: {e}"));
+    let url = with_database(&admin, &name).unwrap_or_else(|e| panic!("{e}"));
+    (name, url)
+}
+
 /// Creates the empty database `name` through `admin_url`'s database (the role needs
 /// `CREATEDB`), for a benchmark run that leaves nothing behind; drop it with
 /// [`drop_database`].

@@ -56,21 +56,22 @@ fn code(line: &str) -> &str {
     line.split("//").next().unwrap_or("")
 }
 
-/// Files whose code (comments aside) uses `unsafe` or allows it.
-fn unsafe_users(root: &Path, files: &[PathBuf]) -> Vec<String> {
-    let mut found = Vec::new();
-    for path in files {
-        let text = std::fs::read_to_string(path).unwrap();
-        let uses = text.lines().any(|l| {
-            let c = code(l);
-            c.contains("unsafe ") || c.contains("unsafe{") || c.contains("allow(unsafe_code)")
-        });
-        if uses {
-            found.push(relative(root, path));
-        }
-    }
+/// Files whose code (comments aside) has a line `matches`, relative to `root`, sorted.
+fn files_whose_code(root: &Path, files: &[PathBuf], matches: impl Fn(&str) -> bool) -> Vec<String> {
+    let mut found: Vec<String> = files
+        .iter()
+        .filter(|path| std::fs::read_to_string(path).unwrap().lines().any(|l| matches(code(l))))
+        .map(|path| relative(root, path))
+        .collect();
     found.sort();
     found
+}
+
+/// Files whose code (comments aside) uses `unsafe` or allows it.
+fn unsafe_users(root: &Path, files: &[PathBuf]) -> Vec<String> {
+    files_whose_code(root, files, |c| {
+        c.contains("unsafe ") || c.contains("unsafe{") || c.contains("allow(unsafe_code)")
+    })
 }
 
 #[test]
@@ -318,15 +319,7 @@ const MIGRATIONS_PATHS: &[&str] = &["../migrations", "join(\"migrations\")", "\"
 
 /// Files whose code (comments aside) names the workspace's `migrations/` directory.
 fn migrations_readers(root: &Path, files: &[PathBuf]) -> Vec<String> {
-    let mut found = Vec::new();
-    for path in files {
-        let text = std::fs::read_to_string(path).unwrap();
-        if text.lines().any(|l| MIGRATIONS_PATHS.iter().any(|p| code(l).contains(p))) {
-            found.push(relative(root, path));
-        }
-    }
-    found.sort();
-    found
+    files_whose_code(root, files, |c| MIGRATIONS_PATHS.iter().any(|p| c.contains(p)))
 }
 
 #[test]
