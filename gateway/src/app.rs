@@ -245,6 +245,16 @@ pub struct Gateway {
 
 impl Gateway {
     pub fn new(config: GatewayConfig) -> anyhow::Result<Gateway> {
+        match config.settings.access_mode() {
+            crate::settings::AccessMode::Open => tracing::warn!(
+                "gateway.access = \"open\": every caller may write to every received topic and read every model; \
+                 configure [gateway.auth] and [[gateway.rules]] to authorize callers (docs/gateway.md, \"Authorization\")"
+            ),
+            crate::settings::AccessMode::Rules => tracing::info!(
+                rules = %config.access.rule_names().join(","),
+                "authentication on: every data route needs a bearer JWT and a rule allowing it"
+            ),
+        }
         Ok(Gateway { state: AppState::new(config)? })
     }
 
@@ -283,8 +293,9 @@ impl Gateway {
         ));
         let refresher = tokio::spawn(refresh_metadata(s.clone(), shutdown.clone()));
         let poll = s.config.settings.token_keys_reload();
+        let identity = s.config.verifier.as_ref().map(|v| v.keys.spawn(Arc::clone(&s.metrics), poll, shutdown.clone()));
         let reloader = keys::spawn_reloader(Arc::clone(&s.config.keys), Arc::clone(&s.metrics), poll, shutdown);
-        [listener, refresher].into_iter().chain(reloader).collect()
+        [listener, refresher].into_iter().chain(reloader).chain(identity).collect()
     }
 
     /// Serves both listeners until `shutdown` turns true, then finishes the requests in

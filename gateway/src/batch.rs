@@ -42,7 +42,7 @@ pub async fn post_batch(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let now = session::unix_now();
-    let caller = session::open_session(&state, &headers, now)?;
+    let caller = session::open_session(&state, &headers, now).await?;
     let settings = &state.config.settings;
     let bytes = body_bytes(body, settings.max_body_bytes)?;
     let records = body::parse_batch(&bytes, settings.max_key_bytes, settings.max_batch_records)?;
@@ -60,12 +60,15 @@ pub async fn post_batch(
         };
         facts.push(write::check_width(&state, fact, None).await?);
     }
+    // All or nothing: every record's topic and key allowed, or nothing is written.
+    for r in &records {
+        state.config.access.check_write(caller.identity.as_deref(), &r.topic, &[r.record.key.as_str()])?;
+    }
     let past = session::sanitize(&state, &caller.past).await?;
-    let claim =
-        match write::claim_idempotency(&state, &headers, caller.subject.as_deref(), "/v1/records", &bytes).await? {
-            Idempotent::Replay(ack) => return write::replay(&state, &caller, &past, &ack, now),
-            Idempotent::Write(claim) => claim,
-        };
+    let claim = match write::claim_idempotency(&state, &headers, &caller, "/v1/records", &bytes).await? {
+        Idempotent::Replay(ack) => return write::replay(&state, &caller, &past, &ack, now),
+        Idempotent::Write(claim) => claim,
+    };
     let (trace, caller_parent) = TraceContext::continued(&headers);
     let started_ns = parsley_infra::otlp::now_unix_ns();
     match produce_batch(&state, &facts, &past, &records, &trace).await {

@@ -310,9 +310,22 @@ pub async fn read<S: Snapshot>(
     scope: Scope<'_>,
     snapshot: &S,
 ) -> Result<Gated<S::Data>, ApiError> {
-    let model = state.model(model_name)?;
     let now = session::unix_now();
-    let caller = session::open_session(state, headers, now)?;
+    let caller = session::open_session(state, headers, now).await?;
+    read_as(state, &caller, now, model_name, scope, snapshot).await
+}
+
+/// [`read`] for a caller whose session is already open (a route that authorizes the caller
+/// before reading).
+pub async fn read_as<S: Snapshot>(
+    state: &AppState,
+    caller: &session::Caller,
+    now: u64,
+    model_name: &str,
+    scope: Scope<'_>,
+    snapshot: &S,
+) -> Result<Gated<S::Data>, ApiError> {
+    let model = state.model(model_name)?;
     // What the client keeps, and what this read must prove: the token less the upstream
     // pairs found discarded at the first uncovered attempt.
     let mut token = session::sanitize(state, &caller.past).await?;
@@ -333,7 +346,7 @@ pub async fn read<S: Snapshot>(
                 state.metrics.observe(Metric::ReadWaitSeconds, &[("model", &model.name)], waited.as_secs_f64());
                 let waited_label = if waited > Duration::from_millis(1) { "yes" } else { "no" };
                 state.metrics.add(Metric::ReadsTotal, &[("model", &model.name), ("waited", waited_label)], 1.0);
-                let token = session::reseal(state, &caller, served.refreshed, now)?;
+                let token = session::reseal(state, caller, served.refreshed, now)?;
                 return Ok(Gated { data: served.data, token });
             }
             Err(uncovered) => {

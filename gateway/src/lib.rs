@@ -10,7 +10,10 @@
 //!   (one key seals, every key opens), validation (expiry, maximum age, clock-skew leeway,
 //!   subject, size limits, strict causes decoding).
 //! - [`keys`]: the key ring in use, re-read from its file on `SIGHUP` and when it changes.
-//! - [`subject`]: verified subjects — the `sub` of an HS256 bearer JWT.
+//! - [`identity`]: who is calling — the bearer JWT checked with the identity provider's keys
+//!   ([`jwks`]: a JWKS URL, a JWKS or PEM file, an HS256 secret), its subject, scopes, claims.
+//! - [`access`]: the authorization rules (`[[gateway.rules]]`): who may write which keys of
+//!   which topic, read and list which documents, run which named query with which parameters.
 //! - [`settings`]: the `[gateway]` table of the shared file, environment overrides, token keys.
 //! - [`session`]: opening a request's token, its hygiene against the log (ahead-of-log
 //!   refusal, pruning), re-sealing.
@@ -46,6 +49,7 @@
 // The embedding surface (docs/gateway.md, "Embedding the gateway"): these modules and the
 // re-exports below. The hidden modules are public for the workspace (the binary, the tests,
 // the benchmarks, parsley-check) and may change in any release.
+pub mod access;
 pub mod app;
 #[doc(hidden)]
 pub mod batch;
@@ -58,6 +62,9 @@ pub mod facts_cache;
 #[doc(hidden)]
 pub mod feed;
 pub mod gated;
+pub mod identity;
+#[doc(hidden)]
+pub mod jwks;
 #[doc(hidden)]
 pub mod keys;
 #[doc(hidden)]
@@ -84,8 +91,6 @@ pub mod shapes;
 pub mod state;
 #[doc(hidden)]
 pub mod store_errors;
-#[doc(hidden)]
-pub mod subject;
 pub mod token;
 #[doc(hidden)]
 pub mod trace;

@@ -91,6 +91,11 @@ parsley_infra::metric_names! {
             Counter,
             "Re-reads of the token keys file, by result (ok; error: the ring in use was kept).",
         ),
+        JwksFetchesTotal = (
+            "parsley_gateway_jwks_fetches_total",
+            Counter,
+            "Fetches of the JWT verification keys (JWKS URL) and re-reads of their file, by result (ok; error: the keys in use were kept).",
+        ),
     }
 }
 

@@ -53,12 +53,24 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
         tracing::warn!(error = %format!("{e:#}"), "readiness: the broker did not answer");
         "the broker did not answer a metadata request".to_string()
     });
+    // With authentication on, the keys tokens are checked with: none yet (a JWKS URL whose
+    // first fetch failed) answers every signed-in caller 503, so the gateway is not ready.
+    let identity = match &state.config.verifier {
+        Some(v) if v.keys.current().is_none() => Err(format!(
+            "no token verification keys yet: {}",
+            v.keys.last_error().unwrap_or_else(|| "the first fetch has not finished".into())
+        )),
+        _ => Ok(()),
+    };
     let check = |r: &Result<(), String>| match r {
         Ok(()) => json!({"ok": true}),
         Err(e) => json!({"ok": false, "error": e}),
     };
-    let checks = json!({"database": check(&database), "migrations": check(&migrations), "kafka": check(&kafka)});
-    if database.is_ok() && migrations.is_ok() && kafka.is_ok() {
+    let mut checks = json!({"database": check(&database), "migrations": check(&migrations), "kafka": check(&kafka)});
+    if state.config.verifier.is_some() {
+        checks["identity_keys"] = check(&identity);
+    }
+    if database.is_ok() && migrations.is_ok() && kafka.is_ok() && identity.is_ok() {
         Json(json!({"status": "ready", "checks": checks})).into_response()
     } else {
         let mut p = Problem::new(ProblemType::NotReady, "a dependency is not ready").with("checks", checks);
@@ -93,7 +105,25 @@ pub async fn status(State(state): State<AppState>) -> Result<Json<Value>, ApiErr
         });
     }
     tx.commit().await.map_err(|e| db(e.into()))?;
-    Ok(Json(json!({"models": models})))
+    Ok(Json(json!({"models": models, "access": access_json(&state)})))
+}
+
+/// Who may call the data routes: the access mode, the rules' names, and with authentication
+/// the key source, the key ids in use and the last key fetch error.
+fn access_json(state: &AppState) -> Value {
+    let config = &state.config;
+    let mut access = json!({
+        "mode": config.settings.access_mode().as_str(),
+        "rules": config.access.rule_names(),
+    });
+    if let Some(v) = &config.verifier {
+        access["keys"] = json!({
+            "source": crate::jwks::describe(v.keys.source()),
+            "kids": v.keys.current().map(|s| s.kids()),
+            "last_error": v.keys.last_error(),
+        });
+    }
+    access
 }
 
 fn channel_json(state: &AppState, report: &ModelAggregates, c: &ChannelId) -> Value {

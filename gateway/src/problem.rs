@@ -54,8 +54,10 @@ problem_types! {
     TokenWrongSubject = ("token-wrong-subject", "Session token belongs to another subject", FORBIDDEN),
     TokenAheadOfLog = ("token-ahead-of-log", "Session token ahead of the log", BAD_REQUEST),
     InvalidSubject = ("invalid-subject", "Invalid subject", BAD_REQUEST),
-    /// Verified subjects on, and no valid bearer JWT.
-    SubjectUnverified = ("subject-unverified", "Subject not verified", UNAUTHORIZED),
+    /// Authentication on, and no valid bearer JWT (answered with `WWW-Authenticate`).
+    Unauthenticated = ("unauthenticated", "Not authenticated", UNAUTHORIZED),
+    /// No authorization rule allows the request; the detail names the rules that failed.
+    Forbidden = ("forbidden", "Forbidden", FORBIDDEN),
     SessionTooLarge = ("session-too-large", "Session outgrew the token limits", UNPROCESSABLE_ENTITY),
     MetadataBudgetExceeded = ("metadata-budget-exceeded", "Causes exceed the metadata budget", UNPROCESSABLE_ENTITY),
     ReservedHeader = ("reserved-header", "Reserved header", BAD_REQUEST),
@@ -174,6 +176,17 @@ impl IntoResponse for Problem {
         if let Some(s) = self.retry_after {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(s));
         }
+        if self.problem_type == ProblemType::Unauthenticated {
+            // RFC 6750 §3: the scheme, and why, in a header a client library can read.
+            let description: String =
+                self.detail.chars().filter(|c| c.is_ascii_graphic() || *c == ' ').filter(|c| *c != '"' && *c != '\\').collect();
+            let value = format!("Bearer realm=\"parsley\", error=\"invalid_token\", error_description=\"{description}\"");
+            headers.insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_str(&value)
+                    .unwrap_or_else(|_| HeaderValue::from_static("Bearer realm=\"parsley\", error=\"invalid_token\"")),
+            );
+        }
         response
     }
 }
@@ -189,9 +202,13 @@ pub enum ApiError {
     SessionTooLarge { detail: String },
     #[error("subject header is invalid: {0}")]
     InvalidSubject(String),
-    /// With verified subjects on: no bearer JWT, or one that does not verify.
-    #[error("subject not verified: {0}")]
-    SubjectUnverified(String),
+    /// With authentication on: no bearer JWT, or one that does not verify.
+    #[error("not authenticated: {0}")]
+    Unauthenticated(String),
+    /// No authorization rule allows the request. `rules`: the rules that covered it and
+    /// failed (none: no rule covers it).
+    #[error("forbidden: {detail}")]
+    Forbidden { detail: String, rules: Vec<String> },
     /// A write body refused by [`crate::body::parse`].
     #[error(transparent)]
     Body(#[from] BodyError),
@@ -268,7 +285,8 @@ impl ApiError {
             ApiError::TokenAheadOfLog { .. } => P::TokenAheadOfLog,
             ApiError::SessionTooLarge { .. } => P::SessionTooLarge,
             ApiError::InvalidSubject(_) => P::InvalidSubject,
-            ApiError::SubjectUnverified(_) => P::SubjectUnverified,
+            ApiError::Unauthenticated(_) => P::Unauthenticated,
+            ApiError::Forbidden { .. } => P::Forbidden,
             ApiError::Body(BodyError::ReservedHeader(_)) => P::ReservedHeader,
             ApiError::Body(BodyError::Invalid { .. }) => P::InvalidBody,
             ApiError::UnknownTopic(..) => P::UnknownTopic,
@@ -322,7 +340,8 @@ impl ApiError {
             .with("log_end", json!(log_end)),
             ApiError::SessionTooLarge { detail } => p(detail),
             ApiError::InvalidSubject(d) => p(d),
-            ApiError::SubjectUnverified(d) => p(d),
+            ApiError::Unauthenticated(d) => p(d),
+            ApiError::Forbidden { detail, rules } => p(detail).with("rules", json!(rules)),
             ApiError::Body(BodyError::ReservedHeader(d)) => p(d),
             ApiError::Body(BodyError::Invalid { field, reason, detail }) => {
                 let problem = p(detail).with("reason", json!(reason.as_str()));
@@ -422,7 +441,8 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let bearer = matches!(self, ApiError::Unauthorized(_) | ApiError::SubjectUnverified(_));
+        // The admin route's 401 (an unauthenticated caller's carries its reason, above).
+        let bearer = matches!(self, ApiError::Unauthorized(_));
         let mut response = self.into_problem().into_response();
         if bearer {
             response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));

@@ -34,6 +34,7 @@ use serde_json::{json, Value};
 use crate::gated::{self, Gated, Scope, Snapshot};
 use crate::problem::ApiError;
 use crate::read::{check_key, parse_query};
+use crate::session;
 use crate::state::AppState;
 use crate::store_errors;
 
@@ -45,17 +46,22 @@ pub async fn get_query(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let Path((model_name, name)) = path.map_err(|r| ApiError::InvalidPath(r.body_text()))?;
+    let now = session::unix_now();
+    let caller = session::open_session(&state, &headers, now).await?;
     let model = state.model(&model_name)?;
     let query = model
         .queries
         .iter()
         .find(|q| q.name == name)
         .ok_or_else(|| ApiError::UnknownQuery { model: model_name.clone(), query: name.clone() })?;
-    let given = parse_query(raw.as_deref().unwrap_or(""))?;
+    let mut given = parse_query(raw.as_deref().unwrap_or(""))?;
+    // Parameters an authorization rule binds to the caller's claims are filled in (or
+    // checked, when given) before they are typed.
+    state.config.access.bind_query(caller.identity.as_deref(), &model.name, &query.name, &mut given)?;
     let prepared = prepare(query, &given, state.config.settings.max_key_bytes)?;
     let scope = prepared.key.as_deref().map_or(Scope::AllTasks, Scope::Key);
     let named = NamedQuery { model: &model.name, query, prepared: &prepared };
-    let gated = gated::read(&state, &headers, &model.name, scope, &named).await?;
+    let gated = gated::read_as(&state, &caller, now, &model.name, scope, &named).await?;
     let gated = Gated { data: gated.data?, token: gated.token };
     let max_rows = query.max_rows as usize;
     Ok(gated

@@ -39,9 +39,10 @@ use parsley_store::documents::{self, Document, GateInputs, GatedSnapshot};
 use parsley_store::StoreError;
 use serde_json::{json, Value};
 
+use crate::access::KeyFilter;
 use crate::gated::{self, KeptSnapshot, Scope, Snapshot};
 use crate::problem::{ApiError, Problem, ProblemType};
-use crate::session::SESSION_HEADER;
+use crate::session::{self, SESSION_HEADER};
 use crate::state::AppState;
 use crate::store_errors;
 
@@ -53,7 +54,8 @@ pub const MAX_LIMIT: u32 = 1000;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Target {
     One { key: String },
-    Page { after: Option<String>, limit: u32 },
+    /// `filter`: the keys the caller may list (authorization rules with a key binding).
+    Page { after: Option<String>, limit: u32, filter: KeyFilter },
 }
 
 pub async fn get_document(
@@ -62,8 +64,12 @@ pub async fn get_document(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let Path((model, key)) = path.map_err(path_error)?;
+    let now = session::unix_now();
+    let caller = session::open_session(&state, &headers, now).await?;
     check_key(&key, state.config.settings.max_key_bytes).map_err(ApiError::InvalidKey)?;
-    gated_read(&state, &model, Target::One { key }, &headers).await
+    state.model(&model)?;
+    state.config.access.check_read(caller.identity.as_deref(), &model, &key)?;
+    gated_read(&state, &caller, now, &model, Target::One { key }).await
 }
 
 pub async fn get_collection(
@@ -73,8 +79,14 @@ pub async fn get_collection(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let Path(model) = path.map_err(path_error)?;
-    let target = parse_page(&parse_query(query.as_deref().unwrap_or(""))?, state.config.settings.max_key_bytes)?;
-    gated_read(&state, &model, target, &headers).await
+    let now = session::unix_now();
+    let caller = session::open_session(&state, &headers, now).await?;
+    let mut target = parse_page(&parse_query(query.as_deref().unwrap_or(""))?, state.config.settings.max_key_bytes)?;
+    state.model(&model)?;
+    if let Target::Page { filter, .. } = &mut target {
+        *filter = state.config.access.list_filter(caller.identity.as_deref(), &model)?;
+    }
+    gated_read(&state, &caller, now, &model, target).await
 }
 
 /// A path that does not decode: a key that is not UTF-8 after percent-decoding is an
@@ -185,20 +197,21 @@ pub fn parse_page(query: &BTreeMap<String, String>, max_key_bytes: usize) -> Res
             detail: format!("after: {why}"),
         })?;
     }
-    Ok(Target::Page { after, limit })
+    Ok(Target::Page { after, limit, filter: KeyFilter::All })
 }
 
 async fn gated_read(
     state: &AppState,
+    caller: &session::Caller,
+    now: u64,
     model_name: &str,
     target: Target,
-    headers: &HeaderMap,
 ) -> Result<Response, ApiError> {
     let scope = match &target {
         Target::One { key } => Scope::Key(key),
         Target::Page { .. } => Scope::AllTasks,
     };
-    let read = gated::read(state, headers, model_name, scope, &Documents(&target)).await?;
+    let read = gated::read_as(state, caller, now, model_name, scope, &Documents(&target)).await?;
     Ok(respond(&target, read.data, read.token))
 }
 
@@ -213,9 +226,15 @@ impl Documents<'_> {
     fn kept_name(&self) -> Cow<'_, str> {
         match self.0 {
             Target::One { key } => Cow::Borrowed(key),
-            Target::Page { after, limit } => {
+            Target::Page { after, limit, filter } => {
                 let after = after.as_deref().map_or_else(|| "-".to_string(), |a| format!("+{a}"));
-                Cow::Owned(format!("\0page\0{limit}\0{after}"))
+                // A filtered page is another page: kept under its filter too, so it is
+                // never served to a caller with another one.
+                let filter = match filter {
+                    KeyFilter::All => String::new(),
+                    KeyFilter::Only { keys, prefixes } => format!("\0k\0{}\0p\0{}", keys.join("\0"), prefixes.join("\0")),
+                };
+                Cow::Owned(format!("\0page\0{limit}\0{after}{filter}"))
             }
         }
     }
@@ -328,10 +347,21 @@ async fn read_snapshot(
             let s = documents::gated_document(&mut conn, model, key, inputs).await.map_err(failed)?;
             GatedSnapshot { model: s.model, clock: s.clock, data: Data::One(s.data.map(one_body)) }
         }
-        Target::Page { after, limit } => {
-            let s = documents::gated_page(&mut conn, model, inputs.cached, after.as_deref(), i64::from(*limit) + 1)
-                .await
-                .map_err(failed)?;
+        Target::Page { after, limit, filter } => {
+            let only = match filter {
+                KeyFilter::All => None,
+                KeyFilter::Only { keys, prefixes } => Some(documents::KeysOnly { keys, prefixes }),
+            };
+            let s = documents::gated_page(
+                &mut conn,
+                model,
+                inputs.cached,
+                after.as_deref(),
+                i64::from(*limit) + 1,
+                only,
+            )
+            .await
+            .map_err(failed)?;
             GatedSnapshot { model: s.model, clock: s.clock, data: Data::Page(page_body(s.data, *limit)) }
         }
     };
@@ -376,10 +406,10 @@ mod tests {
 
     #[test]
     fn pages_are_bounded() {
-        assert_eq!(parse_page(&q(&[]), 8).unwrap(), Target::Page { after: None, limit: 100 });
+        assert_eq!(parse_page(&q(&[]), 8).unwrap(), Target::Page { after: None, limit: 100, filter: KeyFilter::All });
         assert_eq!(
             parse_page(&q(&[("limit", "1000"), ("after", "k")]), 8).unwrap(),
-            Target::Page { after: Some("k".into()), limit: 1000 }
+            Target::Page { after: Some("k".into()), limit: 1000, filter: KeyFilter::All }
         );
         for (bad, named) in [
             (&[("limit", "0")][..], "limit"),

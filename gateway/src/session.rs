@@ -1,16 +1,18 @@
-//! A request's session: its subject (verified from a bearer JWT, or from the subject
-//! header), the token opened from the `Parsley-Session` header with the key ring in use
+//! A request's session: its caller (the identity of a verified bearer JWT with
+//! authentication on, or the subject header's value with open access), the token opened from the `Parsley-Session` header with the key ring in use
 //! and the session's bounds (none starts an empty session; a bad one is refused, never
 //! read as empty), its hygiene against the log
 //! (refuse positions beyond the log end, prune pairs of topics that are gone — never a pair
 //! for its log start: the token is stamped on writes), and the re-sealed token a response
 //! carries.
 
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::http::{HeaderMap, HeaderValue};
 use parsley::{CausalPast, ChannelId, Position};
 
+use crate::identity::{AuthError, Identity};
 use crate::metrics::Metric;
 use crate::problem::ApiError;
 use crate::state::AppState;
@@ -20,7 +22,7 @@ use crate::token::{self, Session, TokenError};
 pub const SESSION_HEADER: &str = "parsley-session";
 
 /// Longest subject a token can be bound to (the envelope stores its length in one byte).
-const MAX_SUBJECT_LEN: usize = crate::subject::MAX_SUBJECT_LEN;
+const MAX_SUBJECT_LEN: usize = crate::identity::MAX_SUBJECT_LEN;
 
 /// Seconds since the epoch.
 pub fn unix_now() -> u64 {
@@ -30,9 +32,15 @@ pub fn unix_now() -> u64 {
 /// Who is asking and what their session says.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Caller {
-    /// The subject: the `sub` of the verified bearer JWT with verified subjects on, else
+    /// The subject: the `sub` of the verified bearer JWT with authentication on, else
     /// the configured subject header's value, if any.
     pub subject: Option<String>,
+    /// With authentication on, the verified identity (subject, scopes, claims) the rules
+    /// are checked against.
+    pub identity: Option<Arc<Identity>>,
+    /// SHA-256 of the session token as the request carried it (the idempotency scope of a
+    /// caller without a subject).
+    pub token_digest: Option<[u8; 32]>,
     /// When the session began (`None`: it begins with this request).
     pub issued_at: Option<u64>,
     pub past: CausalPast,
@@ -50,18 +58,31 @@ pub struct Sealed {
     pub expires_at: u64,
 }
 
-/// Establishes the caller's subject and opens the session token, if any.
+/// Establishes the caller and opens the session token, if any.
 ///
-/// With verified subjects on (`gateway.subject_jwt_secret_file`), the subject is the `sub`
-/// of the request's bearer JWT (none or an invalid one: `401 subject-unverified`), and a
-/// request carrying the subject header itself is refused (`400 invalid-subject`): only a
-/// proxy should set it, and here nothing does. Otherwise the subject header is trusted as
-/// sent, so the proxy in front must overwrite it (docs/gateway.md, "Subjects").
-pub fn open_session(state: &AppState, headers: &HeaderMap, now: u64) -> Result<Caller, ApiError> {
-    let subject = caller_subject(state, headers, now)?;
+/// With authentication on (`[gateway.auth]`), the caller is the identity of the request's
+/// bearer JWT (none or an invalid one: `401 unauthenticated`), its subject the `sub`. With
+/// open access, the subject header (if configured) is trusted as sent, so the proxy in
+/// front must overwrite it (docs/gateway.md, "Subjects").
+pub async fn open_session(state: &AppState, headers: &HeaderMap, now: u64) -> Result<Caller, ApiError> {
+    let identity = match &state.config.verifier {
+        None => None,
+        Some(verifier) => Some(verifier.identify(headers, now).await.map_err(|e| match e {
+            AuthError::KeysUnavailable(detail) => ApiError::Unavailable {
+                what: "the identity provider's keys",
+                detail,
+                retry_after: state.config.settings.retry_after_s,
+            },
+            other => ApiError::Unauthenticated(other.to_string()),
+        })?),
+    };
+    let subject = match &identity {
+        Some(id) => Some(id.subject.clone()),
+        None => header_subject(state, headers)?,
+    };
     let mut values = headers.get_all(SESSION_HEADER).iter();
     let Some(value) = values.next() else {
-        return Ok(Caller { subject, issued_at: None, past: CausalPast::new(), sealed: None });
+        return Ok(Caller { subject, identity, token_digest: None, issued_at: None, past: CausalPast::new(), sealed: None });
     };
     if values.next().is_some() {
         return Err(TokenError::Malformed("more than one Parsley-Session header".into()).into());
@@ -74,27 +95,18 @@ pub fn open_session(state: &AppState, headers: &HeaderMap, now: u64) -> Result<C
     // An unbound token opened by a caller with a subject comes back bound: sealed anew.
     let sealed =
         (session.subject == subject).then(|| Sealed { value: value.clone(), key_id, expires_at: session.expires_at });
-    Ok(Caller { subject, issued_at: Some(session.issued_at), past: session.past, sealed })
+    let token_digest = Some(digest(value.as_bytes()));
+    Ok(Caller { subject, identity, token_digest, issued_at: Some(session.issued_at), past: session.past, sealed })
 }
 
-/// The request's subject: verified from its bearer JWT, or as its subject header says.
-fn caller_subject(state: &AppState, headers: &HeaderMap, now: u64) -> Result<Option<String>, ApiError> {
-    if let Some(verifier) = &state.config.subjects {
-        if let Some(name) = &state.config.settings.subject_header {
-            if headers.contains_key(name.as_str()) {
-                return Err(ApiError::InvalidSubject(format!(
-                    "the {name} header is not accepted: this gateway takes the subject from the bearer token"
-                )));
-            }
-        }
-        let subject = verifier.subject_of(headers, now).map_err(|e| ApiError::SubjectUnverified(e.to_string()))?;
-        if subject.len() > MAX_SUBJECT_LEN {
-            return Err(ApiError::InvalidSubject(format!(
-                "the bearer token's subject is longer than {MAX_SUBJECT_LEN} bytes"
-            )));
-        }
-        return Ok(Some(subject));
-    }
+/// SHA-256 of `bytes`.
+fn digest(bytes: &[u8]) -> [u8; 32] {
+    use sha2::{Digest as _, Sha256};
+    Sha256::digest(bytes).into()
+}
+
+/// With open access, the request's subject as its subject header says, if one is configured.
+fn header_subject(state: &AppState, headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     let subject = match &state.config.settings.subject_header {
         None => None,
         Some(name) => match headers.get(name.as_str()) {

@@ -15,7 +15,8 @@ use parsley_settings::overrides::{self, Env};
 use serde::Deserialize;
 
 use crate::keys::{self, KeySource, TokenKeys};
-use crate::subject::{HmacSecret, SubjectVerifier};
+use crate::access::{Access, Known, RuleSettings};
+use crate::identity::{AuthSettings, Verifier};
 use crate::token::{KeyRing, TokenLimits, Validity};
 
 /// The older variable names of `[gateway]` keys, kept as aliases by the one override rule
@@ -61,18 +62,23 @@ pub struct Settings {
     pub token_max_entries: usize,
     /// Largest `parsley.causes` value the gateway stamps on a write, in bytes.
     pub metadata_budget: usize,
-    /// Request header carrying the authenticated subject a token is bound to (set by an
-    /// authenticating proxy, which must overwrite any value a client sent). Absent: tokens
-    /// are not bound to a subject. With verified subjects (`subject_jwt_secret_file`), a
-    /// request carrying this header is refused instead.
+    /// Who may call the data routes: `"rules"` (the default with `[gateway.auth]`: a
+    /// verified bearer JWT, and a `[[gateway.rules]]` entry allowing the request) or
+    /// `"open"` (anyone; logged at WARN at every start). One of the two must be chosen.
+    pub access: Option<AccessMode>,
+    /// `[gateway.auth]`: authentication by bearer JWTs (issuer, audience, where the keys are).
+    pub auth: Option<AuthSettings>,
+    /// `[[gateway.rules]]`: the authorization rules (with `access = "rules"`).
+    pub rules: Vec<RuleSettings>,
+    /// With open access, a request header carrying the authenticated subject a token is
+    /// bound to (set by an authenticating proxy, which must overwrite any value a client
+    /// sent). Absent: tokens are not bound to a subject.
     pub subject_header: Option<String>,
-    /// Verified subjects: a file holding the HMAC secret (at least 32 bytes) of the HS256
-    /// bearer JWTs (`Authorization: Bearer`) whose `sub` is the subject tokens are bound to.
-    /// With it, a session route without a valid JWT is answered `401 subject-unverified`.
+    /// Moved to `[gateway.auth]` (`hs256_secret_file`); refused with a message saying so.
     pub subject_jwt_secret_file: Option<PathBuf>,
-    /// With verified subjects, the `iss` a JWT must carry (absent: any).
+    /// Moved to `gateway.auth.issuer`.
     pub subject_jwt_issuer: Option<String>,
-    /// With verified subjects, the audience a JWT's `aud` must name (absent: any).
+    /// Moved to `gateway.auth.audience`.
     pub subject_jwt_audience: Option<String>,
     /// File holding the token keys (`id:base64key[:seal|:open],...`).
     pub token_keys_file: Option<PathBuf>,
@@ -165,6 +171,9 @@ impl Default for Settings {
             token_max_encoded_len: limits.max_encoded_len,
             token_max_entries: limits.max_entries,
             metadata_budget: parsley::codec::DEFAULT_METADATA_BUDGET,
+            access: None,
+            auth: None,
+            rules: Vec::new(),
             subject_header: None,
             subject_jwt_secret_file: None,
             subject_jwt_issuer: None,
@@ -239,16 +248,34 @@ impl Settings {
         if self.token_clock_skew_s > MAX_CLOCK_SKEW_S {
             bail!("gateway.token_clock_skew_s must be at most {MAX_CLOCK_SKEW_S} (fix the clocks instead)");
         }
-        for (key, value) in [
-            ("gateway.subject_jwt_issuer", &self.subject_jwt_issuer),
-            ("gateway.subject_jwt_audience", &self.subject_jwt_audience),
-        ] {
-            if value.as_ref().is_some_and(|v| v.trim().is_empty()) {
-                bail!("{key} must not be empty (leave it out to accept any)");
+        if self.subject_jwt_secret_file.is_some() || self.subject_jwt_issuer.is_some() || self.subject_jwt_audience.is_some() {
+            bail!(
+                "gateway.subject_jwt_secret_file, subject_jwt_issuer and subject_jwt_audience moved to [gateway.auth] \
+                 (hs256_secret_file, issuer, audience), which also takes a JWKS URL or file"
+            );
+        }
+        match (self.access, &self.auth) {
+            (Some(AccessMode::Open), Some(_)) => bail!(
+                "gateway.access = \"open\" cannot go with [gateway.auth]: with authentication on, the rules decide \
+                 (a rule with no conditions allows every signed-in caller)"
+            ),
+            (Some(AccessMode::Rules), None) => {
+                bail!("gateway.access = \"rules\" needs [gateway.auth] (who the callers are)")
             }
-            if value.is_some() && self.subject_jwt_secret_file.is_none() {
-                bail!("{key} needs gateway.subject_jwt_secret_file (verified subjects)");
+            (None, None) => bail!(
+                "choose who may call the gateway: configure [gateway.auth] and [[gateway.rules]] \
+                 (docs/gateway.md, \"Authorization\"), or set gateway.access = \"open\" to serve every caller"
+            ),
+            _ => {}
+        }
+        if let Some(auth) = &self.auth {
+            auth.validate()?;
+            if self.subject_header.is_some() {
+                bail!("gateway.subject_header goes with open access: with [gateway.auth] the subject is the JWT's sub");
             }
+        }
+        if self.access_mode() == AccessMode::Open && !self.rules.is_empty() {
+            bail!("[[gateway.rules]] need authentication ([gateway.auth]); with gateway.access = \"open\" nothing is checked");
         }
         if self.token_max_encoded_len < 64 {
             bail!("gateway.token_max_encoded_len must be at least 64");
@@ -329,6 +356,15 @@ impl Settings {
         Ok(())
     }
 
+    /// The access mode in force (validated: chosen, or implied by `[gateway.auth]`).
+    pub fn access_mode(&self) -> AccessMode {
+        match (self.access, &self.auth) {
+            (Some(mode), _) => mode,
+            (None, Some(_)) => AccessMode::Rules,
+            (None, None) => AccessMode::Open,
+        }
+    }
+
     pub fn limits(&self) -> TokenLimits {
         TokenLimits { max_encoded_len: self.token_max_encoded_len, max_entries: self.token_max_entries }
     }
@@ -359,6 +395,25 @@ impl Settings {
     }
     pub fn header_read_timeout(&self) -> Duration {
         Duration::from_millis(self.header_read_timeout_ms)
+    }
+}
+
+/// `gateway.access`.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum AccessMode {
+    /// A verified bearer JWT and an allowing rule on every data route.
+    Rules,
+    /// Every data route open to anyone.
+    Open,
+}
+
+impl AccessMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AccessMode::Rules => "rules",
+            AccessMode::Open => "open",
+        }
     }
 }
 
@@ -422,8 +477,10 @@ pub struct GatewayConfig {
     pub keys: Arc<TokenKeys>,
     /// The admin bearer token, if one is configured (never printed).
     pub admin_token: Option<AdminToken>,
-    /// With verified subjects on, the bearer JWT checker (its secret never printed).
-    pub subjects: Option<SubjectVerifier>,
+    /// With authentication on, the bearer JWT checker (its keys never printed).
+    pub verifier: Option<Arc<Verifier>>,
+    /// The authorization rules in force (open access: none).
+    pub access: Arc<Access>,
 }
 
 impl std::fmt::Debug for GatewayConfig {
@@ -437,7 +494,8 @@ impl std::fmt::Debug for GatewayConfig {
             .field("settings", &self.settings)
             .field("keys", &self.keys)
             .field("admin_token", &self.admin_token)
-            .field("subjects", &self.subjects)
+            .field("verifier", &self.verifier)
+            .field("access", &self.settings.access_mode())
             .finish()
     }
 }
@@ -461,8 +519,15 @@ impl GatewayConfig {
     pub fn with_keys(shared: Config, keys: KeyRing) -> anyhow::Result<GatewayConfig> {
         let settings = Settings::from_table(shared.gateway.as_ref())?;
         settings.validate()?;
-        let subjects = load_subject_verifier(&settings)?;
-        Ok(GatewayConfig { shared, settings, keys: Arc::new(TokenKeys::given(keys)), admin_token: None, subjects })
+        let (verifier, access) = load_access(&shared, &settings)?;
+        Ok(GatewayConfig {
+            shared,
+            settings,
+            keys: Arc::new(TokenKeys::given(keys)),
+            admin_token: None,
+            verifier,
+            access,
+        })
     }
 
     /// The gateway's part of an already loaded shared configuration, with environment
@@ -473,22 +538,41 @@ impl GatewayConfig {
         settings.validate()?;
         let keys = Arc::new(load_keys(&settings, &var)?);
         let admin_token = load_admin_token(&settings, &var)?;
-        let subjects = load_subject_verifier(&settings)?;
-        Ok(GatewayConfig { shared, settings, keys, admin_token, subjects })
+        let (verifier, access) = load_access(&shared, &settings)?;
+        Ok(GatewayConfig { shared, settings, keys, admin_token, verifier, access })
     }
 }
 
-/// With `gateway.subject_jwt_secret_file`, the verifier of subjects' bearer JWTs. Errors
-/// never quote the secret.
-pub fn load_subject_verifier(settings: &Settings) -> anyhow::Result<Option<SubjectVerifier>> {
-    let Some(path) = &settings.subject_jwt_secret_file else { return Ok(None) };
-    let secret = HmacSecret::from_file(path).context("gateway.subject_jwt_secret_file")?;
-    Ok(Some(SubjectVerifier::new(
-        secret,
-        settings.subject_jwt_issuer.clone(),
-        settings.subject_jwt_audience.clone(),
-        settings.token_clock_skew_s,
-    )))
+/// With `[gateway.auth]`, the bearer JWT checker (a key file is read now; a JWKS URL is
+/// fetched by the background task), and the rules checked against the configured models.
+pub fn load_access(shared: &Config, settings: &Settings) -> anyhow::Result<(Option<Arc<Verifier>>, Arc<Access>)> {
+    let verifier = match &settings.auth {
+        None => None,
+        Some(auth) => Some(Arc::new(Verifier::new(auth, settings.token_clock_skew_s).context("gateway.auth")?)),
+    };
+    let access = match settings.access_mode() {
+        AccessMode::Open => Access::open(),
+        AccessMode::Rules => {
+            let topics = shared.models.iter().flat_map(|m| m.topics.iter().map(|t| t.name.clone())).collect();
+            let known = Known {
+                topics: &topics,
+                models: shared
+                    .models
+                    .iter()
+                    .map(|m| {
+                        let queries = m
+                            .queries
+                            .iter()
+                            .map(|q| (q.name.as_str(), q.params.keys().map(String::as_str).collect()))
+                            .collect();
+                        (m.name.as_str(), queries)
+                    })
+                    .collect(),
+            };
+            Access::rules(&settings.rules, &known)?
+        }
+    };
+    Ok((verifier, Arc::new(access)))
 }
 
 /// The admin bearer token: `PARSLEY_GATEWAY_ADMIN_TOKEN`, else the file named by

@@ -100,13 +100,13 @@ pub enum Idempotent {
 pub async fn claim_idempotency(
     state: &AppState,
     headers: &HeaderMap,
-    subject: Option<&str>,
+    caller: &session::Caller,
     route: &str,
     body: &[u8],
 ) -> Result<Idempotent, ApiError> {
     let Some(key) = idempotency_key(headers)? else { return Ok(Idempotent::Write(None)) };
     let settings = &state.config.settings;
-    let scope = subject.unwrap_or_default().to_string();
+    let scope = idempotency_scope(caller);
     let window = Duration::from_secs(settings.idempotency_window_s);
     // A claim older than this was left by a gateway that died mid-write.
     let stale_after = settings.produce_timeout() * 2;
@@ -121,6 +121,26 @@ pub async fn claim_idempotency(
         }
         Begun::InFlight => Err(ApiError::IdempotencyKeyInFlight { key, retry_after: settings.retry_after_s }),
         Begun::Reused => Err(ApiError::IdempotencyKeyReused(key)),
+    }
+}
+
+/// Whose keys a request's `Idempotency-Key` is among: its subject's (`sub:<subject>`), else
+/// its session token's (`token:<SHA-256 of the token as sent>`), else — a caller with
+/// neither — a scope of its own that no other request has (`new:<random>`): its key is
+/// scoped to the session this request starts, so no caller can claim or replay another's.
+pub fn idempotency_scope(caller: &session::Caller) -> String {
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+    match (&caller.subject, &caller.token_digest) {
+        (Some(subject), _) => format!("sub:{subject}"),
+        (None, Some(digest)) => format!("token:{}", hex(digest)),
+        (None, None) => {
+            use chacha20poly1305::aead::rand_core::RngCore as _;
+            let mut fresh = [0u8; 16];
+            chacha20poly1305::aead::OsRng.fill_bytes(&mut fresh);
+            format!("new:{}", hex(&fresh))
+        }
     }
 }
 
@@ -183,13 +203,14 @@ pub async fn post_record(
 ) -> Result<Response, ApiError> {
     let Path(topic) = topic.map_err(|r| ApiError::InvalidPath(r.body_text()))?;
     let now = session::unix_now();
-    let caller = session::open_session(&state, &headers, now)?;
+    let caller = session::open_session(&state, &headers, now).await?;
     let settings = &state.config.settings;
     let bytes = body_bytes(body, settings.max_body_bytes)?;
     let request = body::parse(&bytes, settings.max_key_bytes)?;
     if !state.receives(&topic) {
         return Err(ApiError::UnknownTopic(topic, "is not received by any configured model".into()));
     }
+    state.config.access.check_write(caller.identity.as_deref(), &topic, &[request.key.as_str()])?;
     let fact = match state.facts.topic(&topic).await.map_err(|e| kafka_unavailable(&state, e))? {
         Some(f) => f,
         None => return Err(ApiError::UnknownTopic(topic, "does not exist on the broker".into())),
@@ -197,7 +218,7 @@ pub async fn post_record(
     let fact = check_width(&state, fact, None).await?;
     let past = session::sanitize(&state, &caller.past).await?;
     let route = format!("/v1/topics/{topic}/records");
-    let claim = match claim_idempotency(&state, &headers, caller.subject.as_deref(), &route, &bytes).await? {
+    let claim = match claim_idempotency(&state, &headers, &caller, &route, &bytes).await? {
         Idempotent::Replay(ack) => return replay(&state, &caller, &past, &ack, now),
         Idempotent::Write(claim) => claim,
     };

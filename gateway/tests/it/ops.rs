@@ -259,7 +259,7 @@ async fn the_gate_reads_the_clock_and_the_data_in_one_statement() {
             let doc = read.data.expect("the document exists");
             (read.clock.iter().find(|r| r.channel == channel).map(|r| r.position), doc.doc["n"].as_i64())
         } else {
-            let read = gated_page(&mut conn, &model, inputs.cached, None, 10).await.unwrap();
+            let read = gated_page(&mut conn, &model, inputs.cached, None, 10, None).await.unwrap();
             assert_eq!(read.model, RecordedModel::Unchanged);
             (read.clock.iter().find(|r| r.channel == channel).map(|r| r.position), read.data[0].doc["n"].as_i64())
         };
@@ -295,7 +295,7 @@ async fn a_gated_statement_reads_the_model_s_row_again_only_when_its_shape_chang
     async fn recorded(conn: &mut sqlx::PgConnection, model: &str, cached: Option<ShapeId>) -> RecordedModel {
         let inputs = GateInputs { clock: ClockScope::All, cached };
         let one = gated_document(&mut *conn, model, "k", &inputs).await.unwrap().model;
-        let page = gated_page(&mut *conn, model, cached, None, 10).await.unwrap().model;
+        let page = gated_page(&mut *conn, model, cached, None, 10, None).await.unwrap().model;
         fn nothing(_: &mut sqlx::PgConnection) -> parsley_store::queries::BoxFuture<'_, Result<(), sqlx::Error>> {
             Box::pin(async { Ok(()) })
         }
@@ -458,7 +458,7 @@ async fn a_shape_read_in_full_is_never_mixed_from_two_shapes() {
     for round in 0..450 {
         let model_read = match round % 3 {
             0 => gated_document(&mut conn, &model, "k", &inputs).await.unwrap().model,
-            1 => gated_page(&mut conn, &model, None, None, 10).await.unwrap().model,
+            1 => gated_page(&mut conn, &model, None, None, 10, None).await.unwrap().model,
             _ => in_snapshot(&mut conn, &model, &inputs, &nothing).await.unwrap().model,
         };
         let RecordedModel::Read { row, .. } = model_read else { panic!("round {round}: asked with no shape") };
