@@ -381,6 +381,7 @@ url = "postgres://nobody:secret@127.0.0.1:1/none"
 name = "shop"
 topics = [{ name = "orders" }, { name = "payments", apply = "merge" }]
 [gateway]
+access = "open"
 subject_header = "x-subject"
 max_body_bytes = 256
 max_key_bytes = 16

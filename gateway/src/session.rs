@@ -323,6 +323,7 @@ url = "postgres://nobody:secret@127.0.0.1:1/none"
 name = "shop"
 topics = [{ name = "orders" }]
 [gateway]
+access = "open"
 subject_header = "x-subject"
 token_ttl_s = 600
 "#;
@@ -362,7 +363,7 @@ token_ttl_s = 600
         let session =
             Session { issued_at: now - 100, expires_at: now + 600, subject: Some("alice".into()), past: past(5) };
         let sent = token::seal(&s.config.keys.current(), &session);
-        let caller = open_session(&s, &headers(&sent, Some("alice")), now).unwrap();
+        let caller = open_session(&s, &headers(&sent, Some("alice")), now).await.unwrap();
 
         // The same past in the second it was sealed: the very token.
         assert_eq!(reseal(&s, &caller, past(5), now).unwrap(), sent.as_str());
@@ -385,7 +386,7 @@ token_ttl_s = 600
         let s = state(KeyRing::new(vec![("k1".into(), key(1))]).unwrap());
         let unbound = Session { issued_at: now, expires_at: now + 600, subject: None, past: past(5) };
         let sent = token::seal(&s.config.keys.current(), &unbound);
-        let caller = open_session(&s, &headers(&sent, Some("bob")), now).unwrap();
+        let caller = open_session(&s, &headers(&sent, Some("bob")), now).await.unwrap();
         let back = reseal(&s, &caller, past(5), now).unwrap();
         assert_ne!(back, sent.as_str());
         assert_eq!(opened(&s, &back, Some("bob"), now).subject.as_deref(), Some("bob"));
@@ -394,7 +395,7 @@ token_ttl_s = 600
         let s = state(KeyRing::new(vec![("new".into(), key(2)), ("old".into(), key(1))]).unwrap());
         let old = KeyRing::new(vec![("old".into(), key(1))]).unwrap();
         let sent = token::seal(&old, &unbound);
-        let caller = open_session(&s, &headers(&sent, None), now).unwrap();
+        let caller = open_session(&s, &headers(&sent, None), now).await.unwrap();
         let back = reseal(&s, &caller, past(5), now).unwrap();
         assert_ne!(back, sent.as_str());
         assert!(token::open(&old, back.to_str().unwrap(), now, None, &TokenLimits::default()).is_err());

@@ -643,8 +643,53 @@ mod tests {
         base64::engine::general_purpose::STANDARD.encode([9u8; 32])
     }
 
+    /// `text` parsed, with open access unless it chooses (see [`access_must_be_chosen`]).
     fn shared(text: &str) -> Config {
-        Config::parse(text).unwrap()
+        let mut c = Config::parse(text).unwrap();
+        let table = c.gateway.get_or_insert_with(Default::default);
+        if !table.contains_key("access") && !table.contains_key("auth") {
+            table.insert("access".into(), "open".into());
+        }
+        c
+    }
+
+    #[test]
+    fn access_must_be_chosen() {
+        let keys = format!("k1:{}", key());
+        let err = format!(
+            "{:#}",
+            GatewayConfig::from_shared(Config::parse("").unwrap(), env(&[(ENV_TOKEN_KEYS, &keys)])).unwrap_err()
+        );
+        assert!(err.contains("gateway.access = \"open\"") && err.contains("[gateway.auth]"), "{err}");
+        let dir = std::env::temp_dir().join(format!("parsley-gateway-access-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let secret = dir.join("secret");
+        std::fs::write(&secret, [7u8; 32]).unwrap();
+        let auth = format!(
+            "[gateway.auth]\nissuer = \"https://idp\"\naudience = \"parsley\"\nhs256_secret_file = {:?}\n",
+            secret.to_string_lossy()
+        );
+        let c = GatewayConfig::from_shared(Config::parse(&auth).unwrap(), env(&[(ENV_TOKEN_KEYS, &keys)])).unwrap();
+        assert_eq!(c.settings.access_mode(), AccessMode::Rules, "authentication implies the rules");
+        assert!(c.verifier.is_some() && !c.access.is_open());
+        for (text, says) in [
+            (format!("[gateway]\naccess = \"open\"\n{auth}"), "cannot go with [gateway.auth]"),
+            ("[gateway]\naccess = \"rules\"\n".to_string(), "needs [gateway.auth]"),
+            (
+                "[gateway]\naccess = \"open\"\n[[gateway.rules]]\nname = \"r\"\nallow = [\"read\"]\nmodels = [\"*\"]\n"
+                    .to_string(),
+                "need authentication",
+            ),
+            ("[gateway]\naccess = \"open\"\nsubject_jwt_secret_file = \"/x\"\n".to_string(), "moved to [gateway.auth]"),
+            (format!("[gateway]\nsubject_header = \"x-user\"\n{auth}"), "goes with open access"),
+        ] {
+            let err = format!(
+                "{:#}",
+                GatewayConfig::from_shared(Config::parse(&text).unwrap(), env(&[(ENV_TOKEN_KEYS, &keys)])).unwrap_err()
+            );
+            assert!(err.contains(says), "{text}: {err}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
@@ -656,7 +701,7 @@ mod tests {
     fn defaults_apply_without_a_table() {
         let keys = format!("k1:{}", key());
         let c = GatewayConfig::from_shared(shared(""), env(&[(ENV_TOKEN_KEYS, &keys)])).unwrap();
-        assert_eq!(c.settings, Settings::default());
+        assert_eq!(c.settings, Settings { access: Some(AccessMode::Open), ..Settings::default() });
         assert_eq!(c.settings.listen, "127.0.0.1:8080");
         assert_eq!(c.settings.read_wait_ms, 2_000);
         assert_eq!(
@@ -841,15 +886,13 @@ mod tests {
         assert_eq!((s.token_max_age_s, s.token_clock_skew_s, s.token_keys_reload_ms), (86_400, 30, 10_000));
         assert_eq!(s.validity(), Validity { max_age_s: Some(86_400), clock_skew_s: 30 });
         assert!(!s.public_diagnostics, "diagnoses are for the admin listener unless asked for");
-        assert!(c.subjects.is_none());
+        assert!(c.verifier.is_none() && c.access.is_open());
         assert_eq!(c.keys.source(), &KeySource::Environment, "keys from the environment are not reloadable");
 
         let cases: &[(&str, &str)] = &[
             ("[gateway]\ntoken_max_age_s = 0\n", "gateway.token_max_age_s"),
             ("[gateway]\ntoken_clock_skew_s = 301\n", "gateway.token_clock_skew_s"),
-            ("[gateway]\nsubject_jwt_issuer = \"x\"\n", "gateway.subject_jwt_issuer"),
-            ("[gateway]\nsubject_jwt_audience = \"x\"\n", "gateway.subject_jwt_audience"),
-            ("[gateway]\nsubject_jwt_secret_file = \"/nonexistent/secret\"\n", "subject_jwt_secret_file"),
+            ("[gateway]\nsubject_jwt_issuer = \"x\"\n", "gateway.subject_jwt_secret_file, subject_jwt_issuer"),
             ("[gateway]\npublic_diagnostics = \"yes\"\n", "public_diagnostics"),
         ];
         for (text, needle) in cases {
@@ -863,19 +906,19 @@ mod tests {
         let secret = dir.join("jwt-secret");
         std::fs::write(&secret, "a-secret-of-at-least-thirty-two-bytes\n").unwrap();
         let text = format!(
-            "[gateway]\nsubject_jwt_secret_file = {:?}\nsubject_jwt_issuer = \"idp\"\nsubject_header = \"x-user\"\n",
+            "[gateway.auth]\nhs256_secret_file = {:?}\nissuer = \"idp\"\naudience = \"parsley\"\n",
             secret.to_string_lossy()
         );
         let c = GatewayConfig::from_shared(shared(&text), env(&[(ENV_TOKEN_KEYS, &keys)])).unwrap();
-        assert!(c.subjects.is_some());
+        assert!(c.verifier.is_some());
         assert!(!format!("{c:?}").contains("a-secret-of"), "never printed");
         let with_keys = GatewayConfig::with_keys(shared(&text), KeyRing::parse(&keys).unwrap()).unwrap();
-        assert!(with_keys.subjects.is_some(), "the secret file is read for embedded gateways too");
+        assert!(with_keys.verifier.is_some(), "the secret file is read for embedded gateways too");
         assert_eq!(with_keys.keys.source(), &KeySource::Given);
         std::fs::write(&secret, "short\n").unwrap();
         let err =
             format!("{:#}", GatewayConfig::from_shared(shared(&text), env(&[(ENV_TOKEN_KEYS, &keys)])).unwrap_err());
-        assert!(err.contains("subject_jwt_secret_file") && !err.contains("short"), "{err}");
+        assert!(err.contains("gateway.auth") && !err.contains("short"), "{err}");
 
         let file = dir.join("keys");
         std::fs::write(

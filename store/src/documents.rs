@@ -357,16 +357,28 @@ pub async fn gated_document(
     Err(shape_kept_changing(model))
 }
 
-/// At most `limit` documents in key order (those after `after` when given), the model's row
-/// (its topic identities unless its shape is still `cached`) and every clock row of the
-/// model, in one statement (one snapshot even at `READ COMMITTED`).
+/// The keys a page may hold: exactly these, and those starting with these prefixes (an
+/// authorization rule's key binding).
+#[derive(Clone, Copy, Debug)]
+pub struct KeysOnly<'a> {
+    pub keys: &'a [String],
+    pub prefixes: &'a [String],
+}
+
+/// At most `limit` documents in key order (those after `after` when given; only the keys
+/// `only` allows, when given: filtered in the statement, so the page stays full), the
+/// model's row (its topic identities unless its shape is still `cached`) and every clock row
+/// of the model, in one statement (one snapshot even at `READ COMMITTED`).
 pub async fn gated_page(
     conn: &mut PgConnection,
     model: &str,
     cached: Option<ShapeId>,
     after: Option<&str>,
     limit: i64,
+    only: Option<KeysOnly<'_>>,
 ) -> Result<GatedSnapshot<Vec<Document>>, StoreError> {
+    let empty: &[String] = &[];
+    let (keys, prefixes) = only.map_or((empty, empty), |o| (o.keys, o.prefixes));
     for _ in 0..SHAPE_ATTEMPTS {
         let rows = sqlx::query(gated_statement!(
             data: ", d.keys, d.docs, d.versions",
@@ -375,6 +387,9 @@ pub async fn gated_page(
                                    array_agg(p.version ORDER BY p.key) AS versions
                             FROM (SELECT key, doc, version FROM projection.documents
                                   WHERE model = q.model AND ($2::text IS NULL OR key > $2)
+                                    AND ($4 OR key = ANY($5::text[])
+                                         OR EXISTS (SELECT 1 FROM unnest($6::text[]) AS o(prefix)
+                                                    WHERE starts_with(key, o.prefix)))
                                   ORDER BY key LIMIT $3) AS p) AS d",
             data_nulls: ", NULL, NULL, NULL",
             clock_filter: "true"
@@ -382,6 +397,9 @@ pub async fn gated_page(
         .bind(model)
         .bind(after)
         .bind(limit)
+        .bind(only.is_none())
+        .bind(keys)
+        .bind(prefixes)
         .fetch_all(&mut *conn)
         .await
         .with_context(|| format!("reading a page of model {model:?} with its clock"))?;

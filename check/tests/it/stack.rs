@@ -80,6 +80,7 @@ topics = [
 ]
 
 [gateway]
+access = "open"
 listen = "127.0.0.1:0"
 admin_listen = ""
 read_wait_ms = 2000

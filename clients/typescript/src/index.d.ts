@@ -31,9 +31,12 @@ export interface SessionOptions {
   /** How long one attempt may take (default 30000; the gateway answers within its own
    * response timeout). */
   timeoutMs?: number;
-  /** Headers sent with every request (e.g. `Authorization: Bearer <JWT>` with verified
-   * subjects), or a function giving them. */
+  /** Headers sent with every request, or a function giving them. */
   headers?: Record<string, string> | (() => Record<string, string> | Promise<Record<string, string>>);
+  /** Supplies the bearer JWT of the identity provider, asked before every attempt (so a
+   * retry carries a refreshed one); sent as `Authorization: Bearer <jwt>`. Null or empty:
+   * no Authorization header. Needed when the gateway authenticates callers. */
+  bearerToken?: () => string | null | undefined | Promise<string | null | undefined>;
   /** Makes the idempotency key of a write that was given none (default `crypto.randomUUID`). */
   newIdempotencyKey?: () => string;
 }
@@ -126,7 +129,8 @@ export type ProblemKind =
   | "token-wrong-subject"
   | "token-ahead-of-log"
   | "invalid-subject"
-  | "subject-unverified"
+  | "unauthenticated"
+  | "forbidden"
   | "session-too-large"
   | "metadata-budget-exceeded"
   | "reserved-header"

@@ -95,6 +95,7 @@ export class Session {
     this.backoffMs = options.backoffMs ?? 200;
     this.timeoutMs = options.timeoutMs ?? 30_000;
     this.headers = options.headers ?? {};
+    this.bearerToken = options.bearerToken;
     this.newIdempotencyKey = options.newIdempotencyKey ?? (() => globalThis.crypto.randomUUID());
   }
 
@@ -171,7 +172,13 @@ export class Session {
 
   async #headers() {
     const extra = typeof this.headers === "function" ? await this.headers() : this.headers;
-    return { ...extra };
+    const headers = { ...extra };
+    // Asked again before every attempt, so a retry carries a token the application refreshed.
+    if (this.bearerToken) {
+      const jwt = await this.bearerToken();
+      if (jwt) headers["Authorization"] = `Bearer ${jwt}`;
+    }
+    return headers;
   }
 
   /** One request with its retries; keeps the token of every answer that carries one. */

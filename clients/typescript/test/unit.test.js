@@ -41,6 +41,28 @@ test("the token of every answer is kept and sent with the next request", async (
   assert.equal(await s.token(), null);
 });
 
+test("the bearer token is asked for before every attempt", async () => {
+  const { fetch, calls } = scripted([problem("unavailable", 503, { "Retry-After": "0" }), ack]);
+  let n = 0;
+  const s = new Session({ baseUrl: "http://gw", fetch, bearerToken: async () => `jwt-${++n}` });
+  await s.write("orders", "k", 1);
+  assert.equal(calls[0].headers["Authorization"], "Bearer jwt-1");
+  assert.equal(calls[1].headers["Authorization"], "Bearer jwt-2", "a retry carries the token supplied then");
+  const without = scripted([ack]);
+  await new Session({ baseUrl: "http://gw", fetch: without.fetch, bearerToken: () => null }).write("orders", "k", 1);
+  assert.equal(without.calls[0].headers["Authorization"], undefined);
+});
+
+test("a refusal by the rules is a typed problem, not retried", async () => {
+  const { fetch, calls } = scripted([problem("forbidden", 403, {}, { rules: ["own-orders"] })]);
+  const s = new Session({ baseUrl: "http://gw", fetch, bearerToken: () => "jwt" });
+  const error = await s.write("orders", "bob", 1).catch((e) => e);
+  assert.ok(error instanceof ProblemError);
+  assert.equal(error.kind, "forbidden");
+  assert.deepEqual(error.problem.rules, ["own-orders"]);
+  assert.equal(calls.length, 1);
+});
+
 test("storage is pluggable, synchronous or not", async () => {
   const saved = [];
   const storage = { get: async () => saved.at(-1) ?? "from-storage", set: async (t) => void saved.push(t) };

@@ -110,7 +110,7 @@ impl Stack {
         // memory (0: off, every read asks Postgres).
         let read_cache_bytes = env_usize("BENCH_READ_CACHE_BYTES", parsley_gateway::settings::DEFAULT_READ_CACHE_BYTES);
         let mut config = Config::parse(&format!(
-            "[gateway]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"\"\nread_wait_ms = {READ_WAIT_MS}\n\
+            "[gateway]\naccess = \"open\"\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"\"\nread_wait_ms = {READ_WAIT_MS}\n\
              read_cache_bytes = {read_cache_bytes}\n\n\
              [[models]]\nname = \"{run}\"\n{model_settings}topics = [{{ name = \"{topic}\" }}]\n"
         ))?;

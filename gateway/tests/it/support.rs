@@ -81,11 +81,22 @@ impl Names {
     }
 }
 
+/// `access = "open"` for a `[gateway]` table that neither authenticates nor chooses its
+/// access itself (the tests of everything but authorization run open).
+pub fn open_unless_authenticated(gateway: &str) -> &'static str {
+    if gateway.contains("[gateway.auth]") || gateway.contains("access =") {
+        ""
+    } else {
+        "access = \"open\"\n"
+    }
+}
+
 /// The shared configuration for the test services, with `gateway` as the `[gateway]` table.
 /// Unless `gateway` names one, the admin listener binds a free port (tests run side by side).
 pub fn config(n: &Names, gateway: &str) -> Config {
     let admin = if gateway.contains("admin_listen") { "" } else { "admin_listen = \"127.0.0.1:0\"\n" };
-    let mut c = Config::parse(&format!("[gateway]\n{admin}{gateway}\n")).unwrap();
+    let access = open_unless_authenticated(gateway);
+    let mut c = Config::parse(&format!("[gateway]\n{access}{admin}{gateway}\n")).unwrap();
     c.kafka.bootstrap = bootstrap();
     c.database.url = Some(database_url().into());
     c.projector.owner = Some(unique("owner"));
@@ -214,7 +225,8 @@ impl Stack {
     /// Another gateway over the same model with different `[gateway]` settings.
     pub async fn other_gateway(&self, gateway: &str) -> (Router, watch::Sender<bool>) {
         let mut config = self.config.clone();
-        config.gateway = Config::parse(&format!("[gateway]\n{gateway}\n")).unwrap().gateway;
+        let access = open_unless_authenticated(gateway);
+        config.gateway = Config::parse(&format!("[gateway]\n{access}{gateway}\n")).unwrap().gateway;
         let (state, stop) = start_gateway(&config).await;
         (app(state), stop)
     }
