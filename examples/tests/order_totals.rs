@@ -51,7 +51,9 @@ async fn a_session_reads_its_order_and_payment_through_the_named_query_at_once()
     let mut config = example_config(ORDER_TOTALS, &model, &[&orders, &payments]).unwrap();
     config.projector.metrics_address = String::new();
     // A read waits for the projector up to 20 s (a busy machine), never serving stale totals.
-    config.gateway = Config::parse("[gateway]\naccess = \"open\"\nread_wait_ms = 20000\nresponse_timeout_ms = 30000\n").unwrap().gateway;
+    config.gateway = Config::parse("[gateway]\naccess = \"open\"\nread_wait_ms = 20000\nresponse_timeout_ms = 30000\n")
+        .unwrap()
+        .gateway;
 
     let (stop, shutdown) = watch::channel(false);
     let projector = tokio::spawn(Projector::builder(config.clone()).shutdown(shutdown.clone()).run());

@@ -141,7 +141,9 @@ impl Template {
                         _ => match name.strip_prefix("claim.") {
                             Some(claim) if !claim.is_empty() => Part::Claim(claim.to_string()),
                             _ => {
-                                return Err(format!("{text:?} names {{{name}}}: a template names {{sub}} or {{claim.NAME}}"))
+                                return Err(format!(
+                                    "{text:?} names {{{name}}}: a template names {{sub}} or {{claim.NAME}}"
+                                ))
                             }
                         },
                     });
@@ -225,7 +227,10 @@ struct Rule {
 pub enum KeyFilter {
     All,
     /// Only these keys, and keys starting with these prefixes.
-    Only { keys: Vec<String>, prefixes: Vec<String> },
+    Only {
+        keys: Vec<String>,
+        prefixes: Vec<String>,
+    },
 }
 
 /// What the configuration says of the models, for checking rules against it.
@@ -492,10 +497,10 @@ fn check_rule(s: &RuleSettings, known: &Known<'_>) -> anyhow::Result<Rule> {
     let actions: BTreeSet<Action> = s.allow.iter().copied().collect();
     let writes = actions.contains(&Action::Write);
     let reads = actions.iter().any(|a| *a != Action::Write);
-    if writes != !s.topics.is_empty() {
+    if writes == s.topics.is_empty() {
         bail!("topics is needed with allow = write, and only then");
     }
-    if reads != !s.models.is_empty() {
+    if reads == s.models.is_empty() {
         bail!("models is needed with allow = read, list or query, and only then");
     }
     for topic in &s.topics {

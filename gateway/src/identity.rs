@@ -198,9 +198,9 @@ impl Identity {
         if name == "sub" {
             return self.claims.get("sub");
         }
-        if name.starts_with('/') {
+        if let Some(pointer) = name.strip_prefix('/') {
             let mut at: Option<&Value> = None;
-            for (i, part) in name[1..].split('/').enumerate() {
+            for (i, part) in pointer.split('/').enumerate() {
                 let part = part.replace("~1", "/").replace("~0", "~");
                 at = if i == 0 {
                     self.claims.get(&part)
@@ -529,8 +529,8 @@ mod tests {
         let id = v.verify(&hs(&claims("alice")), 1500).await.unwrap();
         assert_eq!(id.subject, "alice");
         assert_eq!(id.scopes, BTreeSet::from(["a".to_string(), "b".to_string()]));
-        let trimmed = encode(&Header::new(Algorithm::HS256), &claims("alice"), &EncodingKey::from_secret(&SECRET[..32]))
-            .unwrap();
+        let trimmed =
+            encode(&Header::new(Algorithm::HS256), &claims("alice"), &EncodingKey::from_secret(&SECRET[..32])).unwrap();
         assert_eq!(v.verify(&trimmed, 1500).await, Err(AuthError::BadSignature), "the newline is part of the secret");
     }
 
@@ -544,7 +544,8 @@ mod tests {
         }
         // The public key's PEM used as an HMAC secret: refused before any signature check.
         let public = std::fs::read(fixture("rsa-1.pub.pem")).unwrap();
-        let confused = encode(&Header::new(Algorithm::HS256), &claims("eve"), &EncodingKey::from_secret(&public)).unwrap();
+        let confused =
+            encode(&Header::new(Algorithm::HS256), &claims("eve"), &EncodingKey::from_secret(&public)).unwrap();
         assert_eq!(v.verify(&confused, 1500).await, Err(AuthError::Algorithm("HS256".into())));
         let none = format!(
             "{}.{}.",
@@ -565,7 +566,9 @@ mod tests {
         let mut c = claims("alice");
         c["exp"] = json!(1000 + 86_401);
         assert!(matches!(v.verify(&hs(&c), 1500).await, Err(AuthError::TooLong { .. })));
-        for (claim, value) in [("iss", json!("https://evil")), ("aud", json!(["x"])), ("sub", json!("")), ("exp", Value::Null)] {
+        for (claim, value) in
+            [("iss", json!("https://evil")), ("aud", json!(["x"])), ("sub", json!("")), ("exp", Value::Null)]
+        {
             let mut c = claims("alice");
             c[claim] = value;
             assert!(matches!(v.verify(&hs(&c), 1500).await, Err(AuthError::Claim(_))), "{claim}");

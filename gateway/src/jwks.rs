@@ -197,7 +197,8 @@ pub fn parse_jwks(bytes: &[u8]) -> anyhow::Result<KeySet> {
 /// Parses a PEM public key (RSA, P-256 or Ed25519, `-----BEGIN PUBLIC KEY-----`); `kid`
 /// names it for tokens that carry one.
 pub fn parse_pem(bytes: &[u8], kid: Option<String>) -> anyhow::Result<KeySet> {
-    let attempts: [(Family, fn(&[u8]) -> jsonwebtoken::errors::Result<DecodingKey>); 3] = [
+    type Parse = fn(&[u8]) -> jsonwebtoken::errors::Result<DecodingKey>;
+    let attempts: [(Family, Parse); 3] = [
         (Family::Rsa, DecodingKey::from_rsa_pem),
         (Family::Ec, DecodingKey::from_ec_pem),
         (Family::Ed, DecodingKey::from_ed_pem),
@@ -285,7 +286,8 @@ pub struct KeyStore {
     refresh: Refresh,
     current: RwLock<Option<Arc<KeySet>>>,
     generation: AtomicU64,
-    /// The last fetch's start, and its lock: one fetch at a time.
+    /// The last fetch for an unknown `kid` (the rate-limited kind), and the lock every
+    /// fetch holds: one fetch at a time.
     fetched: tokio::sync::Mutex<Option<Instant>>,
     /// When the current set's cache lifetime ends (URL only).
     expires: Mutex<Option<Instant>>,
@@ -374,16 +376,20 @@ impl KeyStore {
         *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!("{e:#}"));
     }
 
-    /// Fetches the URL's set now, unless another fetch started less than the minimum
-    /// refresh interval ago (`force` ignores that for the timed refresh). Returns whether
-    /// the set changed hands.
-    pub async fn fetch(&self, force: bool) -> bool {
+    /// Fetches the URL's set now. A fetch for an unknown `kid` (`timed` false) is skipped
+    /// when another such fetch started less than the minimum refresh interval ago; the
+    /// timed fetches (at start, at the end of the cache lifetime) do not count against it, so
+    /// a key the provider just started signing with is fetched on first sight. Returns
+    /// whether a set was installed.
+    pub async fn fetch(&self, timed: bool) -> bool {
         let (Source::Url(url), Some(http)) = (&self.source, &self.http) else { return false };
         let mut last = self.fetched.lock().await;
-        if !force && last.is_some_and(|at| at.elapsed() < self.refresh.min) {
-            return false;
+        if !timed {
+            if last.is_some_and(|at| at.elapsed() < self.refresh.min) {
+                return false;
+            }
+            *last = Some(Instant::now());
         }
-        *last = Some(Instant::now());
         match fetch_jwks(http, url).await {
             Ok((set, max_age)) => {
                 self.count("ok");
@@ -440,20 +446,17 @@ impl KeyStore {
         let store = Arc::clone(self);
         if matches!(store.source, Source::Url(_)) {
             return tokio::spawn(async move {
+                let mut first = true;
                 loop {
                     let due = *store.expires.lock().unwrap_or_else(|e| e.into_inner());
                     let wait = match (due, store.current()) {
                         (Some(at), Some(_)) => at.saturating_duration_since(Instant::now()),
-                        // Nothing yet (or the first fetch is still to run): try at once,
-                        // then every minimum interval.
-                        _ => {
-                            let last = *store.fetched.lock().await;
-                            match last {
-                                None => Duration::ZERO,
-                                Some(at) => store.refresh.min.saturating_sub(at.elapsed()),
-                            }
-                        }
+                        // The first fetch at once; while none succeeded, again every
+                        // minimum interval.
+                        _ if first => Duration::ZERO,
+                        _ => store.refresh.min,
                     };
+                    first = false;
                     tokio::select! {
                         _ = shutdown.wait_for(|s| *s) => return,
                         _ = tokio::time::sleep(wait) => {}

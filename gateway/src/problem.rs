@@ -178,9 +178,14 @@ impl IntoResponse for Problem {
         }
         if self.problem_type == ProblemType::Unauthenticated {
             // RFC 6750 §3: the scheme, and why, in a header a client library can read.
-            let description: String =
-                self.detail.chars().filter(|c| c.is_ascii_graphic() || *c == ' ').filter(|c| *c != '"' && *c != '\\').collect();
-            let value = format!("Bearer realm=\"parsley\", error=\"invalid_token\", error_description=\"{description}\"");
+            let description: String = self
+                .detail
+                .chars()
+                .filter(|c| c.is_ascii_graphic() || *c == ' ')
+                .filter(|c| *c != '"' && *c != '\\')
+                .collect();
+            let value =
+                format!("Bearer realm=\"parsley\", error=\"invalid_token\", error_description=\"{description}\"");
             headers.insert(
                 header::WWW_AUTHENTICATE,
                 HeaderValue::from_str(&value)

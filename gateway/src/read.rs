@@ -53,9 +53,15 @@ pub const MAX_LIMIT: u32 = 1000;
 /// What a read asks for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Target {
-    One { key: String },
+    One {
+        key: String,
+    },
     /// `filter`: the keys the caller may list (authorization rules with a key binding).
-    Page { after: Option<String>, limit: u32, filter: KeyFilter },
+    Page {
+        after: Option<String>,
+        limit: u32,
+        filter: KeyFilter,
+    },
 }
 
 pub async fn get_document(
@@ -232,7 +238,9 @@ impl Documents<'_> {
                 // never served to a caller with another one.
                 let filter = match filter {
                     KeyFilter::All => String::new(),
-                    KeyFilter::Only { keys, prefixes } => format!("\0k\0{}\0p\0{}", keys.join("\0"), prefixes.join("\0")),
+                    KeyFilter::Only { keys, prefixes } => {
+                        format!("\0k\0{}\0p\0{}", keys.join("\0"), prefixes.join("\0"))
+                    }
                 };
                 Cow::Owned(format!("\0page\0{limit}\0{after}{filter}"))
             }
@@ -352,16 +360,10 @@ async fn read_snapshot(
                 KeyFilter::All => None,
                 KeyFilter::Only { keys, prefixes } => Some(documents::KeysOnly { keys, prefixes }),
             };
-            let s = documents::gated_page(
-                &mut conn,
-                model,
-                inputs.cached,
-                after.as_deref(),
-                i64::from(*limit) + 1,
-                only,
-            )
-            .await
-            .map_err(failed)?;
+            let s =
+                documents::gated_page(&mut conn, model, inputs.cached, after.as_deref(), i64::from(*limit) + 1, only)
+                    .await
+                    .map_err(failed)?;
             GatedSnapshot { model: s.model, clock: s.clock, data: Data::Page(page_body(s.data, *limit)) }
         }
     };

@@ -82,7 +82,14 @@ pub async fn open_session(state: &AppState, headers: &HeaderMap, now: u64) -> Re
     };
     let mut values = headers.get_all(SESSION_HEADER).iter();
     let Some(value) = values.next() else {
-        return Ok(Caller { subject, identity, token_digest: None, issued_at: None, past: CausalPast::new(), sealed: None });
+        return Ok(Caller {
+            subject,
+            identity,
+            token_digest: None,
+            issued_at: None,
+            past: CausalPast::new(),
+            sealed: None,
+        });
     };
     if values.next().is_some() {
         return Err(TokenError::Malformed("more than one Parsley-Session header".into()).into());

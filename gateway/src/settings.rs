@@ -14,9 +14,9 @@ use parsley_settings::config::{Config, GATEWAY_SECTION};
 use parsley_settings::overrides::{self, Env};
 use serde::Deserialize;
 
-use crate::keys::{self, KeySource, TokenKeys};
 use crate::access::{Access, Known, RuleSettings};
 use crate::identity::{AuthSettings, Verifier};
+use crate::keys::{self, KeySource, TokenKeys};
 use crate::token::{KeyRing, TokenLimits, Validity};
 
 /// The older variable names of `[gateway]` keys, kept as aliases by the one override rule
@@ -248,7 +248,10 @@ impl Settings {
         if self.token_clock_skew_s > MAX_CLOCK_SKEW_S {
             bail!("gateway.token_clock_skew_s must be at most {MAX_CLOCK_SKEW_S} (fix the clocks instead)");
         }
-        if self.subject_jwt_secret_file.is_some() || self.subject_jwt_issuer.is_some() || self.subject_jwt_audience.is_some() {
+        if self.subject_jwt_secret_file.is_some()
+            || self.subject_jwt_issuer.is_some()
+            || self.subject_jwt_audience.is_some()
+        {
             bail!(
                 "gateway.subject_jwt_secret_file, subject_jwt_issuer and subject_jwt_audience moved to [gateway.auth] \
                  (hs256_secret_file, issuer, audience), which also takes a JWKS URL or file"

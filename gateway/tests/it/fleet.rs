@@ -72,14 +72,16 @@ impl Member {
     /// A member whose `[gateway]` table is `table` and whose keys are `keys` (fixed).
     fn with_ring(s: &Stack, table: &str, keys: KeyRing) -> Member {
         let mut shared = s.config.clone();
-        shared.gateway = Some(toml::from_str(&format!("admin_listen = \"\"\n{}{table}", open_unless_authenticated(table))).unwrap());
+        shared.gateway =
+            Some(toml::from_str(&format!("admin_listen = \"\"\n{}{table}", open_unless_authenticated(table))).unwrap());
         Member::start(GatewayConfig::with_keys(shared, keys).unwrap())
     }
 
     /// A member reading its keys from `file` (reloadable), as the binary does.
     fn with_key_file(s: &Stack, table: &str, file: &Path) -> Member {
         let mut shared = s.config.clone();
-        shared.gateway = Some(toml::from_str(&format!("admin_listen = \"\"\n{}{table}", open_unless_authenticated(table))).unwrap());
+        shared.gateway =
+            Some(toml::from_str(&format!("admin_listen = \"\"\n{}{table}", open_unless_authenticated(table))).unwrap());
         let path = file.to_string_lossy().into_owned();
         let config =
             GatewayConfig::from_shared(shared, |name| (name == ENV_TOKEN_KEYS_FILE).then(|| path.clone())).unwrap();
