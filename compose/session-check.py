@@ -4,10 +4,13 @@
   session-check.py ready  --gateway URL --admin URL [--timeout S]
       wait until /readyz answers 200 and every task of every model is held by a live lease;
       fails at once, naming it, if a task is refused
-  session-check.py write  --gateway URL --state FILE
-      a new session: write an order, read it back with the returned token, write a payment
-      with that token (merged into the same document), read both back; keep the token in FILE
-  session-check.py resume --gateway URL --state FILE
+  session-check.py write  --gateway URL --state FILE --subject SUB --bearer JWT
+      a new session as SUB (the JWT's subject; the composed gateway authenticates callers and
+      lets them write and read the key of their own subject): write an order keyed SUB, read
+      it back with the returned token, write a payment with that token (merged into the same
+      document), read both back; check that a write without the JWT is 401 and one to another
+      subject's key 403; keep the token in FILE
+  session-check.py resume --gateway URL --state FILE --bearer JWT
       the session of FILE after a restart: the same token still reads its writes, and a new
       write with it is read back too (FILE then holds the session's latest token and write)
   session-check.py status --admin URL
@@ -26,6 +29,8 @@ import urllib.parse
 import urllib.request
 
 SESSION = "Parsley-Session"
+# The caller's JWT (--bearer), sent with every data request.
+BEARER = None
 
 
 def fail(message):
@@ -46,6 +51,8 @@ def request(method, url, body=None, token=None):
         headers["content-type"] = "application/json"
     if token is not None:
         headers[SESSION] = token
+    if BEARER is not None and ("/v1/models/" in url or "/v1/topics/" in url):
+        headers["authorization"] = f"Bearer {BEARER}"
     req = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=30) as answer:
@@ -168,7 +175,19 @@ def cmd_status(args):
 
 
 def cmd_write(args):
-    key = f"compose-{int(time.time())}"
+    key = args.subject
+    global BEARER
+    # Refusals first: without the JWT, and to another subject's key.
+    saved, BEARER = BEARER, None
+    url = f"{args.gateway}/v1/topics/orders/records"
+    status, headers, body = request("POST", url, {"key": key, "value": {"item": "teapot"}})
+    if status != 401 or "invalid_token" not in (headers.get("www-authenticate") or ""):
+        fail(f"a write without a JWT answered {status} {body}, not 401 with a bearer challenge")
+    BEARER = saved
+    status, _, body = request("POST", url, {"key": f"{key}-someone-else", "value": {"item": "teapot"}})
+    if status != 403 or not str(body.get("type", "")).endswith("/forbidden"):
+        fail(f"a write to another subject's key answered {status} {body}, not 403 forbidden")
+    say("refused as they should be: no JWT (401), another subject's key (403 forbidden)")
     token = write(args.gateway, "orders", key, {"item": "teapot", "total": 30})
     say(f"wrote order {key}; session token {len(token)} characters")
     token = read_until(args.gateway, "shop", key, token, {"item": "teapot"}, args.timeout)
@@ -202,7 +221,13 @@ def main():
     parser.add_argument("--admin", default="http://127.0.0.1:19091")
     parser.add_argument("--state")
     parser.add_argument("--timeout", type=float, default=90.0)
+    parser.add_argument("--subject", help="the JWT's subject: the key the session writes and reads")
+    parser.add_argument("--bearer", help="the caller's JWT (parsley dev-token)")
     args = parser.parse_args()
+    global BEARER
+    BEARER = args.bearer
+    if args.step == "write" and not (args.subject and args.bearer):
+        fail("write needs --subject and --bearer")
     if args.step in ("write", "resume") and not args.state:
         fail(f"{args.step} needs --state FILE")
     {"ready": cmd_ready, "write": cmd_write, "resume": cmd_resume, "status": cmd_status}[args.step](args)

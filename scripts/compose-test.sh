@@ -297,13 +297,25 @@ stack_down() {
     compose down "${flags[@]}" >>"$COMPOSE_LOG" 2>&1 || fail "podman-compose down failed" "$COMPOSE_LOG"
 }
 
+# A development JWT for SUBJECT, signed with the key pair compose-secrets.sh made (the JWKS
+# the composed gateway trusts), by the CLI built on the host: what README.md tells users.
+dev_token() {
+    local bin="${CARGO_TARGET_DIR:-$PARSLEY_ROOT/target}/$PROFILE/parsley"
+    "$bin" dev-token --key "$PARSLEY_SECRETS_DIR/jwt-signing-key.pem" --kid compose-dev \
+        --iss https://dev.parsley.invalid --aud parsley --sub "$1" || fail "parsley dev-token failed"
+}
+
+SUBJECT="compose-$(date +%s)"
+
 check_write() {
-    python3 compose/session-check.py write --gateway "$GATEWAY_URL" --state "$COMPOSE_HOME/session.json"
+    python3 compose/session-check.py write --gateway "$GATEWAY_URL" --state "$COMPOSE_HOME/session.json" \
+        --subject "$SUBJECT" --bearer "$(dev_token "$SUBJECT")"
     python3 compose/session-check.py status --admin "$ADMIN_URL"
 }
 
 check_resume() {
-    python3 compose/session-check.py resume --gateway "$GATEWAY_URL" --state "$COMPOSE_HOME/session.json"
+    python3 compose/session-check.py resume --gateway "$GATEWAY_URL" --state "$COMPOSE_HOME/session.json" \
+        --bearer "$(dev_token "$SUBJECT")"
     python3 compose/session-check.py status --admin "$ADMIN_URL"
 }
 

@@ -1,8 +1,12 @@
-//! `parsley`: the operator's command line for inspecting `parsley.causes` values.
+//! `parsley`: the operator's command line for inspecting `parsley.causes` values, and for
+//! signing a development JWT for a gateway that authenticates callers.
 //!
 //! ```text
 //! parsley causes encode          < [{"topic_id": "<uuid>", "partition": 0, "position": 42}, ...]
 //! parsley causes decode <hex>
+//! parsley dev-token --key <private key PEM> --iss <issuer> --aud <audience> --sub <subject>
+//!                   [--kid <kid>] [--alg EdDSA|ES256|RS256|PS256] [--scope "<s> <s>"]
+//!                   [--claim name=value]... [--ttl-s <seconds>]
 //! ```
 //! Exit 0 on success, 2 on invalid input (with one line on stderr saying why).
 
@@ -28,7 +32,7 @@ struct PairJson {
 /// binary of the workspace is); a usage error exits 2, like invalid input.
 fn command() -> Command {
     Command::new("parsley")
-        .about("Inspect parsley.causes values")
+        .about("Inspect parsley.causes values; sign development JWTs")
         .subcommand_required(true)
         .arg_required_else_help(true)
         .subcommand(
@@ -45,6 +49,27 @@ fn command() -> Command {
                         .about("print the pairs of a parsley.causes value (hex) as that JSON array")
                         .arg(Arg::new("hex").required(true).help("the value, as hex digits")),
                 ),
+        )
+        .subcommand(
+            Command::new("dev-token")
+                .about(
+                    "FOR DEVELOPMENT ONLY: print a JWT signed with a local private key, for a gateway whose \
+                     [gateway.auth] trusts that key's JWKS (scripts/compose-secrets.sh makes such a pair)",
+                )
+                .arg(Arg::new("key").long("key").required(true).help("the private key, PEM (PKCS#8)"))
+                .arg(Arg::new("iss").long("iss").required(true).help("the issuer (gateway.auth.issuer)"))
+                .arg(Arg::new("aud").long("aud").required(true).help("the audience (gateway.auth.audience)"))
+                .arg(Arg::new("sub").long("sub").required(true).help("the subject"))
+                .arg(Arg::new("kid").long("kid").help("the key id in the JWKS"))
+                .arg(Arg::new("alg").long("alg").default_value("EdDSA").help("EdDSA, ES256, RS256 or PS256"))
+                .arg(Arg::new("scope").long("scope").help("space-separated scopes (the scope claim)"))
+                .arg(
+                    Arg::new("claim")
+                        .long("claim")
+                        .action(clap::ArgAction::Append)
+                        .help("another claim, name=value (a JSON value, or else text); may repeat"),
+                )
+                .arg(Arg::new("ttl-s").long("ttl-s").default_value("3600").help("lifetime in seconds")),
         )
 }
 
@@ -63,6 +88,7 @@ fn main() -> ExitCode {
             Some(("decode", args)) => decode_hex(args.get_one::<String>("hex").expect("required")),
             _ => unreachable!("clap requires a subcommand"),
         },
+        Some(("dev-token", args)) => dev_token(args),
         _ => unreachable!("clap requires a subcommand"),
     };
     match result {
@@ -72,6 +98,53 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// Signs and prints a development JWT (`dev-token`).
+fn dev_token(args: &clap::ArgMatches) -> Result<(), String> {
+    use jsonwebtoken::{Algorithm, EncodingKey, Header};
+    let arg = |name: &str| args.get_one::<String>(name).cloned();
+    let path = arg("key").expect("required");
+    let pem = std::fs::read(&path).map_err(|e| format!("cannot read the key {path}: {e}"))?;
+    let alg = match arg("alg").as_deref() {
+        Some("EdDSA") => Algorithm::EdDSA,
+        Some("ES256") => Algorithm::ES256,
+        Some("RS256") => Algorithm::RS256,
+        Some("PS256") => Algorithm::PS256,
+        other => return Err(format!("invalid input: --alg {other:?} is not EdDSA, ES256, RS256 or PS256")),
+    };
+    let key = match alg {
+        Algorithm::EdDSA => EncodingKey::from_ed_pem(&pem),
+        Algorithm::ES256 => EncodingKey::from_ec_pem(&pem),
+        _ => EncodingKey::from_rsa_pem(&pem),
+    }
+    .map_err(|e| format!("invalid input: {path} is not a PKCS#8 private key for {alg:?}: {e}"))?;
+    let ttl: u64 =
+        arg("ttl-s").expect("defaulted").parse().map_err(|_| "invalid input: --ttl-s is not a number".to_string())?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_err(|_| "the clock is before 1970".to_string())?
+        .as_secs();
+    let mut claims = serde_json::Map::new();
+    for extra in args.get_many::<String>("claim").into_iter().flatten() {
+        let (name, value) =
+            extra.split_once('=').ok_or_else(|| format!("invalid input: --claim {extra:?} is not name=value"))?;
+        let value = serde_json::from_str(value).unwrap_or_else(|_| serde_json::Value::String(value.to_string()));
+        claims.insert(name.to_string(), value);
+    }
+    if let Some(scope) = arg("scope") {
+        claims.insert("scope".into(), scope.into());
+    }
+    claims.insert("iss".into(), arg("iss").expect("required").into());
+    claims.insert("aud".into(), arg("aud").expect("required").into());
+    claims.insert("sub".into(), arg("sub").expect("required").into());
+    claims.insert("iat".into(), now.into());
+    claims.insert("exp".into(), (now + ttl).into());
+    let mut header = Header::new(alg);
+    header.kid = arg("kid");
+    let jwt = jsonwebtoken::encode(&header, &claims, &key).map_err(|e| format!("cannot sign: {e}"))?;
+    println!("{jwt}");
+    Ok(())
 }
 
 fn encode_stdin() -> Result<(), String> {

@@ -100,3 +100,46 @@ fn invalid_encode_input_exits_2_with_a_reason() {
     }
     assert_eq!(run(&["causes"], "").status.code(), Some(2));
 }
+
+#[test]
+fn dev_token_signs_a_jwt_the_fixture_key_checks() {
+    let key = concat!(env!("CARGO_MANIFEST_DIR"), "/../gateway/tests/fixtures/jwt/ed-1.key.pem");
+    let out = run(
+        &[
+            "dev-token", "--key", key, "--kid", "ed-1", "--iss", "https://dev", "--aud", "parsley", "--sub", "alice",
+            "--scope", "orders:write", "--claim", "tenant=acme", "--claim", "level=3",
+        ],
+        "",
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let jwt = text(&out.stdout).trim().to_string();
+    let parts: Vec<&str> = jwt.split('.').collect();
+    assert_eq!(parts.len(), 3, "{jwt}");
+    use std::io::Read as _;
+    let decode = |part: &str| {
+        let mut padded = part.replace('-', "+").replace('_', "/");
+        while padded.len() % 4 != 0 {
+            padded.push('=');
+        }
+        let mut child = Command::new("base64").arg("-d").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        child.stdin.take().unwrap().write_all(padded.as_bytes()).unwrap();
+        let mut out = String::new();
+        child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+        child.wait().unwrap();
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()
+    };
+    let (header, claims) = (decode(parts[0]), decode(parts[1]));
+    assert_eq!((header["alg"].as_str(), header["kid"].as_str()), (Some("EdDSA"), Some("ed-1")));
+    assert_eq!(claims["sub"], "alice");
+    assert_eq!(claims["tenant"], "acme");
+    assert_eq!(claims["level"], 3);
+    assert_eq!(claims["scope"], "orders:write");
+    assert!(claims["exp"].as_u64().unwrap() > claims["iat"].as_u64().unwrap());
+}
+
+#[test]
+fn dev_token_refuses_a_key_that_is_not_one() {
+    let out = run(&["dev-token", "--key", "/dev/null", "--iss", "i", "--aud", "a", "--sub", "s"], "");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("not a PKCS#8 private key"), "{}", text(&out.stderr));
+}

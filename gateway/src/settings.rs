@@ -944,6 +944,8 @@ mod tests {
         settings.validate().unwrap();
         assert_eq!(settings.listen, "0.0.0.0:8080");
         assert_eq!(settings.admin_listen, "0.0.0.0:9091");
+        assert_eq!(settings.access_mode(), AccessMode::Rules, "compose runs with authentication and rules");
+        assert_eq!(settings.rules.len(), 3);
     }
 
     #[test]
