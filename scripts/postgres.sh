@@ -5,7 +5,9 @@
 #   data    $PG_BASE/data      (PG_BASE is .local/postgres, see pg_base below)
 #   socket  $PG_BASE/run       (peer authentication for the postgres superuser)
 #   log     .local/logs/postgres.log
-# Clients use TCP on 127.0.0.1:5432 with a password (scram-sha-256).
+# Clients use TCP on 127.0.0.1:5432 with a password (scram-sha-256). The user may create
+# databases and roles (CREATEROLE: `parsley-projector migrate --create-roles` and its tests make
+# the least-privilege roles); it is not a superuser.
 #
 # TLS beside it (no restart: a reload turns it on in a running cluster): `ssl = on` with the
 # certificates of scripts/tls.sh (copied to $PG_BASE/tls, the server's own), and one more user,
@@ -215,9 +217,9 @@ pg_ensure_role_and_db() {
 DO \$\$
 BEGIN
   IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$PG_USER') THEN
-    CREATE ROLE $PG_USER LOGIN CREATEDB PASSWORD '$PG_PASSWORD';
+    CREATE ROLE $PG_USER LOGIN CREATEDB CREATEROLE PASSWORD '$PG_PASSWORD';
   ELSE
-    ALTER ROLE $PG_USER LOGIN CREATEDB PASSWORD '$PG_PASSWORD';
+    ALTER ROLE $PG_USER LOGIN CREATEDB CREATEROLE PASSWORD '$PG_PASSWORD';
   END IF;
   IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$PG_TLS_USER') THEN
     CREATE ROLE $PG_TLS_USER LOGIN PASSWORD '$PG_TLS_PASSWORD' IN ROLE $PG_USER;

@@ -106,8 +106,23 @@ fn dev_token_signs_a_jwt_the_fixture_key_checks() {
     let key = concat!(env!("CARGO_MANIFEST_DIR"), "/../gateway/tests/fixtures/jwt/ed-1.key.pem");
     let out = run(
         &[
-            "dev-token", "--key", key, "--kid", "ed-1", "--iss", "https://dev", "--aud", "parsley", "--sub", "alice",
-            "--scope", "orders:write", "--claim", "tenant=acme", "--claim", "level=3",
+            "dev-token",
+            "--key",
+            key,
+            "--kid",
+            "ed-1",
+            "--iss",
+            "https://dev",
+            "--aud",
+            "parsley",
+            "--sub",
+            "alice",
+            "--scope",
+            "orders:write",
+            "--claim",
+            "tenant=acme",
+            "--claim",
+            "level=3",
         ],
         "",
     );

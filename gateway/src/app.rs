@@ -6,7 +6,7 @@
 //! [`AppState`] ([`crate::state`]).
 
 use std::any::Any;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -298,9 +298,99 @@ impl Gateway {
         [listener, refresher].into_iter().chain(reloader).chain(identity).collect()
     }
 
+    /// Chooses the role each model's named queries run under (`gateway.query_roles`) and
+    /// checks that every named query can run under it: a query its role may not read is an
+    /// error naming it (the gateway must not start). A query naming a table that does not
+    /// exist yet (the model's migrations have not run) is logged and left to answer at
+    /// request time; an unreachable database skips the check (`/readyz` says so).
+    pub async fn check_queries(&self) -> anyhow::Result<()> {
+        use crate::settings::QueryRoles;
+        use parsley_store::queries::{check_query, ParamValue};
+        let s = &self.state;
+        let mode = s.config.settings.query_roles;
+        let mut roles = BTreeMap::new();
+        for model in s.config.shared.models.iter().filter(|m| !m.queries.is_empty()) {
+            let role = match mode {
+                QueryRoles::Off => None,
+                QueryRoles::Auto | QueryRoles::Required => {
+                    let role = parsley_store::roles::query_role(&model.name);
+                    match parsley_store::roles::usable(&s.pool, &role).await {
+                        Ok(true) => Some(role),
+                        Ok(false) if mode == QueryRoles::Required => anyhow::bail!(
+                            "model {:?}: its named queries must run under the read role {role:?} \
+                             (gateway.query_roles = \"required\"), which does not exist or the gateway's role may \
+                             not take: run `parsley-projector migrate --create-roles --gateway-user <the gateway's \
+                             login role>` (docs/operations.md, \"Database roles\")",
+                            model.name
+                        ),
+                        Ok(false) => {
+                            tracing::warn!(
+                                model = %model.name,
+                                role,
+                                "the model's named queries run under the gateway's own role: its read role does not \
+                                 exist (parsley-projector migrate --create-roles)"
+                            );
+                            None
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %format!("{e:#}"), "the database did not answer: named queries not checked");
+                            return Ok(());
+                        }
+                    }
+                }
+            };
+            for query in &model.queries {
+                let rewritten = parsley_settings::sql_params::rewrite(&query.sql)
+                    .map_err(|e| anyhow::anyhow!("query {:?} of model {:?}: {e}", query.name, model.name))?;
+                // Planned with placeholder values of each parameter's type.
+                let params: Vec<ParamValue> = rewritten
+                    .names
+                    .iter()
+                    .map(|n| match query.params.get(n) {
+                        Some(parsley_settings::config::ParamType::Int) => ParamValue::Int(0),
+                        Some(parsley_settings::config::ParamType::Float) => ParamValue::Float(0.0),
+                        Some(parsley_settings::config::ParamType::Bool) => ParamValue::Bool(false),
+                        Some(parsley_settings::config::ParamType::Json) => ParamValue::Json(serde_json::Value::Null),
+                        _ => ParamValue::Text(String::new()),
+                    })
+                    .collect();
+                let checked = check_query(&s.pool, role.as_deref(), &rewritten.sql, &params).await;
+                match checked {
+                    Ok(()) => {}
+                    Err(e) if e.sqlstate().as_deref() == Some("42501") => anyhow::bail!(
+                        "named query {:?} of model {:?} cannot run under {}: {e:#}; grant the role what the query \
+                         reads, or change the query (docs/operations.md, \"Database roles\")",
+                        query.name,
+                        model.name,
+                        role.as_deref()
+                            .map_or("the gateway's own role".to_string(), |r| format!("the read role {r:?}"))
+                    ),
+                    Err(e) if e.is_unavailable() => {
+                        tracing::warn!(error = %format!("{e:#}"), "the database did not answer: named queries not checked");
+                        return Ok(());
+                    }
+                    Err(e) => tracing::warn!(
+                        model = %model.name,
+                        query = %query.name,
+                        error = %format!("{e:#}"),
+                        "a named query does not plan yet (have the model's migrations run?)"
+                    ),
+                }
+            }
+            if let Some(role) = role {
+                tracing::info!(model = %model.name, role, "the model's named queries run under its read role");
+                roles.insert(model.name.clone(), role);
+            }
+        }
+        *s.query_roles.write().unwrap_or_else(|e| e.into_inner()) = roles;
+        Ok(())
+    }
+
     /// Serves both listeners until `shutdown` turns true, then finishes the requests in
-    /// flight and stops the background tasks.
+    /// flight and stops the background tasks. The named queries are checked first
+    /// ([`Gateway::check_queries`]): an error there is returned before anything is served.
     pub async fn serve(self, listeners: Listeners, shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
+        self.check_queries().await?;
         let background = self.spawn_background(shutdown.clone());
         let settings = &self.state.config.settings;
         let limits = ServerLimits {

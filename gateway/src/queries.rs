@@ -187,8 +187,10 @@ impl Snapshot for NamedQuery<'_> {
         let mut conn = state.reads.acquire().await.map_err(|e| failed(e.into()))?;
         let limit = i64::from(self.query.max_rows) + 1;
         let p = self.prepared;
-        let snapshot =
-            queries::named_query(&mut conn, model, inputs, &p.sql, &p.params, limit).await.map_err(failed)?;
+        let role = state.query_role(model);
+        let snapshot = queries::named_query(&mut conn, model, inputs, role.as_deref(), &p.sql, &p.params, limit)
+            .await
+            .map_err(failed)?;
         // A failed query left its transaction to a rollback: the pool's test ends it.
         if snapshot.data.is_ok() {
             conn.release();

@@ -70,6 +70,11 @@ pub struct Settings {
     pub auth: Option<AuthSettings>,
     /// `[[gateway.rules]]`: the authorization rules (with `access = "rules"`).
     pub rules: Vec<RuleSettings>,
+    /// Which role named queries run under: `"auto"` (each model's read role,
+    /// `parsley_query_<model>`, when it exists and the gateway may take it; else the
+    /// gateway's own, logged at WARN), `"required"` (the read role, or the gateway refuses to
+    /// start naming the model) or `"off"` (the gateway's own role).
+    pub query_roles: QueryRoles,
     /// With open access, a request header carrying the authenticated subject a token is
     /// bound to (set by an authenticating proxy, which must overwrite any value a client
     /// sent). Absent: tokens are not bound to a subject.
@@ -174,6 +179,7 @@ impl Default for Settings {
             access: None,
             auth: None,
             rules: Vec::new(),
+            query_roles: QueryRoles::Auto,
             subject_header: None,
             subject_jwt_secret_file: None,
             subject_jwt_issuer: None,
@@ -399,6 +405,15 @@ impl Settings {
     pub fn header_read_timeout(&self) -> Duration {
         Duration::from_millis(self.header_read_timeout_ms)
     }
+}
+
+/// `gateway.query_roles`.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum QueryRoles {
+    Auto,
+    Required,
+    Off,
 }
 
 /// `gateway.access`.

@@ -55,6 +55,9 @@ pub struct Inner {
     pub in_flight: Arc<Semaphore>,
     /// Per model, permits for reads waiting for coverage (`gateway.max_waiting_reads`).
     pub waiting_reads: BTreeMap<String, Arc<Semaphore>>,
+    /// Per model, the read role its named queries run under (`SET LOCAL ROLE`), as
+    /// [`crate::app::Gateway::check_queries`] found it; absent: the gateway's own role.
+    pub query_roles: std::sync::RwLock<BTreeMap<String, String>>,
 }
 
 impl Inner {
@@ -165,7 +168,13 @@ impl AppState {
             widths: RecordedWidths::default(),
             in_flight,
             waiting_reads,
+            query_roles: Default::default(),
         })))
+    }
+
+    /// The read role `model`'s named queries run under, if it has one.
+    pub fn query_role(&self, model: &str) -> Option<String> {
+        self.query_roles.read().unwrap_or_else(|e| e.into_inner()).get(model).cloned()
     }
 
     /// The configured model named `name`: `404 unknown-model` naming it when there is none.

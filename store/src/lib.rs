@@ -20,6 +20,8 @@
 //! - [`listen`]: the barrier statement on the clock channel's `LISTEN` connection.
 //! - [`queries`]: gated reads over any table (the gateway's named queries, an embedding
 //!   program's statements): the clock rows and the data in one read-only snapshot.
+//! - [`roles`]: the least-privilege roles (the gateway's, each model's read role) and the
+//!   row-level security that keeps a model's read role to its own documents.
 //! - [`status`]: task status read back, in full (the projector's `status`) or from SQL
 //!   aggregates (the gateway's `/v1/status`).
 //! - [`error`]: every public function's error, [`StoreError`]: what the call was doing and
@@ -39,6 +41,7 @@ pub mod model_migrations;
 pub mod ordering;
 pub mod queries;
 pub mod record;
+pub mod roles;
 pub mod status;
 
 pub use error::{ErrorKind, StoreError};

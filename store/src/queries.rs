@@ -45,16 +45,18 @@ where
 }
 
 /// A named query ([`json_rows`]) in one read-only snapshot with `model`'s row and the clock
-/// rows `inputs` names; errors as [`in_snapshot`]'s.
+/// rows `inputs` names, the whole snapshot under `role` when given (`SET LOCAL ROLE`: the
+/// model's read role, [`crate::roles::query_role`]); errors as [`in_snapshot`]'s.
 pub async fn named_query(
     conn: &mut PgConnection,
     model: &str,
     inputs: &GateInputs,
+    role: Option<&str>,
     sql: &str,
     params: &[ParamValue],
     limit: i64,
 ) -> Result<GatedSnapshot<Result<Vec<Value>, sqlx::Error>>, StoreError> {
-    let (mut tx, snapshot) = begin_with_clock(conn, model, inputs).await?;
+    let (mut tx, snapshot) = begin_with_clock_as(conn, model, inputs, role).await?;
     let data = json_rows(&mut tx, sql, params, limit).await;
     finish(tx, snapshot, data).await
 }
@@ -65,7 +67,23 @@ async fn begin_with_clock<'c>(
     model: &str,
     inputs: &GateInputs,
 ) -> Result<(Transaction<'c, Postgres>, GatedSnapshot<()>), StoreError> {
+    begin_with_clock_as(conn, model, inputs, None).await
+}
+
+/// [`begin_with_clock`], the snapshot under `role` when given.
+async fn begin_with_clock_as<'c>(
+    conn: &'c mut PgConnection,
+    model: &str,
+    inputs: &GateInputs,
+    role: Option<&str>,
+) -> Result<(Transaction<'c, Postgres>, GatedSnapshot<()>), StoreError> {
     let mut tx = conn.begin_with(BEGIN_READ_ONLY).await.context("beginning a read-only snapshot")?;
+    if let Some(role) = role {
+        sqlx::query(&format!("SET LOCAL ROLE {}", crate::roles::quote_ident(role)))
+            .execute(&mut *tx)
+            .await
+            .with_context(|| format!("taking the read role {role:?}"))?;
+    }
     let binds = ScopedBinds::of(&inputs.clock);
     // The document reads' statement with no data: in this snapshot the model's shape cannot
     // change between the statement and the reading of its topic identities.
@@ -98,6 +116,58 @@ async fn finish<T>(
     Ok(GatedSnapshot { model: snapshot.model, clock: snapshot.clock, data })
 }
 
+/// Whether `sql` (a named query, `$1..$n` bound from `params`) can run under `role` (the
+/// gateway's own role when `None`): planned, never run, in a read-only transaction rolled
+/// back. The error is the database's — `42501` (insufficient privilege) when the role may
+/// not read a table the query names.
+pub async fn check_query(
+    pool: &sqlx::PgPool,
+    role: Option<&str>,
+    sql: &str,
+    params: &[ParamValue],
+) -> Result<(), StoreError> {
+    let mut conn = pool.acquire().await.context("checking a named query")?;
+    let mut tx = conn.begin_with(BEGIN_READ_ONLY).await.context("beginning a named query's check")?;
+    if let Some(role) = role {
+        sqlx::query(&format!("SET LOCAL ROLE {}", crate::roles::quote_ident(role)))
+            .execute(&mut *tx)
+            .await
+            .with_context(|| format!("taking the read role {role:?}"))?;
+    }
+    let explain = format!("EXPLAIN {}", rows_statement(sql, params.len()));
+    bind_params(sqlx::query(&explain), params)
+        .bind(1_i64)
+        .fetch_all(&mut *tx)
+        .await
+        .context("planning a named query")?;
+    tx.rollback().await.context("ending a named query's check")?;
+    Ok(())
+}
+
+/// A named query's statement: `sql` as a subquery, each row as JSON, `LIMIT $n+1`.
+fn rows_statement(sql: &str, params: usize) -> String {
+    let sql = sql.trim_end().trim_end_matches(';');
+    // The newline ends a trailing `--` comment before the subquery is closed.
+    format!("SELECT to_jsonb(q) FROM (\n{sql}\n) AS q LIMIT ${}", params + 1)
+}
+
+/// `query` with `params` bound in order.
+fn bind_params<'q>(
+    mut query: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
+    params: &'q [ParamValue],
+) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
+    for p in params {
+        query = match p {
+            ParamValue::Text(v) => query.bind(v.as_str()),
+            ParamValue::Int(v) => query.bind(*v),
+            ParamValue::Float(v) => query.bind(*v),
+            ParamValue::Bool(v) => query.bind(*v),
+            ParamValue::Json(v) => query.bind(v),
+        };
+    }
+    query
+}
+
 /// A named query's parameter value, typed as configured.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ParamValue {
@@ -118,19 +188,7 @@ pub async fn json_rows(
     params: &[ParamValue],
     limit: i64,
 ) -> Result<Vec<Value>, sqlx::Error> {
-    let sql = sql.trim_end().trim_end_matches(';');
-    // The newline ends a trailing `--` comment before the subquery is closed.
-    let statement = format!("SELECT to_jsonb(q) FROM (\n{sql}\n) AS q LIMIT ${}", params.len() + 1);
-    let mut query = sqlx::query(&statement);
-    for p in params {
-        query = match p {
-            ParamValue::Text(v) => query.bind(v.as_str()),
-            ParamValue::Int(v) => query.bind(*v),
-            ParamValue::Float(v) => query.bind(*v),
-            ParamValue::Bool(v) => query.bind(*v),
-            ParamValue::Json(v) => query.bind(v),
-        };
-    }
-    let rows = query.bind(limit).fetch_all(&mut *conn).await?;
+    let statement = rows_statement(sql, params.len());
+    let rows = bind_params(sqlx::query(&statement), params).bind(limit).fetch_all(&mut *conn).await?;
     rows.iter().map(|r| r.try_get::<Value, _>(0)).collect()
 }

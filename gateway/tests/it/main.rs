@@ -12,6 +12,7 @@ mod hostile;
 mod ops;
 mod queries;
 mod retention;
+mod roles;
 mod secured;
 mod sessions;
 mod support;

@@ -14,7 +14,7 @@ use parsley_projector::skip::{self, SkipRequest};
 use parsley_projector::Projector;
 use parsley_settings::config::Config;
 use parsley_store::ordering::RecordFound;
-use parsley_store::{migrations, status};
+use parsley_store::{migrations, roles, status};
 use sqlx::PgPool;
 
 /// What `--help` says after the commands and options.
@@ -81,7 +81,19 @@ fn command() -> Command {
         )
         .subcommand(
             Command::new("migrate")
-                .about("bring the database schema up to date (the project's and each model's migrations) and exit"),
+                .about("bring the database schema up to date (the project's and each model's migrations) and exit")
+                .arg(Arg::new("create-roles").long("create-roles").action(ArgAction::SetTrue).help(
+                    "also make the least-privilege roles: parsley_gateway and each model's read role \
+                     parsley_query_<model>, with row-level security on the documents (needs CREATEROLE; \
+                     docs/operations.md, \"Database roles\")",
+                ))
+                .arg(
+                    Arg::new("gateway-user")
+                        .long("gateway-user")
+                        .value_name("ROLE")
+                        .requires("create-roles")
+                        .help("with --create-roles: the gateway's login role, granted parsley_gateway"),
+                ),
         )
 }
 
@@ -93,6 +105,8 @@ struct Args {
     skip: Vec<(String, String)>,
     /// `create-topics`' `--partitions` and `--replication`, as given.
     create: Option<(String, String)>,
+    /// `migrate --create-roles`, and its `--gateway-user`.
+    roles: Option<Option<String>>,
 }
 
 const SKIP_OPTIONS: [&str; 5] = ["topic", "partition", "position", "reason", "by"];
@@ -118,7 +132,14 @@ fn parse_args() -> Args {
         .flatten()
         .cloned()
         .zip(sub.try_get_one::<String>("replication").ok().flatten().cloned());
-    Args { command: command.to_string(), config, models, skip, create }
+    let roles = sub
+        .try_get_one::<bool>("create-roles")
+        .ok()
+        .flatten()
+        .copied()
+        .unwrap_or(false)
+        .then(|| sub.try_get_one::<String>("gateway-user").ok().flatten().cloned());
+    Args { command: command.to_string(), config, models, skip, create, roles }
 }
 
 /// `skip`'s request from its options; the recorded "who" is `--by`, else the OS user.
@@ -196,6 +217,22 @@ async fn main_async(args: Args) -> anyhow::Result<()> {
                 }
             }
             println!("schema is up to date");
+            if let Some(gateway_user) = &args.roles {
+                let models: Vec<roles::ModelRoles<'_>> =
+                    config.models.iter().map(|m| roles::ModelRoles { model: &m.name }).collect();
+                roles::create(&pool, &models, gateway_user.as_deref()).await?;
+                println!("role {} made (reads the schemas, writes the idempotency keys)", roles::GATEWAY_ROLE);
+                for m in &config.models {
+                    println!("model {}: named queries run under role {}", m.name, roles::query_role(&m.name));
+                }
+                match gateway_user {
+                    Some(user) => println!("role {} granted to {user}", roles::GATEWAY_ROLE),
+                    None => println!(
+                        "grant it to the gateway's login role: GRANT {} TO <gateway login role>;",
+                        roles::GATEWAY_ROLE
+                    ),
+                }
+            }
             Ok(())
         }
         other => bail!("unknown command {other:?}"),
