@@ -133,7 +133,7 @@ fn dev_token_signs_a_jwt_the_fixture_key_checks() {
     use std::io::Read as _;
     let decode = |part: &str| {
         let mut padded = part.replace('-', "+").replace('_', "/");
-        while padded.len() % 4 != 0 {
+        while !padded.len().is_multiple_of(4) {
             padded.push('=');
         }
         let mut child = Command::new("base64").arg("-d").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
