@@ -114,7 +114,7 @@ async fn a_query_its_role_may_not_run_stops_the_gateway_at_start_naming_it() {
     let extra = vec![query("dead-letters", "SELECT * FROM parsley.dead_letters".to_string())];
     let s = Stack::with_config("roles-refused", 1, "", move |n, c| with_queries(n, c, extra)).await;
     make_roles(&s).await;
-    let err = format!("{:#}", checked_gateway(&s, "query_roles = \"required\"").await.err().expect("refused"));
+    let err = format!("{:#}", checked_gateway(&s, "query_roles = \"required\"").await.expect_err("refused"));
     assert!(err.contains("\"dead-letters\"") && err.contains(&roles::query_role(&s.names.model)), "{err}");
     // The ordering state is not the read role's either.
     let s2 = Stack::with_config("roles-refused-2", 1, "", |n, c| {
@@ -122,7 +122,7 @@ async fn a_query_its_role_may_not_run_stops_the_gateway_at_start_naming_it() {
     })
     .await;
     make_roles(&s2).await;
-    let err = format!("{:#}", checked_gateway(&s2, "").await.err().expect("refused under auto too"));
+    let err = format!("{:#}", checked_gateway(&s2, "").await.expect_err("refused under auto too"));
     assert!(err.contains("\"tasks\""), "{err}");
     drop_roles(&s).await;
     drop_roles(&s2).await;
@@ -133,7 +133,7 @@ async fn a_query_calling_a_privileged_function_stops_the_gateway_at_start() {
     let extra = vec![query("read-file", "SELECT pg_read_file('/etc/hostname') AS f".to_string())];
     let s = Stack::with_config("roles-function", 1, "", move |n, c| with_queries(n, c, extra)).await;
     make_roles(&s).await;
-    let err = format!("{:#}", checked_gateway(&s, "query_roles = \"required\"").await.err().expect("refused"));
+    let err = format!("{:#}", checked_gateway(&s, "query_roles = \"required\"").await.expect_err("refused"));
     assert!(err.contains("\"read-file\"") && err.contains("pg_read_file"), "{err}");
     drop_roles(&s).await;
 }
@@ -141,7 +141,7 @@ async fn a_query_calling_a_privileged_function_stops_the_gateway_at_start() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn required_read_roles_that_do_not_exist_stop_the_gateway() {
     let s = Stack::with_config("roles-missing", 1, "", |n, c| with_queries(n, c, vec![])).await;
-    let err = format!("{:#}", checked_gateway(&s, "query_roles = \"required\"").await.err().expect("refused"));
+    let err = format!("{:#}", checked_gateway(&s, "query_roles = \"required\"").await.expect_err("refused"));
     assert!(err.contains("--create-roles") && err.contains(&s.names.model), "{err}");
     // Under "auto" the gateway starts, its queries under its own role (logged).
     assert!(checked_gateway(&s, "").await.is_ok());
