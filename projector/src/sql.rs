@@ -11,10 +11,11 @@
 //! its coordinate before any statement runs, when a statement needs what the record cannot
 //! give: a `:key` that is not UTF-8 or holds a NUL, a `:value` that is not JSON, a
 //! `:headers` name or value that is not UTF-8. A statement the database refuses is
-//! classified by [`ProjectionError::database`], naming the statement: a data exception or a
-//! constraint (a `CHECK`, a unique key) rejects the record like any other rejection
+//! classified by [`ProjectionError::database`], naming the statement: a data exception, a
+//! constraint (a `CHECK`, a unique key), an exception a trigger or function raises (class
+//! `P0`) or a parameter that cannot be encoded rejects the record like any other rejection
 //! (`PROJECTION_REJECTED`, or a dead letter); anything else (a missing table, a lost
-//! connection) fails the step, which is retried.
+//! connection, a timeout) fails the step, which is retried.
 //!
 //! The statements run one record at a time: they are the user's, so nothing here can fold
 //! two records into one statement. When a step's batch is rejected, the task applies its
