@@ -7,8 +7,9 @@
 //! reads start with, [`crate::documents::GateInputs`]) and the caller's data statements all
 //! see the same committed state, and nothing in it can write. [`json_rows`] is a named
 //! query's data statement: the configured SQL (its `:name` parameters already turned into
-//! `$1..$n` by [`crate::sql_params`]) as a subquery, each row as a JSON object (`to_jsonb`),
-//! at most a limit of them.
+//! `$1..$n` by [`crate::sql_params`]) as a subquery, each row as a JSON object's text
+//! (`to_jsonb(q)::text`: a `numeric` keeps every digit, never read through a float here), at
+//! most a limit of them.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -53,7 +54,7 @@ pub async fn named_query(
     sql: &str,
     params: &[ParamValue],
     limit: i64,
-) -> Result<GatedSnapshot<Result<Vec<Value>, sqlx::Error>>, StoreError> {
+) -> Result<GatedSnapshot<Result<Vec<String>, sqlx::Error>>, StoreError> {
     let (mut tx, snapshot) = begin_with_clock(conn, model, inputs).await?;
     let data = json_rows(&mut tx, sql, params, limit).await;
     finish(tx, snapshot, data).await
@@ -108,8 +109,9 @@ pub enum ParamValue {
     Json(Value),
 }
 
-/// The rows of `sql` (placeholders `$1..$n`, bound from `params` in order) as JSON objects,
-/// column name to value (`to_jsonb` of each row), at most `limit` of them. A trailing `;` is
+/// The rows of `sql` (placeholders `$1..$n`, bound from `params` in order) as the text of
+/// JSON objects, column name to value (`to_jsonb(q)::text` of each row: Postgres writes the
+/// numbers, a `numeric` with every digit), at most `limit` of them. A trailing `;` is
 /// dropped; the query must be one statement that can be a subquery (`SELECT`, `VALUES`,
 /// `TABLE`, `WITH … SELECT`).
 pub async fn json_rows(
@@ -117,10 +119,10 @@ pub async fn json_rows(
     sql: &str,
     params: &[ParamValue],
     limit: i64,
-) -> Result<Vec<Value>, sqlx::Error> {
+) -> Result<Vec<String>, sqlx::Error> {
     let sql = sql.trim_end().trim_end_matches(';');
     // The newline ends a trailing `--` comment before the subquery is closed.
-    let statement = format!("SELECT to_jsonb(q) FROM (\n{sql}\n) AS q LIMIT ${}", params.len() + 1);
+    let statement = format!("SELECT to_jsonb(q)::text FROM (\n{sql}\n) AS q LIMIT ${}", params.len() + 1);
     let mut query = sqlx::query(&statement);
     for p in params {
         query = match p {
@@ -132,5 +134,5 @@ pub async fn json_rows(
         };
     }
     let rows = query.bind(limit).fetch_all(&mut *conn).await?;
-    rows.iter().map(|r| r.try_get::<Value, _>(0)).collect()
+    rows.iter().map(|r| r.try_get::<String, _>(0)).collect()
 }

@@ -8,6 +8,7 @@ mod edge;
 mod failover;
 mod fleet;
 mod hostile;
+mod numbers;
 mod ops;
 mod queries;
 mod retention;
