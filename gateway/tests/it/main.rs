@@ -4,6 +4,7 @@
 //! the services when either is unset. Every test uses its own topics and model.
 
 mod api;
+mod connections;
 mod edge;
 mod failover;
 mod fleet;
