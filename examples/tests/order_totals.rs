@@ -114,3 +114,97 @@ async fn a_session_reads_its_order_and_payment_through_the_named_query_at_once()
         let _ = task.await;
     }
 }
+
+/// One answer to a request whose body is `body` as written (numbers as the client wrote
+/// them): status, body as sent, token.
+async fn call_text(
+    router: &Router,
+    method: Method,
+    uri: &str,
+    token: Option<&str>,
+    body: Option<String>,
+) -> (StatusCode, String, String) {
+    let mut req = Request::builder().method(method).uri(uri);
+    if let Some(t) = token {
+        req = req.header(SESSION_HEADER, t);
+    }
+    let body = match body {
+        Some(b) => {
+            req = req.header("content-type", "application/json");
+            Body::from(b)
+        }
+        None => Body::empty(),
+    };
+    let response = router.clone().oneshot(req.body(body).unwrap()).await.unwrap();
+    let status = response.status();
+    let token = response.headers().get(SESSION_HEADER).map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
+    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
+    (status, String::from_utf8(bytes.to_vec()).unwrap(), token)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn totals_keep_every_digit_and_a_sum_past_f64_is_answered_exactly() {
+    let model = unique("totals-n");
+    let (orders, payments) = (format!("{model}.orders"), format!("{model}.payments"));
+    create_topics(&[&orders, &payments], 2).await;
+    let mut config = example_config(ORDER_TOTALS, &model, &[&orders, &payments]).unwrap();
+    config.projector.metrics_address = String::new();
+    config.gateway = Config::parse("[gateway]\nread_wait_ms = 20000\nresponse_timeout_ms = 30000\n").unwrap().gateway;
+    let database_url = config.database.url.clone().expect("the test database").expose().to_string();
+
+    let (stop, shutdown) = watch::channel(false);
+    let projector = tokio::spawn(Projector::builder(config.clone()).shutdown(shutdown.clone()).run());
+    let ring = KeyRing::new(vec![("example".to_string(), SecretKey::from_bytes([7; 32]))]).unwrap();
+    let gateway = Gateway::new(GatewayConfig::with_keys(config, ring).unwrap()).unwrap();
+    let background = gateway.spawn_background(shutdown);
+    let router = gateway.router();
+
+    // The SQL projection's `:value` carries the amount with every digit into `numeric`.
+    let (precise, big) = (format!("precise-{model}"), format!("big-{model}"));
+    let digits = "12345678901234567890123456789.000000000000000000001";
+    let (status, body, token) = call_text(
+        &router,
+        Method::POST,
+        &format!("/v1/topics/{orders}/records"),
+        None,
+        Some(format!(r#"{{"key":"{precise}","value":{{"order":"p-{model}","amount":{digits}}}}}"#)),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let query = |customer: &str| format!("/v1/models/{model}/queries/customer_total?customer={customer}");
+    let (status, body, token) = call_text(&router, Method::GET, &query(&precise), Some(&token), None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body.contains(&format!(r#""ordered": {digits}"#)), "{body}");
+    let pool = sqlx::PgPool::connect(&database_url).await.unwrap();
+    let stored: String = sqlx::query_scalar("SELECT amount::text FROM totals.orders WHERE id = $1")
+        .bind(format!("p-{model}"))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(stored, digits, "the SQL projection stored the amount exactly");
+
+    // Two orders at f64's limit: their sum is past it; the query answers it exactly.
+    let mut token = token;
+    for n in 1..=2 {
+        let (status, body, t) = call_text(
+            &router,
+            Method::POST,
+            &format!("/v1/topics/{orders}/records"),
+            Some(&token),
+            Some(format!(r#"{{"key":"{big}","value":{{"order":"b{n}-{model}","amount":1e308}}}}"#)),
+        )
+        .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        token = t;
+    }
+    let (status, body, _) = call_text(&router, Method::GET, &query(&big), Some(&token), None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let exact = format!("2{}", "0".repeat(308));
+    assert!(body.contains(&format!(r#""ordered": {exact}"#)) && body.contains(&format!(r#""due": {exact}"#)), "{body}");
+
+    stop.send(true).unwrap();
+    tokio::time::timeout(TIMEOUT, projector).await.expect("the projector stops at the signal").unwrap().unwrap();
+    for task in background {
+        let _ = task.await;
+    }
+}

@@ -61,7 +61,8 @@ async fn orders_and_payments_are_projected_into_customer_totals() {
 
     let (stop, shutdown) = watch::channel(false);
     let run = tokio::spawn(Projector::builder(config).shutdown(shutdown).run());
-    wait_for(&pool, &ada, Some(("15.0", "10.5"))).await;
+    // Amounts as written (`10.50` keeps its scale): `:value` is never read through a float.
+    wait_for(&pool, &ada, Some(("15.00", "10.50"))).await;
     wait_for(&pool, &bob, Some(("7", "0"))).await;
 
     // A tombstone on orders forgets bob: his orders and payments.
@@ -69,7 +70,7 @@ async fn orders_and_payments_are_projected_into_customer_totals() {
     wait_for(&pool, &bob, Some(("7", "7"))).await;
     produce(&p, &orders, 1, &bob, None, None).await;
     wait_for(&pool, &bob, None).await;
-    assert_eq!(totals(&pool, &ada).await, Some(("15.0".to_string(), "10.5".to_string())), "ada is untouched");
+    assert_eq!(totals(&pool, &ada).await, Some(("15.00".to_string(), "10.50".to_string())), "ada is untouched");
 
     stop.send(true).unwrap();
     tokio::time::timeout(TIMEOUT, run).await.expect("stops at the signal").unwrap().unwrap();

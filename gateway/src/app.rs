@@ -80,6 +80,8 @@ fn clients(state: AppState, fallback: bool) -> Router {
         .route("/v1/models/{model}/queries/{name}", get(crate::queries::get_query));
     let clients = if state.config.admin_token.is_some() { clients.merge(admin) } else { clients };
     let clients = clients.layer(middleware::from_fn_with_state(state.clone(), limit_in_flight));
+    // Outside the permit: a body is received before the request takes one.
+    let clients = clients.layer(middleware::from_fn_with_state(state.clone(), crate::receive::receive_body));
     let router = Router::new().route("/healthz", get(ops::healthz)).merge(clients);
     let router = if fallback { router.fallback(no_route) } else { router };
     let router = finish(router, &state).layer(DefaultBodyLimit::max(max_body));
@@ -396,11 +398,13 @@ impl Gateway {
         let limits = ServerLimits {
             header_read_timeout: settings.header_read_timeout(),
             max_header_bytes: settings.max_header_bytes,
+            max_connections: None,
         };
         let admin = listeners.admin.map(|listener| {
             tokio::spawn(server::serve(listener, admin_app(self.state.clone()), limits, shutdown.clone()))
         });
-        let served = server::serve(listeners.main, self.router(), limits, shutdown).await;
+        let main = ServerLimits { max_connections: Some(settings.http_connections_cap()), ..limits };
+        let served = server::serve(listeners.main, self.router(), main, shutdown).await;
         if let Some(admin) = admin {
             admin.await.context("the admin listener's task failed")??;
         }

@@ -42,7 +42,10 @@
 //! - [`state`]: [`AppState`], what every handler shares, and its lookups.
 //! - [`mod@app`]: the routers ([`app()`], [`admin_app()`]), the middleware and the [`Gateway`]
 //!   process.
-//! - [`server`]: the HTTP/1 server with a header-read timeout and a header size limit.
+//! - [`server`]: the HTTP/1 server with a header-read timeout, a header size limit and a cap
+//!   on open connections.
+//! - [`receive`]: a request's body received within `gateway.body_timeout_ms`, before it takes
+//!   an in-flight permit.
 //!
 //! See `docs/gateway.md` for the routes, the token format, the gate and the problem types.
 
@@ -81,6 +84,8 @@ pub mod queries;
 #[doc(hidden)]
 pub mod read;
 pub mod read_cache;
+#[doc(hidden)]
+pub mod receive;
 #[doc(hidden)]
 pub mod server;
 #[doc(hidden)]

@@ -63,6 +63,8 @@ problem_types! {
     ReservedHeader = ("reserved-header", "Reserved header", BAD_REQUEST),
     InvalidBody = ("invalid-body", "Invalid request body", BAD_REQUEST),
     BodyTooLarge = ("body-too-large", "Request body too large", PAYLOAD_TOO_LARGE),
+    /// The body did not arrive in full within `gateway.body_timeout_ms`.
+    BodyTimeout = ("body-timeout", "Request body not received in time", REQUEST_TIMEOUT),
     InvalidQuery = ("invalid-query", "Invalid query parameters", BAD_REQUEST),
     InvalidKey = ("invalid-key", "Invalid document key", BAD_REQUEST),
     InvalidPath = ("invalid-path", "Invalid path", BAD_REQUEST),
@@ -232,6 +234,9 @@ pub enum ApiError {
     InvalidBody(String),
     #[error("request body too large")]
     BodyTooLarge { limit: usize },
+    /// The body had not arrived in full after `timeout_ms`.
+    #[error("the request body did not arrive within {timeout_ms} ms")]
+    BodyTimeout { timeout_ms: u64 },
     /// `parameter`: the query parameter at fault, when one is.
     #[error("invalid query: {detail}")]
     InvalidQuery { parameter: Option<String>, detail: String },
@@ -300,6 +305,7 @@ impl ApiError {
             ApiError::QueryFailed { .. } => P::QueryFailed,
             ApiError::InvalidBody(_) => P::InvalidBody,
             ApiError::BodyTooLarge { .. } => P::BodyTooLarge,
+            ApiError::BodyTimeout { .. } => P::BodyTimeout,
             ApiError::InvalidQuery { .. } => P::InvalidQuery,
             ApiError::InvalidKey(_) => P::InvalidKey,
             ApiError::InvalidPath(_) => P::InvalidPath,
@@ -373,6 +379,9 @@ impl ApiError {
             }
             ApiError::InvalidBody(d) => p(d),
             ApiError::BodyTooLarge { limit } => p(format!("the request body is larger than {limit} bytes")),
+            ApiError::BodyTimeout { timeout_ms } => p(format!(
+                "the request body did not arrive in full within {timeout_ms} ms (gateway.body_timeout_ms)"
+            )),
             ApiError::InvalidQuery { parameter, detail } => match parameter {
                 Some(name) => p(detail).with("parameter", json!(name)),
                 None => p(detail),

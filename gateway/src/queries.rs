@@ -12,24 +12,26 @@
 //! that key (routed as the document reads route keys); one without on every task.
 //!
 //! The answer is `{"rows": [...], "truncated": bool}`: each row a JSON object, column name to
-//! value (`to_jsonb` of the row), at most the query's `max_rows` (`truncated` says there were
-//! more; the rest are not sent). An unknown model or query is `404` by name; a statement the
+//! value (`to_jsonb` of the row, as Postgres writes it: a `numeric` with every digit, never
+//! read through a float), at most the query's `max_rows` (`truncated` says there were more;
+//! the rest are not sent). An unknown model or query is `404` by name; a statement the
 //! database fails to run is `500 query-failed` naming the query and the SQLSTATE, never the
 //! database's message (it can quote data), which is logged.
 
 use std::collections::BTreeMap;
 
+use axum::body::Bytes;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
-use axum::http::HeaderMap;
+use axum::http::header::CONTENT_TYPE;
+use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use parsley_settings::config::{ParamType, QueryConfig};
 use parsley_settings::sql_params;
 use parsley_store::documents::{GateInputs, GatedSnapshot};
 use parsley_store::error::{classify_sqlx, ErrorKind, StoreError};
 use parsley_store::queries::{self, ParamValue};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::gated::{self, Gated, Scope, Snapshot};
 use crate::problem::ApiError;
@@ -65,12 +67,25 @@ pub async fn get_query(
     let gated = Gated { data: gated.data?, token: gated.token };
     let max_rows = query.max_rows as usize;
     Ok(gated
-        .map(|mut rows| {
-            let truncated = rows.len() > max_rows;
-            rows.truncate(max_rows);
-            Json(json!({"rows": rows, "truncated": truncated}))
-        })
+        .map(|rows| ([(CONTENT_TYPE, HeaderValue::from_static("application/json"))], rows_body(rows, max_rows)))
         .into_response())
+}
+
+/// The answer's body, `{"rows": [...], "truncated": bool}`: at most `max_rows` rows, each the
+/// JSON text Postgres wrote, copied, not parsed.
+fn rows_body(rows: Vec<String>, max_rows: usize) -> Bytes {
+    let truncated = rows.len() > max_rows;
+    let rows = &rows[..rows.len().min(max_rows)];
+    let mut out = Vec::with_capacity(rows.iter().map(|r| r.len() + 1).sum::<usize>() + 32);
+    out.extend_from_slice(b"{\"rows\":[");
+    for (i, row) in rows.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(row.as_bytes());
+    }
+    out.extend_from_slice(if truncated { b"],\"truncated\":true}" } else { b"],\"truncated\":false}" });
+    Bytes::from(out)
 }
 
 /// A query ready to run: its statement with `$n` parameters, their values in `$n` order, and
@@ -174,14 +189,14 @@ struct NamedQuery<'a> {
 /// answer only if the clock covers the session; before that, the tables it reads may not
 /// exist yet, and the read waits.
 impl Snapshot for NamedQuery<'_> {
-    type Data = Result<Vec<Value>, ApiError>;
+    type Data = Result<Vec<String>, ApiError>;
 
     async fn read(
         &self,
         state: &AppState,
         model: &str,
         inputs: &GateInputs,
-    ) -> Result<GatedSnapshot<Result<Vec<Value>, ApiError>>, ApiError> {
+    ) -> Result<GatedSnapshot<Result<Vec<String>, ApiError>>, ApiError> {
         let retry_after = state.config.settings.retry_after_s;
         let failed = |e: StoreError| store_errors::failed(e, "the query", retry_after, None);
         let mut conn = state.reads.acquire().await.map_err(|e| failed(e.into()))?;
@@ -243,6 +258,17 @@ mod tests {
     }
 
     #[test]
+    fn rows_are_sent_as_postgres_wrote_them() {
+        let rows = vec![r#"{"n": 12345678901234567890123456789}"#.to_string(), r#"{"n": 2e308}"#.to_string()];
+        assert_eq!(
+            &rows_body(rows.clone(), 5)[..],
+            br#"{"rows":[{"n": 12345678901234567890123456789},{"n": 2e308}],"truncated":false}"#
+        );
+        assert_eq!(&rows_body(rows, 1)[..], br#"{"rows":[{"n": 12345678901234567890123456789}],"truncated":true}"#);
+        assert_eq!(&rows_body(vec![], 1)[..], br#"{"rows":[],"truncated":false}"#);
+    }
+
+    #[test]
     fn parameters_are_typed_in_statement_order() {
         use ParamType::*;
         let q = query(
@@ -261,7 +287,7 @@ mod tests {
                 ParamValue::Int(-7),
                 ParamValue::Float(2.5),
                 ParamValue::Bool(false),
-                ParamValue::Json(json!({"x": [1]})),
+                ParamValue::Json(serde_json::json!({"x": [1]})),
             ]
         );
         assert_eq!(p.key.as_deref(), Some("k 1"));

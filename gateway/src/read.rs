@@ -37,7 +37,7 @@ use parsley::gate::{ClockRow, ModelShape};
 use parsley::murmur2::partition_for_key;
 use parsley_store::documents::{self, Document, GateInputs, GatedSnapshot};
 use parsley_store::StoreError;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::access::KeyFilter;
 use crate::gated::{self, KeptSnapshot, Scope, Snapshot};
@@ -371,23 +371,55 @@ async fn read_snapshot(
     Ok(snapshot)
 }
 
-/// A document as an answer gives it.
-fn document_json(d: Document) -> Value {
-    json!({"key": d.key, "document": d.doc, "version": d.version})
+/// A document as an answer gives it, `{"document", "key", "version"}`, appended to `out`. The
+/// document is the stored JSON text as Postgres wrote it, copied, not parsed: every number
+/// keeps its digits, and the read path parses nothing.
+fn push_document(out: &mut Vec<u8>, d: &Document) {
+    out.extend_from_slice(b"{\"document\":");
+    out.extend_from_slice(d.doc.as_bytes());
+    out.extend_from_slice(b",\"key\":");
+    push_string(out, &d.key);
+    out.extend_from_slice(b",\"version\":");
+    out.extend_from_slice(d.version.to_string().as_bytes());
+    out.push(b'}');
 }
+
+/// `text` as a JSON string.
+fn push_string(out: &mut Vec<u8>, text: &str) {
+    serde_json::to_writer(out, text).expect("a string serializes");
+}
+
+/// What a document's answer adds to its key and JSON text.
+const DOCUMENT_FRAMING: usize = 64;
 
 /// A single key's answer body.
 fn one_body(d: Document) -> Bytes {
-    Bytes::from(serde_json::to_vec(&document_json(d)).expect("a JSON value serializes"))
+    let mut out = Vec::with_capacity(d.doc.len() + d.key.len() + DOCUMENT_FRAMING);
+    push_document(&mut out, &d);
+    Bytes::from(out)
 }
 
-/// A page's answer body: at most `limit` documents, and the cursor of the next page if
-/// `documents` has more.
+/// A page's answer body, `{"documents", "next"}`: at most `limit` documents, and the cursor
+/// of the next page if `documents` has more.
 fn page_body(documents: Vec<Document>, limit: u32) -> Bytes {
     let more = documents.len() > limit as usize;
-    let documents: Vec<Value> = documents.into_iter().take(limit as usize).map(document_json).collect();
-    let next = if more { documents.last().map(|d| d["key"].clone()) } else { None };
-    Bytes::from(serde_json::to_vec(&json!({"documents": documents, "next": next})).expect("a JSON value serializes"))
+    let documents = &documents[..documents.len().min(limit as usize)];
+    let size: usize = documents.iter().map(|d| d.doc.len() + d.key.len() + DOCUMENT_FRAMING).sum();
+    let mut out = Vec::with_capacity(size + DOCUMENT_FRAMING);
+    out.extend_from_slice(b"{\"documents\":[");
+    for (i, d) in documents.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        push_document(&mut out, d);
+    }
+    out.extend_from_slice(b"],\"next\":");
+    match documents.last().filter(|_| more) {
+        Some(last) => push_string(&mut out, &last.key),
+        None => out.extend_from_slice(b"null"),
+    }
+    out.push(b'}');
+    Bytes::from(out)
 }
 
 #[cfg(test)]
@@ -444,6 +476,28 @@ mod tests {
         ] {
             assert_eq!(parameter(parse_query(raw).unwrap_err()).as_deref(), named, "{raw}");
         }
+    }
+
+    #[test]
+    fn bodies_carry_the_stored_text_and_keys_as_json_strings() {
+        let d = |key: &str, doc: &str, version| Document { key: key.into(), doc: doc.into(), version };
+        let big = r#"{"n": 12345678901234567890123456789, "x": 1.00000000000000000000001}"#;
+        let one = one_body(d("a\"b", big, 3));
+        let parsed: serde_json::Value = serde_json::from_slice(&one).unwrap();
+        assert_eq!(parsed["key"], "a\"b");
+        assert_eq!(parsed["version"], 3);
+        assert!(std::str::from_utf8(&one).unwrap().contains(big), "the document's text as stored");
+        let docs = vec![d("a", "1", 1), d("b", "[2]", 2), d("c", "{}", 1)];
+        let page = page_body(docs.clone(), 2);
+        assert_eq!(
+            std::str::from_utf8(&page).unwrap(),
+            r#"{"documents":[{"document":1,"key":"a","version":1},{"document":[2],"key":"b","version":2}],"next":"b"}"#
+        );
+        let last = page_body(docs, 3);
+        let parsed: serde_json::Value = serde_json::from_slice(&last).unwrap();
+        assert_eq!(parsed["next"], serde_json::Value::Null);
+        assert_eq!(parsed["documents"].as_array().unwrap().len(), 3);
+        assert_eq!(&page_body(vec![], 10)[..], br#"{"documents":[],"next":null}"#);
     }
 
     #[test]

@@ -2,9 +2,14 @@
 //! offer — a header-read timeout (a client that trickles its request line and headers, or
 //! leaves a kept-alive connection idle, is disconnected after `gateway.header_read_timeout_ms`)
 //! and a limit on the request line plus headers (`431` beyond `gateway.max_header_bytes`).
-//! A body is bounded by `max_body_bytes` and its reading by the request timeout. On shutdown
-//! it stops accepting, lets every connection finish its request in flight, and returns.
+//! and a cap on open connections (`gateway.max_connections` on the main listener): at the cap
+//! the server stops accepting, so new connections wait in the listening socket's accept
+//! queue (its backlog; beyond that the kernel drops or refuses them) until one closes. A
+//! body is bounded by `max_body_bytes` and its arrival by `gateway.body_timeout_ms`
+//! ([`crate::receive`]). On shutdown it stops accepting, lets every connection finish its
+//! request in flight, and returns.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -12,13 +17,15 @@ use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
 
 /// The connection bounds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ServerLimits {
     pub header_read_timeout: Duration,
     pub max_header_bytes: usize,
+    /// Most connections open at once (`None`: no cap).
+    pub max_connections: Option<usize>,
 }
 
 /// Pause after a failed `accept` (out of file descriptors, say) before the next.
@@ -39,7 +46,16 @@ pub async fn serve(
         .max_header_size(limits.max_header_bytes);
     // Every connection task holds a receiver; the server returns when all are dropped.
     let (open_tx, open_rx) = watch::channel(());
+    let slots = limits.max_connections.map(|n| Arc::new(Semaphore::new(n)));
     loop {
+        // At the cap, nothing is accepted until a connection closes.
+        let slot = match &slots {
+            None => None,
+            Some(slots) => tokio::select! {
+                slot = Arc::clone(slots).acquire_owned() => Some(slot.expect("the semaphore is never closed")),
+                _ = shutdown.wait_for(|s| *s) => break,
+            },
+        };
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             _ = shutdown.wait_for(|s| *s) => break,
@@ -72,6 +88,7 @@ pub async fn serve(
                 // Clients hanging up, timeouts, oversized headers: theirs, not ours.
                 tracing::debug!(error = %e, "connection ended with an error");
             }
+            drop(slot);
             drop(open);
         });
     }
@@ -110,7 +127,7 @@ mod tests {
     }
 
     const LIMITS: ServerLimits =
-        ServerLimits { header_read_timeout: Duration::from_millis(300), max_header_bytes: 2048 };
+        ServerLimits { header_read_timeout: Duration::from_millis(300), max_header_bytes: 2048, max_connections: None };
 
     #[tokio::test]
     async fn a_client_that_never_finishes_its_headers_is_disconnected() {
@@ -147,6 +164,34 @@ mod tests {
         let fits = format!("GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\nX-Fits: {}\r\n\r\n", "x".repeat(1024));
         socket.write_all(fits.as_bytes()).await.unwrap();
         assert!(read_all(&mut socket).await.starts_with("HTTP/1.1 200 OK"));
+        stop.send(true).unwrap();
+        task.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn beyond_the_cap_a_connection_waits_in_the_accept_queue_until_one_closes() {
+        let limits = ServerLimits {
+            header_read_timeout: Duration::from_secs(30),
+            max_header_bytes: 2048,
+            max_connections: Some(1),
+        };
+        let (address, stop, task) = start(limits).await;
+        // The first connection takes the one slot and stays open (kept alive).
+        let mut first = TcpStream::connect(address).await.unwrap();
+        first.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n").await.unwrap();
+        let mut answer = [0u8; 256];
+        let n = tokio::time::timeout(Duration::from_secs(5), first.read(&mut answer)).await.unwrap().unwrap();
+        assert!(answer[..n].starts_with(b"HTTP/1.1 200 OK"), "{}", String::from_utf8_lossy(&answer[..n]));
+        // The second is connected by the kernel (the backlog) but not accepted: no answer.
+        let mut second = TcpStream::connect(address).await.unwrap();
+        second.write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").await.unwrap();
+        let waited = tokio::time::timeout(Duration::from_millis(500), second.read(&mut answer)).await;
+        assert!(waited.is_err(), "answered beyond the cap: {waited:?}");
+        // The first closes: the second is accepted and answered.
+        drop(first);
+        let started = Instant::now();
+        assert!(read_all(&mut second).await.starts_with("HTTP/1.1 200 OK"));
+        assert!(started.elapsed() < Duration::from_secs(3));
         stop.send(true).unwrap();
         task.await.unwrap();
     }

@@ -105,8 +105,19 @@ pub struct Settings {
     /// name still accepted, which also meant the broker's request timeout in `[kafka]`.
     #[serde(alias = "request_timeout_ms")]
     pub response_timeout_ms: u64,
-    /// Postgres connections of the gateway's pool.
-    pub max_connections: u32,
+    /// Most HTTP connections the main listener holds open at once; beyond it, new
+    /// connections wait in the listening socket's accept queue. Until the name's former
+    /// meaning (the pool size, now `database_max_connections`) is gone from every file, it
+    /// is refused unless `database_max_connections` is set too ([`Settings::validate`]).
+    /// Absent: [`DEFAULT_MAX_CONNECTIONS`].
+    pub max_connections: Option<usize>,
+    /// Postgres connections of the gateway's pool (formerly `gateway.max_connections`).
+    /// Absent: [`DEFAULT_DATABASE_MAX_CONNECTIONS`].
+    pub database_max_connections: Option<u32>,
+    /// How long a request's body may take to arrive in full, from the end of its headers,
+    /// before `408 body-timeout` (the connection is closed). A body is received before the
+    /// request takes an in-flight permit.
+    pub body_timeout_ms: u64,
     /// Longest record key a write may carry (and a read may ask for), in bytes of UTF-8.
     pub max_key_bytes: usize,
     /// How long a client may take to send a request's headers before the connection closes.
@@ -158,6 +169,12 @@ pub const MAX_IDEMPOTENCY_WINDOW_S: u64 = 7 * 86_400;
 /// The most records one batch may carry (one Kafka transaction).
 pub const MAX_BATCH_RECORDS_LIMIT: usize = 1_000;
 
+/// `gateway.max_connections` when unset: HTTP connections of the main listener.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+
+/// `gateway.database_max_connections` when unset: the gateway's Postgres pool.
+pub const DEFAULT_DATABASE_MAX_CONNECTIONS: u32 = 16;
+
 /// `gateway.read_cache_bytes` when unset: 64 MiB for kept snapshots over all models.
 pub const DEFAULT_READ_CACHE_BYTES: usize = 64 << 20;
 
@@ -191,7 +208,9 @@ impl Default for Settings {
             metadata_refresh_ms: 60_000,
             max_body_bytes: 1024 * 1024,
             response_timeout_ms: 30_000,
-            max_connections: 16,
+            max_connections: None,
+            database_max_connections: None,
+            body_timeout_ms: 10_000,
             max_key_bytes: 1024,
             header_read_timeout_ms: 10_000,
             max_header_bytes: 32 * 1024,
@@ -315,8 +334,22 @@ impl Settings {
                  gateway.read_wait_ms"
             );
         }
-        if self.max_connections == 0 {
+        if self.max_connections.is_some() && self.database_max_connections.is_none() {
+            bail!(
+                "gateway.max_connections is now the cap on HTTP connections; the Postgres pool it used to size is \
+                 gateway.database_max_connections. Set gateway.database_max_connections too (default \
+                 {DEFAULT_DATABASE_MAX_CONNECTIONS}), so that a file written for the old meaning is not read with \
+                 the new one"
+            );
+        }
+        if self.max_connections == Some(0) {
             bail!("gateway.max_connections must be at least 1");
+        }
+        if self.database_max_connections == Some(0) {
+            bail!("gateway.database_max_connections must be at least 1");
+        }
+        if self.body_timeout_ms == 0 {
+            bail!("gateway.body_timeout_ms must be at least 1");
         }
         if !(1..=MAX_KEY_BYTES_LIMIT).contains(&self.max_key_bytes) {
             bail!(
@@ -404,6 +437,17 @@ impl Settings {
     }
     pub fn header_read_timeout(&self) -> Duration {
         Duration::from_millis(self.header_read_timeout_ms)
+    }
+    pub fn body_timeout(&self) -> Duration {
+        Duration::from_millis(self.body_timeout_ms)
+    }
+    /// `gateway.max_connections`, or its default.
+    pub fn http_connections_cap(&self) -> usize {
+        self.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS)
+    }
+    /// `gateway.database_max_connections`, or its default.
+    pub fn database_pool_size(&self) -> u32 {
+        self.database_max_connections.unwrap_or(DEFAULT_DATABASE_MAX_CONNECTIONS)
     }
 }
 
@@ -733,7 +777,17 @@ mod tests {
             (1024, 1024, 256)
         );
         assert_eq!(c.settings.admin_listen, "127.0.0.1:9091");
+        assert_eq!(
+            (c.settings.http_connections_cap(), c.settings.database_pool_size(), c.settings.body_timeout()),
+            (4096, 16, Duration::from_secs(10))
+        );
         assert!(c.admin_token.is_none());
+        let t = "[gateway]\nmax_connections = 100\ndatabase_max_connections = 8\nbody_timeout_ms = 500\n";
+        let c = GatewayConfig::from_shared(shared(t), env(&[(ENV_TOKEN_KEYS, &keys)])).unwrap();
+        assert_eq!(
+            (c.settings.http_connections_cap(), c.settings.database_pool_size(), c.settings.body_timeout()),
+            (100, 8, Duration::from_millis(500))
+        );
         let t = "[gateway]\nmax_key_bytes = 2048\nmax_header_bytes = 4096\nadmin_listen = \"\"\n";
         let c = GatewayConfig::from_shared(shared(t), env(&[(ENV_TOKEN_KEYS, &keys)])).unwrap();
         assert_eq!((c.settings.max_key_bytes, c.settings.max_header_bytes), (MAX_KEY_BYTES_LIMIT, MIN_HEADER_BYTES));
@@ -808,6 +862,10 @@ mod tests {
             ("[gateway]\nmax_header_bytes = 4095\n", "gateway.max_header_bytes"),
             ("[gateway]\nmax_header_bytes = 1048576\n", "gateway.max_header_bytes"),
             ("[gateway]\nmax_in_flight = 0\n", "gateway.max_in_flight"),
+            ("[gateway]\nmax_connections = 16\n", "gateway.database_max_connections"),
+            ("[gateway]\nmax_connections = 0\ndatabase_max_connections = 8\n", "gateway.max_connections"),
+            ("[gateway]\ndatabase_max_connections = 0\n", "gateway.database_max_connections"),
+            ("[gateway]\nbody_timeout_ms = 0\n", "gateway.body_timeout_ms"),
             ("[gateway]\nmax_waiting_reads = 0\n", "gateway.max_waiting_reads"),
             ("[gateway]\nadmin_listen = \"nowhere\"\n", "gateway.admin_listen"),
             ("[gateway]\nadmin_listen = \"127.0.0.1:8080\"\n", "gateway.admin_listen"),

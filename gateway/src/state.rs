@@ -31,7 +31,7 @@ pub struct Inner {
     pub pool: PgPool,
     /// The pool's connections as the gated reads and the waiting reads' clock fetches take
     /// them: handed from read to read without sqlx's release round trip, up to all but a
-    /// quarter of `max_connections` (the rest stay for the writes and the rest).
+    /// quarter of `database_max_connections` (the rest stay for the writes and the rest).
     pub reads: Arc<parsley_infra::pg::Reuse>,
     pub producer: FutureProducer,
     /// The transactional producers of batch writes.
@@ -101,7 +101,7 @@ impl AppState {
         // [database] bounds.
         let pool = parsley_infra::pg::connect_lazy_bounded(
             &url,
-            config.settings.max_connections,
+            config.settings.database_pool_size(),
             config.shared.database.acquire_timeout(),
             &config.shared.database.session_bounds(),
         )?;
@@ -139,7 +139,7 @@ impl AppState {
         keys::publish(&metrics, None, &config.keys.current());
         let reads = Arc::new(parsley_infra::pg::Reuse::new(
             pool.clone(),
-            parsley_infra::pg::Reuse::keep_of(config.settings.max_connections),
+            parsley_infra::pg::Reuse::keep_of(config.settings.database_pool_size()),
             config.shared.database.acquire_timeout(),
         ));
         let feeds = crate::feed::Feeds::new(

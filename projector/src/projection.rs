@@ -5,15 +5,17 @@
 //! A projection fails in one of two ways ([`ProjectionError`]):
 //! - **rejected**: the record itself is unacceptable and a retry would give the same
 //!   answer — a value the projection cannot parse, a string Postgres cannot store, a
-//!   constraint, a data exception. The task refuses `PROJECTION_REJECTED` at that record
+//!   constraint, a data exception, an exception a trigger or function raises, a value that
+//!   cannot be encoded for the database. The task refuses `PROJECTION_REJECTED` at that record
 //!   (or, with `on_rejected = "dead-letter"`, stores it in `parsley.dead_letters` and goes
 //!   on).
 //! - **transient**: anything else — a lost connection, a timeout, a serialization failure,
 //!   a bug in the projection. The step rolls back, the task reports `failing`, and the same
 //!   records are retried with backoff, never skipped.
 //!
-//! Database errors are classified by SQLSTATE class ([`rejects_record`]): a projection that
-//! lets `sqlx::Error` convert with `?` is classified without doing anything.
+//! Database errors are classified by SQLSTATE class ([`rejects_record`]), and a value sqlx
+//! cannot encode (`sqlx::Error::Encode`) rejects too: a projection that lets `sqlx::Error`
+//! convert with `?` is classified without doing anything.
 //!
 //! [`Projection`] uses `async fn`s and so is not object-safe; [`DynProjection`] is its
 //! object-safe form, implemented for every projection, and [`SharedProjection`] what the
@@ -133,12 +135,14 @@ impl<'a> Delivered<'a> {
 /// gives the same answer): class `22` data exception (e.g. `22P05` an unsupported Unicode
 /// escape such as `\u0000` in `jsonb`, `22021` a byte sequence invalid in the encoding),
 /// class `23` integrity constraint violation, class `54` program limit exceeded (e.g.
-/// `54000` an index row too large for its key). Everything else — connection loss
+/// `54000` an index row too large for its key), class `P0` raised by PL/pgSQL (e.g.
+/// `P0001` a trigger's or function's `RAISE EXCEPTION`, `P0004` a failed `ASSERT`): the
+/// code that raised it judged the row it was given. Everything else — connection loss
 /// (`08`), serialization failures and deadlocks (`40001`, `40P01`), lock timeouts (`55P03`),
 /// an administrator's shutdown (`57P01`), insufficient resources (`53`), a statement the
 /// projection got wrong (`42`) — is transient.
 pub fn rejects_record(sqlstate: &str) -> bool {
-    matches!(sqlstate.get(..2), Some("22" | "23" | "54"))
+    matches!(sqlstate.get(..2), Some("22" | "23" | "54" | "P0"))
 }
 
 /// A database message without the input value some messages quote at their end (class
@@ -188,16 +192,27 @@ impl ProjectionError {
     /// Classifies a database error met while `what` (e.g. "writing documents"): rejected
     /// when its SQLSTATE class says the data is unacceptable ([`rejects_record`]), with the
     /// database's message and code — never its detail line, and never the value some
-    /// messages end with ([`withhold_value`]): both may quote the data.
+    /// messages end with ([`withhold_value`]): both may quote the data. A value sqlx could
+    /// not encode as its parameter (`sqlx::Error::Encode`) is rejected too: the same record
+    /// gives the same value on every retry.
     pub fn database(error: sqlx::Error, what: &str) -> Self {
-        if let sqlx::Error::Database(db) = &error {
-            if let Some(code) = db.code().filter(|c| rejects_record(c)) {
-                let constraint = db.constraint().map(|c| format!(", constraint {c:?}")).unwrap_or_default();
+        match &error {
+            sqlx::Error::Database(db) => {
+                if let Some(code) = db.code().filter(|c| rejects_record(c)) {
+                    let constraint = db.constraint().map(|c| format!(", constraint {c:?}")).unwrap_or_default();
+                    return ProjectionError::rejected(format!(
+                        "{what}: the database rejected the data: {} (SQLSTATE {code}{constraint})",
+                        withhold_value(db.message())
+                    ));
+                }
+            }
+            sqlx::Error::Encode(e) => {
                 return ProjectionError::rejected(format!(
-                    "{what}: the database rejected the data: {} (SQLSTATE {code}{constraint})",
-                    withhold_value(db.message())
+                    "{what}: a value could not be encoded for the database: {}",
+                    withhold_value(&e.to_string())
                 ));
             }
+            _ => {}
         }
         ProjectionError::Transient(anyhow::Error::new(error).context(what.to_string()))
     }
@@ -405,7 +420,12 @@ mod tests {
             ("42601", false), // syntax error
             ("21000", false), // cardinality violation: a batch touching a row twice
             ("XX000", false), // internal error
-            ("P0001", false), // raise_exception
+            ("P0001", true),  // raise_exception: a trigger's or function's RAISE EXCEPTION
+            ("P0004", true),  // assert_failure
+            ("P0002", true),  // no_data_found (SELECT ... INTO STRICT)
+            ("57P04", false), // database dropped
+            ("57P05", false), // idle session timeout
+            ("25P03", false), // idle in transaction session timeout
             ("2", false),
             ("", false),
         ];
@@ -450,6 +470,21 @@ mod tests {
         let io = sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset"));
         assert!(!ProjectionError::from(io).is_rejected());
         assert!(!ProjectionError::from(anyhow::anyhow!("boom")).is_rejected());
+    }
+
+    #[test]
+    fn a_value_that_cannot_be_encoded_is_a_rejection() {
+        let e =
+            ProjectionError::database(sqlx::Error::Encode("timestamp out of range".into()), "statements[0] on t/0@1");
+        assert!(e.is_rejected(), "{e}");
+        assert_eq!(
+            e.to_string(),
+            "rejected: statements[0] on t/0@1: a value could not be encoded for the database: timestamp out of range"
+        );
+        let quoted = ProjectionError::database(sqlx::Error::Encode("not a number: \"secret\"".into()), "writing");
+        assert!(!quoted.to_string().contains("secret"), "{quoted}");
+        // Decoding what the database answered is not the record's fault.
+        assert!(!ProjectionError::database(sqlx::Error::Decode("bad".into()), "writing").is_rejected());
     }
 
     #[test]

@@ -11,10 +11,11 @@
 //! its coordinate before any statement runs, when a statement needs what the record cannot
 //! give: a `:key` that is not UTF-8 or holds a NUL, a `:value` that is not JSON, a
 //! `:headers` name or value that is not UTF-8. A statement the database refuses is
-//! classified by [`ProjectionError::database`], naming the statement: a data exception or a
-//! constraint (a `CHECK`, a unique key) rejects the record like any other rejection
+//! classified by [`ProjectionError::database`], naming the statement: a data exception, a
+//! constraint (a `CHECK`, a unique key), an exception a trigger or function raises (class
+//! `P0`) or a parameter that cannot be encoded rejects the record like any other rejection
 //! (`PROJECTION_REJECTED`, or a dead letter); anything else (a missing table, a lost
-//! connection) fails the step, which is retried.
+//! connection, a timeout) fails the step, which is retried.
 //!
 //! The statements run one record at a time: they are the user's, so nothing here can fold
 //! two records into one statement. When a step's batch is rejected, the task applies its
@@ -30,6 +31,8 @@ use sqlx::error::BoxDynError;
 use sqlx::postgres::types::Oid;
 use sqlx::postgres::{PgArgumentBuffer, PgTypeInfo};
 use sqlx::{PgConnection, Postgres};
+
+use parsley_store::documents::JsonbText;
 
 use crate::documents::ClassifyName as _;
 use crate::projection::{Delivered, Projection, ProjectionError, StepContext};
@@ -154,7 +157,9 @@ impl sqlx::Encode<'_, Postgres> for Timestamptz {
 #[derive(Default)]
 struct Derived<'a> {
     key: Option<&'a str>,
-    value: Option<Value>,
+    /// The value's JSON text, checked to be JSON but not parsed into numbers: bound as
+    /// `jsonb` text, so Postgres reads every number as `numeric`, all its digits kept.
+    value: Option<&'a str>,
     headers: Option<Value>,
 }
 
@@ -180,7 +185,15 @@ fn derive<'a>(record: &Delivered<'a>, statements: &[Statement]) -> Result<Derive
     }
     if uses(Param::Value) {
         if let Some(bytes) = record.value {
-            let value: Value = serde_json::from_slice(bytes).map_err(|e| {
+            let value = std::str::from_utf8(bytes).map_err(|_| {
+                ProjectionError::rejected(format!(
+                    "the value of {} is not UTF-8 ({} bytes), and :value is jsonb (:value_bytes takes any value)",
+                    record.coordinate(),
+                    bytes.len()
+                ))
+            })?;
+            // A syntax check only: `IgnoredAny` reads numbers without converting them.
+            serde_json::from_str::<serde::de::IgnoredAny>(value).map_err(|e| {
                 ProjectionError::rejected(format!(
                     "the value of {} is not JSON ({} bytes; {} at line {} column {}), and :value is jsonb \
                      (:value_bytes takes any value)",
@@ -238,7 +251,7 @@ impl Projection for SqlProjection {
                 query = match param {
                     Param::Key => query.bind(derived.key),
                     Param::KeyBytes => query.bind(record.key),
-                    Param::Value => query.bind(derived.value.as_ref()),
+                    Param::Value => query.bind(derived.value.map(JsonbText)),
                     Param::ValueBytes => query.bind(record.value),
                     Param::Topic => query.bind(record.topic),
                     Param::Partition => query.bind(record.channel.partition as i32),
@@ -316,14 +329,18 @@ name = "payments"
         let fine = [(b"h".to_vec(), Some(b"v".to_vec())), (b"n".to_vec(), None)];
         let d = derive(&record(Some(b"k"), Some(b"{\"a\":1}"), &fine, &causes), statements).unwrap();
         assert_eq!(d.key, Some("k"));
-        assert_eq!(d.value, Some(serde_json::json!({"a": 1})));
+        assert_eq!(d.value, Some("{\"a\":1}"));
+        let big =
+            derive(&record(Some(b"k"), Some(b"[1e400, 12345678901234567890123456789]"), &[], &causes), statements);
+        assert_eq!(big.unwrap().value, Some("[1e400, 12345678901234567890123456789]"), "numbers as written");
         assert_eq!(d.headers, Some(serde_json::json!({"h": "v", "n": null})));
         let bad_header = [(vec![0xff], None)];
         type Case<'a> = (Option<&'a [u8]>, Option<&'a [u8]>, &'a [crate::record::Header], &'a str);
-        let cases: [Case<'_>; 4] = [
+        let cases: [Case<'_>; 5] = [
             (Some(&[0xff]), Some(b"1"), &[], "the key of orders/3@42 is not UTF-8"),
             (Some(b"a\0b"), Some(b"1"), &[], "the key of orders/3@42 contains a NUL"),
             (Some(b"k"), Some(b"{"), &[], "the value of orders/3@42 is not JSON"),
+            (Some(b"k"), Some(b"\"\xff\""), &[], "the value of orders/3@42 is not UTF-8"),
             (Some(b"k"), Some(b"1"), &bad_header, "the name of header 0 of orders/3@42 is not UTF-8"),
         ];
         for (key, value, headers, reason) in cases {

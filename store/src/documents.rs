@@ -33,9 +33,19 @@ use crate::ordering::{channel_of, topic_of, uuid_of, ModelRow};
 #[derive(Clone, Debug, PartialEq)]
 pub struct Document {
     pub key: String,
-    pub doc: Value,
+    /// The document as JSON text, as Postgres writes a `jsonb` (`doc::text`): every number
+    /// with all its digits, never read through a float here, and valid JSON (Postgres wrote
+    /// it). Read it with [`Document::value`] where a parsed value is wanted.
+    pub doc: String,
     /// How many records were applied to it since it was last created.
     pub version: i64,
+}
+
+impl Document {
+    /// The document parsed (numbers beyond `f64` lose digits here, not in [`Document::doc`]).
+    pub fn value(&self) -> serde_json::Result<Value> {
+        serde_json::from_str(&self.doc)
+    }
 }
 
 /// A document a step writes: its new content, the record that wrote it last, and how many
@@ -100,8 +110,10 @@ pub async fn delete(conn: &mut PgConnection, model: &str, keys: &[String]) -> Re
 
 /// JSON text bound as `jsonb` without a parse on this side: `jsonb`'s binary input is a
 /// version byte (1) followed by the JSON text, which Postgres parses as it parses any `jsonb`
-/// input. (Binding a `serde_json::Value` would serialize a parsed document back to text.)
-struct JsonbText<'a>(&'a str);
+/// input, numbers as `numeric` (every digit kept). (Binding a `serde_json::Value` would
+/// serialize a parsed document back to text, its numbers through `f64`.) The SQL projection
+/// binds `:value` with it too.
+pub struct JsonbText<'a>(pub &'a str);
 
 impl sqlx::Type<Postgres> for JsonbText<'_> {
     fn type_info() -> PgTypeInfo {
@@ -321,7 +333,7 @@ pub(crate) const SHAPE_ATTEMPTS: usize = 8;
 
 /// [`gated_document`]'s statement; binds `$6` the key.
 const GATED_DOCUMENT: &str = gated_statement!(
-    data: ", d.doc, d.version",
+    data: ", d.doc::text AS doc, d.version",
     data_join: "LEFT JOIN LATERAL (SELECT doc, version FROM projection.documents
                                    WHERE model = q.model AND key = $6) AS d ON true",
     data_nulls: ", NULL, NULL",
@@ -345,7 +357,7 @@ pub async fn gated_document(
             .await
             .with_context(|| format!("reading a document of model {model:?} with its clock"))?;
         let (head, clock) = split_gated(rows)?;
-        let doc: Option<Value> = head.try_get("doc")?;
+        let doc: Option<String> = head.try_get("doc")?;
         let data = match doc {
             None => None,
             Some(doc) => Some(Document { key: key.to_string(), doc, version: head.try_get("version")? }),
@@ -383,7 +395,7 @@ pub async fn gated_page(
         let rows = sqlx::query(gated_statement!(
             data: ", d.keys, d.docs, d.versions",
             data_join: "CROSS JOIN LATERAL (
-                            SELECT array_agg(p.key ORDER BY p.key) AS keys, array_agg(p.doc ORDER BY p.key) AS docs,
+                            SELECT array_agg(p.key ORDER BY p.key) AS keys, array_agg(p.doc::text ORDER BY p.key) AS docs,
                                    array_agg(p.version ORDER BY p.key) AS versions
                             FROM (SELECT key, doc, version FROM projection.documents
                                   WHERE model = q.model AND ($2::text IS NULL OR key > $2)
@@ -406,7 +418,7 @@ pub async fn gated_page(
         let (head, clock) = split_gated(rows)?;
         // A stored document that cannot be decoded is an error, never a panic.
         let keys: Vec<String> = head.try_get::<Option<_>, _>("keys")?.unwrap_or_default();
-        let docs: Vec<Value> = head.try_get::<Option<_>, _>("docs")?.unwrap_or_default();
+        let docs: Vec<String> = head.try_get::<Option<_>, _>("docs")?.unwrap_or_default();
         let versions: Vec<i64> = head.try_get::<Option<_>, _>("versions")?.unwrap_or_default();
         if keys.len() != docs.len() || keys.len() != versions.len() {
             return Err(StoreError::bug("a page's columns differ in length"));

@@ -7,8 +7,9 @@
 //! reads start with, [`crate::documents::GateInputs`]) and the caller's data statements all
 //! see the same committed state, and nothing in it can write. [`json_rows`] is a named
 //! query's data statement: the configured SQL (its `:name` parameters already turned into
-//! `$1..$n` by [`crate::sql_params`]) as a subquery, each row as a JSON object (`to_jsonb`),
-//! at most a limit of them.
+//! `$1..$n` by [`crate::sql_params`]) as a subquery, each row as a JSON object's text
+//! (`to_jsonb(q)::text`: a `numeric` keeps every digit, never read through a float here), at
+//! most a limit of them.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -55,7 +56,7 @@ pub async fn named_query(
     sql: &str,
     params: &[ParamValue],
     limit: i64,
-) -> Result<GatedSnapshot<Result<Vec<Value>, sqlx::Error>>, StoreError> {
+) -> Result<GatedSnapshot<Result<Vec<String>, sqlx::Error>>, StoreError> {
     let (mut tx, snapshot) = begin_with_clock_as(conn, model, inputs, role).await?;
     let data = json_rows(&mut tx, sql, params, limit).await;
     finish(tx, snapshot, data).await
@@ -148,7 +149,7 @@ pub async fn check_query(
 fn rows_statement(sql: &str, params: usize) -> String {
     let sql = sql.trim_end().trim_end_matches(';');
     // The newline ends a trailing `--` comment before the subquery is closed.
-    format!("SELECT to_jsonb(q) FROM (\n{sql}\n) AS q LIMIT ${}", params + 1)
+    format!("SELECT to_jsonb(q)::text FROM (\n{sql}\n) AS q LIMIT ${}", params + 1)
 }
 
 /// `query` with `params` bound in order.
@@ -178,8 +179,9 @@ pub enum ParamValue {
     Json(Value),
 }
 
-/// The rows of `sql` (placeholders `$1..$n`, bound from `params` in order) as JSON objects,
-/// column name to value (`to_jsonb` of each row), at most `limit` of them. A trailing `;` is
+/// The rows of `sql` (placeholders `$1..$n`, bound from `params` in order) as the text of
+/// JSON objects, column name to value (`to_jsonb(q)::text` of each row: Postgres writes the
+/// numbers, a `numeric` with every digit), at most `limit` of them. A trailing `;` is
 /// dropped; the query must be one statement that can be a subquery (`SELECT`, `VALUES`,
 /// `TABLE`, `WITH … SELECT`).
 pub async fn json_rows(
@@ -187,8 +189,8 @@ pub async fn json_rows(
     sql: &str,
     params: &[ParamValue],
     limit: i64,
-) -> Result<Vec<Value>, sqlx::Error> {
+) -> Result<Vec<String>, sqlx::Error> {
     let statement = rows_statement(sql, params.len());
     let rows = bind_params(sqlx::query(&statement), params).bind(limit).fetch_all(&mut *conn).await?;
-    rows.iter().map(|r| r.try_get::<Value, _>(0)).collect()
+    rows.iter().map(|r| r.try_get::<String, _>(0)).collect()
 }

@@ -136,6 +136,7 @@ export type ProblemKind =
   | "reserved-header"
   | "invalid-body"
   | "body-too-large"
+  | "body-timeout"
   | "invalid-query"
   | "invalid-key"
   | "invalid-path"

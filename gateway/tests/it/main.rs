@@ -5,10 +5,12 @@
 
 mod api;
 mod auth;
+mod connections;
 mod edge;
 mod failover;
 mod fleet;
 mod hostile;
+mod numbers;
 mod ops;
 mod queries;
 mod retention;

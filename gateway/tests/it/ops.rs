@@ -257,11 +257,14 @@ async fn the_gate_reads_the_clock_and_the_data_in_one_statement() {
                 inputs.cached = Some(shape);
             }
             let doc = read.data.expect("the document exists");
-            (read.clock.iter().find(|r| r.channel == channel).map(|r| r.position), doc.doc["n"].as_i64())
+            (read.clock.iter().find(|r| r.channel == channel).map(|r| r.position), doc.value().unwrap()["n"].as_i64())
         } else {
             let read = gated_page(&mut conn, &model, inputs.cached, None, 10, None).await.unwrap();
             assert_eq!(read.model, RecordedModel::Unchanged);
-            (read.clock.iter().find(|r| r.channel == channel).map(|r| r.position), read.data[0].doc["n"].as_i64())
+            (
+                read.clock.iter().find(|r| r.channel == channel).map(|r| r.position),
+                read.data[0].value().unwrap()["n"].as_i64(),
+            )
         };
         assert_eq!(position, n, "round {round}: the clock and the document come from one snapshot");
         seen.insert(n);

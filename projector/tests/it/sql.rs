@@ -2,7 +2,8 @@
 //! broker and database: every named parameter bound as documented, statements run in
 //! delivery order and tombstones run their own; a check constraint or a value that is not
 //! JSON refuses `PROJECTION_REJECTED` naming the statement and the record, or is
-//! dead-lettered; a migrations folder applied once with its own bookkeeping (a re-run does
+//! dead-lettered; so does a trigger's `RAISE EXCEPTION` (SQLSTATE class `P0`), which `skip`
+//! then moves past; a migrations folder applied once with its own bookkeeping (a re-run does
 //! nothing, an edited or missing applied file is refused by name, a failing file leaves
 //! nothing behind, two instances at once apply each file once, the project's
 //! `_sqlx_migrations` untouched).
@@ -12,11 +13,13 @@ use std::sync::Arc;
 
 use parsley::refusal::RefusalReason;
 use parsley_projector::builder::apply_model_migrations;
+use parsley_projector::skip::{skip, SkipRequest};
 use parsley_projector::SqlProjection;
 use parsley_settings::config::{Apply, Config, OnRejected, SQL_PROJECTION};
 use parsley_store::model_migrations::{self, Applied};
 use parsley_store::ordering::TaskStatus;
 use parsley_store::StoreError;
+use rdkafka::admin::{AlterConfig, ResourceSpecifier};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use sqlx::{PgPool, Row as _};
@@ -251,6 +254,159 @@ async fn orders_with_a_check(prefix: &str, schema_prefix: &str) -> (Names, Strin
         &[(&n.orders, vec![format!("INSERT INTO {s}.orders VALUES (:key, (:value->>'amount')::numeric)")], vec![])],
     );
     (n, s, pool, config)
+}
+
+/// A SQL model like [`orders_with_a_check`] whose table has a trigger raising an exception
+/// (SQLSTATE P0001) for an amount over 100.
+async fn orders_with_a_trigger(prefix: &str, schema_prefix: &str) -> (Names, String, PgPool, Config) {
+    let n = Names::new(prefix);
+    let s = schema(schema_prefix);
+    create_topics(&[&n.orders], 1).await;
+    let pool = pool().await;
+    let dir = migrations_folder(
+        &s,
+        &[(
+            "1_create_orders.sql",
+            format!(
+                "CREATE SCHEMA {s}; CREATE TABLE {s}.orders (id text PRIMARY KEY, amount numeric);
+                 CREATE FUNCTION {s}.at_most_100() RETURNS trigger LANGUAGE plpgsql AS $$
+                 BEGIN
+                   IF NEW.amount > 100 THEN RAISE EXCEPTION 'an order over the limit'; END IF;
+                   RETURN NEW;
+                 END $$;
+                 CREATE TRIGGER at_most_100 BEFORE INSERT ON {s}.orders
+                   FOR EACH ROW EXECUTE FUNCTION {s}.at_most_100();"
+            ),
+        )],
+    );
+    let config = sql_config(
+        &n.model,
+        &dir,
+        &[(&n.orders, vec![format!("INSERT INTO {s}.orders VALUES (:key, (:value->>'amount')::numeric)")], vec![])],
+    );
+    (n, s, pool, config)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trigger_s_exception_refuses_projection_rejected_and_skip_moves_past_it() {
+    let (n, s, pool, config) = orders_with_a_trigger("sql-raise", "sqlraise").await;
+    let p = producer();
+    produce(&p, &n.orders, 0, "o1", Some(br#"{"amount": 5}"#), None).await;
+    let bad_at = produce(&p, &n.orders, 0, "o2", Some(br#"{"amount": 500}"#), None).await;
+    produce(&p, &n.orders, 0, "o3", Some(br#"{"amount": 7}"#), None).await;
+
+    let mut projector = start_sql(&config, &pool).await;
+    drive_until(&mut projector, "the task to refuse", || async {
+        report(&pool, &n.model).await.task(0).is_some_and(|t| t.status == TaskStatus::Refused)
+    })
+    .await;
+    let refusal = report(&pool, &n.model).await.task(0).unwrap().refusal.clone().unwrap();
+    assert_eq!(refusal.reason, RefusalReason::ProjectionRejected, "{refusal}");
+    assert_eq!(refusal.position, Some(bad_at), "{refusal}");
+    let coordinate = format!("{}/0@{bad_at}", n.orders);
+    for part in [coordinate.as_str(), "statements[0]", "P0001", "an order over the limit"] {
+        assert!(refusal.diagnosis.contains(part), "{part:?} missing from: {}", refusal.diagnosis);
+    }
+    let orders = format!("SELECT count(*) FROM {s}.orders");
+    assert_eq!(count(&pool, &orders).await, 1, "only what came before");
+
+    let request = SkipRequest {
+        model: n.model.clone(),
+        topic: n.orders.clone(),
+        partition: 0,
+        position: bad_at,
+        reason: "an order over the limit".to_string(),
+        by: "it-test".to_string(),
+    };
+    skip(&config.kafka, &pool, &request).await.unwrap_or_else(|e| panic!("{e}"));
+    drop(projector);
+    let mut projector = start_sql(&config, &pool).await;
+    drive_until(&mut projector, "the record after the skipped one", || async { count(&pool, &orders).await == 2 })
+        .await;
+    let ids: Vec<String> =
+        sqlx::query_scalar(&format!("SELECT id FROM {s}.orders ORDER BY id")).fetch_all(&pool).await.unwrap();
+    assert_eq!(ids, ["o1", "o3"]);
+    assert_eq!(report(&pool, &n.model).await.task(0).unwrap().status, TaskStatus::Running);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trigger_s_exception_is_dead_lettered_under_the_dead_letter_policy() {
+    let (n, s, pool, mut config) = orders_with_a_trigger("sql-raise-dead", "sqlraisedead").await;
+    config.models[0].on_rejected = OnRejected::DeadLetter;
+    let p = producer();
+    produce(&p, &n.orders, 0, "o1", Some(br#"{"amount": 5}"#), None).await;
+    let bad_at = produce(&p, &n.orders, 0, "o2", Some(br#"{"amount": 500}"#), None).await;
+    produce(&p, &n.orders, 0, "o3", Some(br#"{"amount": 7}"#), None).await;
+
+    let mut projector = start_sql(&config, &pool).await;
+    let orders = format!("SELECT count(*) FROM {s}.orders");
+    drive_until(&mut projector, "the good records applied", || async { count(&pool, &orders).await == 2 }).await;
+    let dead: Vec<(i64, String)> =
+        sqlx::query_as("SELECT position, reason FROM parsley.dead_letters WHERE model = $1 ORDER BY position")
+            .bind(&n.model)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].0, bad_at);
+    assert!(dead[0].1.contains("P0001") && dead[0].1.contains("an order over the limit"), "{}", dead[0].1);
+    assert_eq!(report(&pool, &n.model).await.task(0).unwrap().status, TaskStatus::Running);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parameter_that_cannot_be_encoded_refuses_projection_rejected() {
+    let n = Names::new("sql-encode");
+    let s = schema("sqlencode");
+    create_topics(&[&n.orders], 1).await;
+    let pool = pool().await;
+    let dir = migrations_folder(
+        &s,
+        &[(
+            "1_create_seen.sql",
+            format!("CREATE SCHEMA {s}; CREATE TABLE {s}.seen (id text PRIMARY KEY, ts timestamptz);"),
+        )],
+    );
+    let config = sql_config(
+        &n.model,
+        &dir,
+        &[(&n.orders, vec![format!("INSERT INTO {s}.seen VALUES (:key, :timestamp)")], vec![])],
+    );
+    // The broker refuses timestamps far in the future unless the topic allows them.
+    let allow = AlterConfig::new(ResourceSpecifier::Topic(&n.orders))
+        .set("message.timestamp.after.max.ms", "9223372036854775807");
+    let altered = admin().alter_configs(&[allow], &admin_options()).await.expect("alter_configs request");
+    assert!(altered.iter().all(Result::is_ok), "{altered:?}");
+    let p = producer();
+    produce_record(&p, &n.orders, Some("a"), Some(b"{}"), &[], Some(1_700_000_000_000)).await;
+    // Milliseconds whose microseconds since 2000 do not fit in 64 bits: `:timestamp` cannot
+    // be encoded as `timestamptz`.
+    let far =
+        || FutureRecord::<'_, str, [u8]>::to(&n.orders).partition(0).key("b").payload(b"{}").timestamp(i64::MAX / 100);
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    let far_at = loop {
+        // The topic's new setting reaches the broker's log shortly after the answer.
+        match p.send(far(), TIMEOUT).await {
+            Ok(delivered) => break delivered.offset,
+            Err((e, _)) if std::time::Instant::now() < deadline => {
+                eprintln!("producing far in the future: {e}, retrying");
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            Err((e, _)) => panic!("producing far in the future: {e}"),
+        }
+    };
+
+    let mut projector = start_sql(&config, &pool).await;
+    drive_until(&mut projector, "the task to refuse", || async {
+        report(&pool, &n.model).await.task(0).is_some_and(|t| t.status == TaskStatus::Refused)
+    })
+    .await;
+    let refusal = report(&pool, &n.model).await.task(0).unwrap().refusal.clone().unwrap();
+    assert_eq!(refusal.reason, RefusalReason::ProjectionRejected, "{refusal}");
+    assert_eq!(refusal.position, Some(far_at), "{refusal}");
+    for part in ["statements[0]", "could not be encoded", "timestamp out of range"] {
+        assert!(refusal.diagnosis.contains(part), "{part:?} missing from: {}", refusal.diagnosis);
+    }
+    assert_eq!(count(&pool, &format!("SELECT count(*) FROM {s}.seen")).await, 1, "only what came before");
 }
 
 /// The project's migrations as recorded: (version, checksum) of every row.
