@@ -19,6 +19,10 @@
 //!    bytes, the client's session as the `parsley.causes` header) with the gateway's
 //!    producer settings, awaiting the acknowledgement. Both go to the model's topic, so the
 //!    projector applies both alike.
+//! 5. **Covered single-key reads with a JWT** (`auth`): the read of 1. through a second
+//!    gateway that authenticates callers (an RS256 JWT on every request, its JWKS from a
+//!    file, one rule allowing the read) against the same read through the open gateway: what
+//!    authentication and authorization cost a read.
 //! 4. **Covered reads while the documents change** (`mixed`): each client reads the
 //!    documents in turn (all of them, not one key), gated against the plain handler, while a
 //!    writer updates those documents at `BENCH_LOAD_WRITE_RATE` records per second (default
@@ -34,7 +38,7 @@
 //! (comma-separated connection counts, default `1,16,64`), `BENCH_LOAD_ROUNDS` (slices per
 //! side, default 3), `BENCH_LOAD_SLICE_MS` (one slice, default 1000; a warm-up slice of a
 //! fifth of it per side comes first), `BENCH_LOAD_WORKLOADS` (comma-separated, of `read`,
-//! `page`, `write` and `mixed`; default all four), `BENCH_READ_CACHE_BYTES` (the gateway's
+//! `page`, `write`, `mixed` and `auth`; default all five), `BENCH_READ_CACHE_BYTES` (the gateway's
 //! `read_cache_bytes`, default the gateway's own; 0: off), `BENCH_LOAD_ONLY` (`subject` or `baseline`:
 //! measure one side only, to profile it; its ratios are then meaningless). The defaults
 //! take about a minute.
@@ -107,14 +111,17 @@ enum Op {
     /// Reads of every document in turn.
     GatewayReadAny,
     PlainReadAny,
+    /// A covered single-key read through the authenticating gateway, a JWT on every request.
+    AuthenticatedRead,
 }
 
 /// The workloads: name, subject, baseline.
-const WORKLOADS: [(&str, Op, Op); 4] = [
+const WORKLOADS: [(&str, Op, Op); 5] = [
     ("covered single-key read", Op::GatewayRead, Op::PlainRead),
     ("collection page of 100", Op::GatewayPage, Op::PlainPage),
     ("write", Op::GatewayWrite, Op::BareProduce),
     ("covered reads, documents changing", Op::GatewayReadAny, Op::PlainReadAny),
+    ("covered single-key read, JWT vs open", Op::AuthenticatedRead, Op::GatewayRead),
 ];
 
 async fn bench() -> anyhow::Result<()> {
@@ -157,6 +164,8 @@ struct Target {
     producer: FutureProducer,
     produce_timeout: Duration,
     ring: KeyRing,
+    /// The authenticating gateway's address and a JWT it accepts.
+    authenticated: (std::net::SocketAddr, String),
 }
 
 async fn measure(stack: &Stack, plan: &Plan) -> anyhow::Result<()> {
@@ -174,6 +183,7 @@ async fn measure(stack: &Stack, plan: &Plan) -> anyhow::Result<()> {
     let page: Value = serde_json::from_slice(&reply.body)?;
     ensure!(page["documents"].as_array().map(Vec::len) == Some(PAGE as usize), "the first page is short: {page}");
     let token = reply.token.context("the page returned no token")?;
+    let authenticated = stack.start_authenticated_gateway().await?;
 
     let target = Arc::new(Target {
         document: stack.document_path("d-0000"),
@@ -188,15 +198,17 @@ async fn measure(stack: &Stack, plan: &Plan) -> anyhow::Result<()> {
         producer: stack.producer.clone(),
         produce_timeout: stack.produce_timeout,
         ring: stack.ring.clone(),
+        authenticated,
     });
     let mut rows = Vec::new();
-    let only = std::env::var("BENCH_LOAD_WORKLOADS").unwrap_or_else(|_| "read,page,write,mixed".into());
+    let only = std::env::var("BENCH_LOAD_WORKLOADS").unwrap_or_else(|_| "read,page,write,mixed,auth".into());
     let only: Vec<&str> = only.split(',').map(str::trim).collect();
     for (workload, subject, baseline) in WORKLOADS {
         let short = match subject {
             Op::GatewayRead => "read",
             Op::GatewayPage => "page",
             Op::GatewayReadAny => "mixed",
+            Op::AuthenticatedRead => "auth",
             _ => "write",
         };
         if !only.contains(&short) {
@@ -281,12 +293,16 @@ async fn update_documents(
     }
 }
 
-/// One client: a connection to the gateway, one to the plain server, its session.
+/// One client: a connection to the gateway, one to the plain server, one to the
+/// authenticating gateway, its sessions (the authenticating gateway binds its own to the
+/// JWT's subject).
 struct Client {
     id: usize,
     gateway: Http,
     plain: Http,
+    authenticated: Http,
     token: Option<String>,
+    authenticated_token: Option<String>,
     /// The session's pairs as a `parsley.causes` value, for the bare produce.
     causes: Option<Vec<u8>>,
     writes: usize,
@@ -297,10 +313,14 @@ struct Client {
 
 impl Client {
     async fn connect(stack: &Stack, id: usize, target: Arc<Target>, token: Option<String>) -> anyhow::Result<Client> {
+        let mut authenticated = Http::connect(target.authenticated.0).await?;
+        authenticated.authorization = Some(target.authenticated.1.clone());
         Ok(Client {
             id,
             gateway: Http::connect(stack.gateway_address).await?,
             plain: Http::connect(stack.plain_address).await?,
+            authenticated,
+            authenticated_token: token.clone(),
             token,
             causes: None,
             writes: 0,
@@ -332,6 +352,11 @@ impl Client {
                 let reply = self.gateway.send("GET", path, self.token.as_deref(), None).await?;
                 ensure!(reply.status == 200, "the gated read answered {}: {}", reply.status, reply.text());
                 self.token = reply.token;
+            }
+            Op::AuthenticatedRead => {
+                let reply = self.authenticated.send("GET", &t.document, self.authenticated_token.as_deref(), None).await?;
+                ensure!(reply.status == 200, "the authenticated read answered {}: {}", reply.status, reply.text());
+                self.authenticated_token = reply.token;
             }
             Op::GatewayReadAny | Op::PlainReadAny => {
                 // Each client starts at a document of its own.

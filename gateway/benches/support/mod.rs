@@ -190,6 +190,42 @@ impl Stack {
         })
     }
 
+    /// A second gateway over the same model, authenticating callers: RS256 JWTs checked
+    /// with the test fixtures' JWKS file (`gateway/tests/fixtures/jwt`), one rule letting
+    /// any caller with scope `bench:read` read and list the model. Served until the stack
+    /// stops; returns its address and a bearer JWT it accepts (valid for an hour).
+    pub async fn start_authenticated_gateway(&self) -> anyhow::Result<(SocketAddr, String)> {
+        let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/jwt");
+        let jwks = std::env::temp_dir().join(format!("{}-jwks.json", self.run));
+        let jwk: serde_json::Value = serde_json::from_slice(&std::fs::read(format!("{fixtures}/rsa-1.jwk.json"))?)?;
+        std::fs::write(&jwks, serde_json::json!({"keys": [jwk]}).to_string())?;
+        let read_cache_bytes = env_usize("BENCH_READ_CACHE_BYTES", parsley_gateway::settings::DEFAULT_READ_CACHE_BYTES);
+        let mut config = self.config.clone();
+        config.gateway = Config::parse(&format!(
+            "[gateway]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"\"\nread_wait_ms = {READ_WAIT_MS}\n\
+             read_cache_bytes = {read_cache_bytes}\n\
+             [gateway.auth]\nissuer = \"https://bench\"\naudience = \"bench\"\njwks_file = {:?}\n\
+             [[gateway.rules]]\nname = \"bench-readers\"\nallow = [\"read\", \"list\"]\nmodels = [\"{}\"]\n\
+             scopes = [\"bench:read\"]\n",
+            jwks.to_string_lossy(),
+            self.model
+        ))?
+        .gateway;
+        let gateway = Gateway::new(GatewayConfig::with_keys(config, self.ring.clone())?)?;
+        let listener = gateway.bind().await?;
+        let address = listener.local_addr()?;
+        tokio::spawn(gateway.serve(listener, self.stop_gateway.subscribe()));
+        let now = parsley_gateway::session::unix_now();
+        let claims = serde_json::json!({
+            "iss": "https://bench", "aud": "bench", "sub": "bench-reader", "scope": "bench:read",
+            "iat": now, "exp": now + 3600,
+        });
+        let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::RS256);
+        header.kid = Some("rsa-1".into());
+        let key = jsonwebtoken::EncodingKey::from_rsa_pem(&std::fs::read(format!("{fixtures}/rsa-1.key.pem"))?)?;
+        Ok((address, format!("Bearer {}", jsonwebtoken::encode(&header, &claims, &key)?)))
+    }
+
     /// Stops everything, deletes the run's topics and drops its database — unless
     /// `BENCH_KEEP_DATABASE` is set, for a look at its rows afterwards (its name is printed;
     /// drop it by hand).
@@ -334,13 +370,15 @@ pub struct Http {
     stream: BufReader<TcpStream>,
     host: String,
     line: String,
+    /// Sent as `authorization` with every request, when set (`Bearer <jwt>`).
+    pub authorization: Option<String>,
 }
 
 impl Http {
     pub async fn connect(address: SocketAddr) -> anyhow::Result<Http> {
         let stream = TcpStream::connect(address).await.with_context(|| format!("connecting to {address}"))?;
         stream.set_nodelay(true)?;
-        Ok(Http { stream: BufReader::new(stream), host: address.to_string(), line: String::new() })
+        Ok(Http { stream: BufReader::new(stream), host: address.to_string(), line: String::new(), authorization: None })
     }
 
     pub async fn send(
@@ -351,6 +389,9 @@ impl Http {
         body: Option<&[u8]>,
     ) -> anyhow::Result<Reply> {
         let mut request = format!("{method} {path} HTTP/1.1\r\nhost: {}\r\n", self.host);
+        if let Some(a) = &self.authorization {
+            request.push_str(&format!("authorization: {a}\r\n"));
+        }
         if let Some(t) = token {
             request.push_str(&format!("{SESSION_HEADER}: {t}\r\n"));
         }

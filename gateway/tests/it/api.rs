@@ -106,8 +106,12 @@ async fn a_retried_write_with_the_same_idempotency_key_is_answered_without_writi
     let uri = format!("/v1/topics/{}/records", s.names.orders);
     let body = json!({"key": "order-1", "value": {"n": 1}});
     let key = unique("k");
+    // Keys are scoped by the session token (no subject here): the client starts its session
+    // with a read, so that its first write can be retried with the same token.
+    let started = s.read("order-0", None).await.token();
+    let with_key = [("idempotency-key", key.as_str()), ("parsley-session", started.as_str())];
 
-    let (status, h, first) = request(&s.router, Method::POST, &uri, &[("idempotency-key", &key)], Some(&body)).await;
+    let (status, h, first) = request(&s.router, Method::POST, &uri, &with_key, Some(&body)).await;
     assert_eq!(status, StatusCode::CREATED, "{first}");
     assert_eq!(header(&h, "idempotency-replayed"), None);
     let token = header(&h, "parsley-session").unwrap().to_string();
@@ -115,7 +119,7 @@ async fn a_retried_write_with_the_same_idempotency_key_is_answered_without_writi
     // The retry (the client never saw the answer), on another gateway of the fleet, with
     // the session it had before: the same acknowledgement, merged into its session.
     let (other, _stop) = s.other_gateway("").await;
-    let (status, h, again) = request(&other, Method::POST, &uri, &[("idempotency-key", &key)], Some(&body)).await;
+    let (status, h, again) = request(&other, Method::POST, &uri, &with_key, Some(&body)).await;
     assert_eq!(status, StatusCode::CREATED, "{again}");
     assert_eq!(again, first, "the same coordinate");
     assert_eq!(header(&h, "idempotency-replayed"), Some("true"));
@@ -123,21 +127,26 @@ async fn a_retried_write_with_the_same_idempotency_key_is_answered_without_writi
     let channel = channel(&s.state, &s.names.orders, first["partition"].as_u64().unwrap() as u32).await;
     assert_eq!(open(&replayed).past.get(&channel), first["offset"].as_i64(), "the coordinate is in the session");
     assert_eq!(open(&token).past, open(&replayed).past);
+    // Another caller (another session, or none) with the same key writes its own record:
+    // no one can claim or replay another's key.
+    let (status, h, theirs) = request(&s.router, Method::POST, &uri, &[("idempotency-key", &key)], Some(&body)).await;
+    assert_eq!((status, header(&h, "idempotency-replayed")), (StatusCode::CREATED, None), "{theirs}");
+    assert_ne!(theirs, first);
 
-    // Written once: the document's version is 1 once the projector applied it.
-    let r = s.read("order-1", Some(&replayed)).await;
+    // The retry wrote nothing: the document's versions are the first write's and the other
+    // caller's, two.
+    let other_session = header(&h, "parsley-session").unwrap().to_string();
+    let r = s.read("order-1", Some(&other_session)).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.json);
-    assert_eq!((r.json["document"].clone(), r.json["version"].clone()), (json!({"n": 1}), json!(1)));
+    assert_eq!((r.json["document"].clone(), r.json["version"].clone()), (json!({"n": 1}), json!(2)));
 
     // The same key for another request: refused by name, nothing written.
     let other_body = json!({"key": "order-1", "value": {"n": 2}});
-    let (status, _, problem) =
-        request(&s.router, Method::POST, &uri, &[("idempotency-key", &key)], Some(&other_body)).await;
+    let (status, _, problem) = request(&s.router, Method::POST, &uri, &with_key, Some(&other_body)).await;
     assert_eq!(status, StatusCode::CONFLICT, "{problem}");
     assert_eq!(problem["type"], json!("https://parsley.dev/problems/idempotency-key-reused"));
     let other_uri = format!("/v1/topics/{}/records", s.names.payments);
-    let (status, _, problem) =
-        request(&s.router, Method::POST, &other_uri, &[("idempotency-key", &key)], Some(&body)).await;
+    let (status, _, problem) = request(&s.router, Method::POST, &other_uri, &with_key, Some(&body)).await;
     assert_eq!(status, StatusCode::CONFLICT, "another route is another request: {problem}");
 
     // Keys a request cannot carry.
@@ -150,7 +159,7 @@ async fn a_retried_write_with_the_same_idempotency_key_is_answered_without_writi
 
     // Concurrent duplicates: one write; the others replay it or are told it is in flight.
     let body = json!({"key": "order-2", "value": {"n": 1}});
-    let answers = concurrent_posts(&s.router, &uri, &body, &unique("concurrent")).await;
+    let answers = concurrent_posts(&s.router, &uri, &body, &unique("concurrent"), &started).await;
     let written: Vec<&(StatusCode, bool, Value)> =
         answers.iter().filter(|a| a.0 == StatusCode::CREATED && !a.1).collect();
     assert_eq!(written.len(), 1, "{answers:?}");
@@ -170,13 +179,20 @@ async fn a_retried_write_with_the_same_idempotency_key_is_answered_without_writi
 }
 
 /// Eight concurrent POSTs with one key: (status, replayed, body) each.
-async fn concurrent_posts(router: &Router, uri: &str, body: &Value, key: &str) -> Vec<(StatusCode, bool, Value)> {
+async fn concurrent_posts(
+    router: &Router,
+    uri: &str,
+    body: &Value,
+    key: &str,
+    session: &str,
+) -> Vec<(StatusCode, bool, Value)> {
     let mut tasks = Vec::new();
     for _ in 0..8 {
         let (router, uri, body, key) = (router.clone(), uri.to_string(), body.clone(), key.to_string());
+        let session = session.to_string();
         tasks.push(tokio::spawn(async move {
-            let (status, h, json) =
-                request(&router, Method::POST, &uri, &[("idempotency-key", &key)], Some(&body)).await;
+            let headers = [("idempotency-key", key.as_str()), ("parsley-session", session.as_str())];
+            let (status, h, json) = request(&router, Method::POST, &uri, &headers, Some(&body)).await;
             (status, h.contains_key("idempotency-replayed"), json)
         }));
     }
@@ -234,9 +250,10 @@ async fn a_batch_is_written_in_one_transaction_and_read_back_by_its_session() {
         assert_eq!((r.json["document"].clone(), r.json["version"].clone()), (doc, json!(1)), "{key}");
     }
 
-    // Replayed, not written again.
-    let (status, h, again) =
-        request(&s.router, Method::POST, "/v1/records", &[("idempotency-key", &batch_key)], Some(&batch)).await;
+    // Replayed, not written again (the retry carries the session the first attempt carried).
+    let retry = [("parsley-session", w.token()), ("idempotency-key", batch_key.clone())];
+    let retry: Vec<(&str, &str)> = retry.iter().map(|(a, b)| (*a, b.as_str())).collect();
+    let (status, h, again) = request(&s.router, Method::POST, "/v1/records", &retry, Some(&batch)).await;
     assert_eq!((status, again), (StatusCode::CREATED, body.clone()));
     assert_eq!(header(&h, "idempotency-replayed"), Some("true"));
 
