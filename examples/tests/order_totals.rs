@@ -149,7 +149,9 @@ async fn totals_keep_every_digit_and_a_sum_past_f64_is_answered_exactly() {
     create_topics(&[&orders, &payments], 2).await;
     let mut config = example_config(ORDER_TOTALS, &model, &[&orders, &payments]).unwrap();
     config.projector.metrics_address = String::new();
-    config.gateway = Config::parse("[gateway]\naccess = \"open\"\nread_wait_ms = 20000\nresponse_timeout_ms = 30000\n").unwrap().gateway;
+    config.gateway = Config::parse("[gateway]\naccess = \"open\"\nread_wait_ms = 20000\nresponse_timeout_ms = 30000\n")
+        .unwrap()
+        .gateway;
     let database_url = config.database.url.clone().expect("the test database").expose().to_string();
 
     let (stop, shutdown) = watch::channel(false);

@@ -354,7 +354,8 @@ impl Client {
                 self.token = reply.token;
             }
             Op::AuthenticatedRead => {
-                let reply = self.authenticated.send("GET", &t.document, self.authenticated_token.as_deref(), None).await?;
+                let reply =
+                    self.authenticated.send("GET", &t.document, self.authenticated_token.as_deref(), None).await?;
                 ensure!(reply.status == 200, "the authenticated read answered {}: {}", reply.status, reply.text());
                 self.authenticated_token = reply.token;
             }

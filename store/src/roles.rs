@@ -50,9 +50,11 @@ pub fn query_role(model: &str) -> String {
     if full.len() <= 63 {
         return full;
     }
-    // FNV-1a: stable across builds, enough to tell apart names that share 40 bytes.
+    // FNV-1a: stable across builds, enough to tell apart names that share their first bytes.
+    // The name keeps as much of the model as fits beside the hash: prefix, model, `_`, 16 hex.
     let hash = model.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
-    let cut = model.char_indices().map(|(i, _)| i).take_while(|i| *i <= 40).last().unwrap_or(0);
+    let room = 63 - QUERY_ROLE_PREFIX.len() - 1 - 16;
+    let cut = model.char_indices().map(|(i, _)| i).take_while(|i| *i <= room).last().unwrap_or(0);
     format!("{QUERY_ROLE_PREFIX}{}_{hash:016x}", &model[..cut])
 }
 
