@@ -34,7 +34,7 @@ use crate::session::{self, kafka_unavailable, SESSION_HEADER};
 use crate::state::AppState;
 use crate::trace::TraceContext;
 use crate::transactions::blocking;
-use crate::write::{self, body_bytes, Idempotent};
+use crate::write::{self, body_bytes, Settled, Written};
 
 pub async fn post_batch(
     State(state): State<AppState>,
@@ -65,30 +65,45 @@ pub async fn post_batch(
         state.config.access.check_write(caller.identity.as_deref(), &r.topic, &[r.record.key.as_str()])?;
     }
     let past = session::sanitize(&state, &caller.past).await?;
-    let claim = match write::claim_idempotency(&state, &headers, &caller, "/v1/records", &bytes).await? {
-        Idempotent::Replay(ack) => return write::replay(&state, &caller, &past, &ack, now),
-        Idempotent::Write(claim) => claim,
-    };
+    let id = write::claim_id(&headers, &caller)?;
     let (trace, caller_parent) = TraceContext::continued(&headers);
     let started_ns = parsley_infra::otlp::now_unix_ns();
-    match produce_batch(&state, &facts, &past, &records, &trace).await {
-        Ok(acked) => {
-            let attributes = vec![("messaging.batch.message_count".to_string(), acked.len().to_string())];
-            trace.export(&state, caller_parent, "POST /v1/records", started_ns, attributes);
-            let body = json!({"records": acked.iter().map(|(topic, c, offset)| json!({
-                "topic": topic, "partition": c.partition, "offset": offset,
-            })).collect::<Vec<_>>()});
-            let coordinates: Vec<(ChannelId, i64)> = acked.iter().map(|(_, c, o)| (*c, *o)).collect();
-            write::settle(&state, claim, Ok(&write::acknowledgement(&body, &coordinates))).await;
-            let merged = coordinates.iter().fold(past, |p, (c, o)| p.merge(*c, *o));
-            let token = session::reseal(&state, &caller, merged, now)?;
-            Ok((StatusCode::CREATED, [(SESSION_HEADER, token)], Json(body)).into_response())
-        }
-        Err(e) => {
-            write::settle(&state, claim, Err(())).await;
-            Err(e)
-        }
-    }
+    let route = "/v1/records".to_string();
+    let written = {
+        let (state, past, bytes) = (state.clone(), past.clone(), bytes.clone());
+        write::written_apart(&state.clone(), id, route, bytes.clone(), move |claim| async move {
+            // Parsed again inside the task, which owns its bytes; checked above already.
+            let settings = &state.config.settings;
+            let written = match body::parse_batch(&bytes, settings.max_key_bytes, settings.max_batch_records) {
+                Ok(records) => produce_batch(&state, &facts, &past, &records, &trace).await,
+                Err(e) => Err(e.into()),
+            };
+            match written {
+                Ok(acked) => {
+                    let attributes = vec![("messaging.batch.message_count".to_string(), acked.len().to_string())];
+                    trace.export(&state, caller_parent, "POST /v1/records", started_ns, attributes);
+                    let body = json!({"records": acked.iter().map(|(topic, c, offset)| json!({
+                        "topic": topic, "partition": c.partition, "offset": offset,
+                    })).collect::<Vec<_>>()});
+                    let coordinates: Vec<(ChannelId, i64)> = acked.iter().map(|(_, c, o)| (*c, *o)).collect();
+                    write::settle(&state, claim, Settled::Done(&write::acknowledgement(&body, &coordinates))).await;
+                    Ok((body, coordinates))
+                }
+                Err(e) => {
+                    write::settle(&state, claim, Settled::failed(&e)).await;
+                    Err(e)
+                }
+            }
+        })
+        .await?
+    };
+    let (body, coordinates) = match written {
+        Written::Replay(ack) => return write::replay(&state, &caller, &past, &ack, now),
+        Written::Done(done) => done,
+    };
+    let merged = coordinates.iter().fold(past, |p, (c, o)| p.merge(*c, *o));
+    let token = session::reseal(&state, &caller, merged, now)?;
+    Ok((StatusCode::CREATED, [(SESSION_HEADER, token)], Json(body)).into_response())
 }
 
 /// Produces `records` in one transaction on a transactional producer; answers each
@@ -114,6 +129,9 @@ async fn produce_batch(
         *slot = None;
         return Err(batch_failed(state, "beginning a transaction", e, None));
     }
+    // From here until it commits or aborts, the transaction is open: should this future be
+    // dropped (the runtime shutting down), the guard aborts it at once and frees the slot.
+    let mut open = OpenTransaction { slot: &mut slot, done: false };
     let mut deliveries = Vec::with_capacity(records.len());
     let mut failed = None;
     for r in records {
@@ -154,21 +172,26 @@ async fn produce_batch(
     let timeout = transactions.timeout();
     if let Some(e) = failed {
         let p = producer.clone();
-        if let Err(abort) = blocking(move || p.abort_transaction(timeout)).await {
+        let aborted = blocking(move || p.abort_transaction(timeout)).await;
+        open.done = true;
+        if let Err(abort) = aborted {
             tracing::warn!(error = %abort, "aborting a failed batch's transaction failed; the producer is made anew");
-            *slot = None;
+            **open.slot = None;
         }
         return Err(batch_failed(state, "producing a batch", e, Some(false)));
     }
     let p = producer.clone();
-    if let Err(e) = blocking(move || p.commit_transaction(timeout)).await {
+    let committed = blocking(move || p.commit_transaction(timeout)).await;
+    if let Err(e) = committed {
         let p = producer.clone();
         let aborted = blocking(move || p.abort_transaction(timeout)).await.is_ok();
+        open.done = true;
         if !aborted {
-            *slot = None;
+            **open.slot = None;
         }
         return Err(batch_failed(state, "committing a batch", e, Some(!aborted)));
     }
+    open.done = true;
     state.metrics.observe(Metric::WriteAckSeconds, &[], started.elapsed().as_secs_f64());
     for (topic, channel, offset) in &acked {
         state.facts.note_acknowledged(*channel, *offset);
@@ -179,6 +202,31 @@ async fn produce_batch(
     Ok(acked)
 }
 
+/// A transaction begun on a slot's producer, aborted at once if dropped before it is done.
+struct OpenTransaction<'a, 'b> {
+    slot: &'a mut tokio::sync::MutexGuard<'b, Option<rdkafka::producer::FutureProducer>>,
+    done: bool,
+}
+
+impl Drop for OpenTransaction<'_, '_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        // The producer leaves the slot (the next batch makes one anew, whose initialization
+        // fences this one); its transaction is aborted off the async threads.
+        if let Some(producer) = self.slot.take() {
+            tracing::warn!("a batch was dropped mid-transaction; aborting its transaction");
+            let timeout = rdkafka::util::Timeout::After(std::time::Duration::from_secs(10));
+            tokio::task::spawn_blocking(move || {
+                if let Err(e) = producer.abort_transaction(timeout) {
+                    tracing::warn!(error = %e, "aborting a dropped batch's transaction failed; the next producer of its slot fences it");
+                }
+            });
+        }
+    }
+}
+
 /// A batch that did not commit. `unknown`: whether it may have committed anyway (a commit
 /// that failed and could not be aborted); `None`: nothing was produced yet.
 fn batch_failed(state: &AppState, doing: &str, e: KafkaError, unknown: Option<bool>) -> ApiError {
@@ -187,7 +235,11 @@ fn batch_failed(state: &AppState, doing: &str, e: KafkaError, unknown: Option<bo
         Some(true) => "Kafka did not confirm the batch's transaction; it may or may not have been committed",
         _ => "Kafka could not write the batch; none of its records was written",
     };
-    ApiError::WriteFailed { detail: detail.to_string(), retry_after: state.config.settings.retry_after_s }
+    ApiError::WriteFailed {
+        detail: detail.to_string(),
+        retry_after: state.config.settings.retry_after_s,
+        unknown: unknown == Some(true),
+    }
 }
 
 #[cfg(test)]

@@ -75,6 +75,9 @@ problem_types! {
     IdempotencyKeyReused = ("idempotency-key-reused", "Idempotency key used for another request", CONFLICT),
     /// A request with the same `Idempotency-Key` is still being written.
     IdempotencyKeyInFlight = ("idempotency-key-in-flight", "Idempotency key in flight", CONFLICT),
+    /// The request with the same `Idempotency-Key` was attempted and whether it was written
+    /// is unknown; it is not written again.
+    IdempotencyOutcomeUnknown = ("idempotency-outcome-unknown", "Idempotent write's outcome unknown", CONFLICT),
     /// A CORS preflight from an origin not in `gateway.cors_allowed_origins`.
     CorsOriginNotAllowed = ("cors-origin-not-allowed", "Origin not allowed", FORBIDDEN),
     Unauthorized = ("unauthorized", "Unauthorized", UNAUTHORIZED),
@@ -251,8 +254,10 @@ pub enum ApiError {
     NotYetCovered(Box<Problem>),
     #[error("{what} is unavailable: {detail}")]
     Unavailable { what: &'static str, detail: String, retry_after: u64 },
+    /// A write Kafka did not acknowledge. `unknown`: it may have been written all the same
+    /// (answered as the `outcome` member, `unknown` or `not-written`).
     #[error("the write was not acknowledged: {detail}")]
-    WriteFailed { detail: String, retry_after: u64 },
+    WriteFailed { detail: String, retry_after: u64, unknown: bool },
     /// A write to a topic whose partition count is not the width a receiving model
     /// recorded: no task reads the partitions beyond it, and keys no longer route to their
     /// tasks. `written`: the partition and offset, when the record was produced before the
@@ -277,6 +282,9 @@ pub enum ApiError {
     /// A request with the same key is being written.
     #[error("a request with idempotency key {key:?} is in flight")]
     IdempotencyKeyInFlight { key: String, retry_after: u64 },
+    /// The request with the same key may or may not have been written.
+    #[error("the outcome of the request with idempotency key {0:?} is unknown")]
+    IdempotencyOutcomeUnknown(String),
     #[error("internal error: {0:#}")]
     Internal(#[from] anyhow::Error),
 }
@@ -320,6 +328,7 @@ impl ApiError {
             ApiError::InvalidIdempotencyKey(_) => P::InvalidIdempotencyKey,
             ApiError::IdempotencyKeyReused(_) => P::IdempotencyKeyReused,
             ApiError::IdempotencyKeyInFlight { .. } => P::IdempotencyKeyInFlight,
+            ApiError::IdempotencyOutcomeUnknown(_) => P::IdempotencyOutcomeUnknown,
             ApiError::Internal(_) => P::Internal,
         }
     }
@@ -404,13 +413,20 @@ impl ApiError {
                 problem.retry_after = Some(retry_after);
                 problem
             }
+            ApiError::IdempotencyOutcomeUnknown(key) => p(format!(
+                "the request with the Idempotency-Key {key:?} was attempted, and Kafka did not confirm whether it was \
+                 written; it is not written a second time. Read what it would have changed to learn whether it was, \
+                 then write again with a new key if it was not"
+            )),
             ApiError::Unavailable { what, detail, retry_after } => {
                 let mut problem = p(format!("{what} is unavailable: {detail}"));
                 problem.retry_after = Some(retry_after);
                 problem
             }
-            ApiError::WriteFailed { detail, retry_after } => {
-                let mut problem = p(format!("the broker did not acknowledge the write: {detail}"));
+            ApiError::WriteFailed { detail, retry_after, unknown } => {
+                let outcome = if unknown { "unknown" } else { "not-written" };
+                let mut problem =
+                    p(format!("the broker did not acknowledge the write: {detail}")).with("outcome", json!(outcome));
                 problem.retry_after = Some(retry_after);
                 problem
             }

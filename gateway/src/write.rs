@@ -6,6 +6,12 @@
 //! the broker's acknowledgement, merge the acknowledged coordinate — never a position
 //! computed from a log end — and hand back the re-sealed token. A write never waits for the
 //! record to become deliverable.
+//!
+//! The claim of the request's `Idempotency-Key`, the produce and the recording of its
+//! outcome run to the end in a task of their own ([`written_apart`]): a client that hangs
+//! up, or a response timeout, drops the handler but not the write, so a claim is never left
+//! behind without its outcome. A write Kafka did not confirm either way keeps its claim as
+//! `unknown`: a retry answers `409 idempotency-outcome-unknown`, never a second copy.
 
 use std::time::{Duration, Instant};
 
@@ -86,6 +92,13 @@ pub struct Claim {
     key: String,
 }
 
+impl Claim {
+    /// The claim's scope and key.
+    pub fn id(&self) -> (String, String) {
+        (self.scope.clone(), self.key.clone())
+    }
+}
+
 /// What an idempotent request found before writing.
 pub enum Idempotent {
     /// No key, or the key is this request's now: write.
@@ -94,21 +107,28 @@ pub enum Idempotent {
     Replay(Value),
 }
 
-/// Claims the request's idempotency key, if it has one (`route` and `body` identify the
-/// request). A key used for another request is `409 idempotency-key-reused`; one whose
-/// request is still being written, `409 idempotency-key-in-flight`.
+/// The request's idempotency key and the scope it is claimed in (`(scope, key)`), if it
+/// carries one.
+pub fn claim_id(headers: &HeaderMap, caller: &session::Caller) -> Result<Option<(String, String)>, ApiError> {
+    Ok(idempotency_key(headers)?.map(|key| (idempotency_scope(caller), key)))
+}
+
+/// Claims the request's idempotency key `id` ([`claim_id`]), if it has one (`route` and
+/// `body` identify the request). A key used for another request is `409
+/// idempotency-key-reused`; one whose request is still being written, `409
+/// idempotency-key-in-flight`; one whose request's outcome is unknown, `409
+/// idempotency-outcome-unknown`.
 pub async fn claim_idempotency(
     state: &AppState,
-    headers: &HeaderMap,
-    caller: &session::Caller,
+    id: Option<(String, String)>,
     route: &str,
     body: &[u8],
 ) -> Result<Idempotent, ApiError> {
-    let Some(key) = idempotency_key(headers)? else { return Ok(Idempotent::Write(None)) };
+    let Some((scope, key)) = id else { return Ok(Idempotent::Write(None)) };
     let settings = &state.config.settings;
-    let scope = idempotency_scope(caller);
     let window = Duration::from_secs(settings.idempotency_window_s);
-    // A claim older than this was left by a gateway that died mid-write.
+    // A claim not marked alive for this long (its writer does so every half produce
+    // timeout, `written_apart`) was left by a gateway that died mid-write.
     let stale_after = settings.produce_timeout() * 2;
     let begun = idempotency::begin(&state.pool, &scope, &key, &request_hash(route, body), window, stale_after)
         .await
@@ -120,6 +140,7 @@ pub async fn claim_idempotency(
             Ok(Idempotent::Replay(ack))
         }
         Begun::InFlight => Err(ApiError::IdempotencyKeyInFlight { key, retry_after: settings.retry_after_s }),
+        Begun::Unknown => Err(ApiError::IdempotencyOutcomeUnknown(key)),
         Begun::Reused => Err(ApiError::IdempotencyKeyReused(key)),
     }
 }
@@ -144,17 +165,103 @@ pub fn idempotency_scope(caller: &session::Caller) -> String {
     }
 }
 
-/// Settles a claim: records the acknowledgement (`Ok`), or gives the key up so that a
-/// retry writes (`Err`: the write failed). A failure to record is logged, never the
-/// request's answer: the write itself succeeded.
-pub async fn settle(state: &AppState, claim: Option<Claim>, ack: Result<&Value, ()>) {
+/// How a write ended, as its idempotency claim records it.
+pub enum Settled<'a> {
+    /// Written: the acknowledgement retries are answered with.
+    Done(&'a Value),
+    /// Surely not written: the key is given up, so that a retry writes.
+    NotWritten,
+    /// Maybe written: the claim is kept as `unknown`, so that a retry does not write again.
+    Unknown,
+}
+
+impl Settled<'_> {
+    /// How a failed write ended: an error that may have left the record written is
+    /// `Unknown`, any other `NotWritten`.
+    pub fn failed(e: &ApiError) -> Settled<'static> {
+        match e {
+            ApiError::WriteFailed { unknown: true, .. } | ApiError::WidthChanged { written: Some(_), .. } => {
+                Settled::Unknown
+            }
+            _ => Settled::NotWritten,
+        }
+    }
+}
+
+/// Settles a claim (see [`Settled`]). The database is tried a few times: a claim left
+/// `pending` reads as unknown once stale, never as free, so a failure here costs the key, not
+/// a duplicate. A failure to record is logged, never the request's answer.
+pub async fn settle(state: &AppState, claim: Option<Claim>, outcome: Settled<'_>) {
     let Some(Claim { scope, key }) = claim else { return };
-    let done = match ack {
-        Ok(ack) => idempotency::finish(&state.pool, &scope, &key, ack).await,
-        Err(()) => idempotency::abandon(&state.pool, &scope, &key).await,
-    };
-    if let Err(e) = done {
-        tracing::warn!(error = %format!("{e:#}"), "could not settle an idempotency key; a retry within the window may answer 409 in flight until it is stale");
+    let mut last = None;
+    for attempt in 0..3u32 {
+        if attempt > 0 {
+            tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+        }
+        let done = match outcome {
+            Settled::Done(ack) => idempotency::finish(&state.pool, &scope, &key, ack).await,
+            Settled::NotWritten => idempotency::abandon(&state.pool, &scope, &key).await,
+            Settled::Unknown => idempotency::unknown(&state.pool, &scope, &key).await,
+        };
+        match done {
+            Ok(()) => return,
+            Err(e) => last = Some(e),
+        }
+    }
+    if let Some(e) = last {
+        tracing::warn!(error = %format!("{e:#}"), "could not settle an idempotency key; a retry within the window answers 409 (in flight, then outcome unknown)");
+    }
+}
+
+/// What [`written_apart`] answers: a replayed acknowledgement, or the write's own answer.
+pub enum Written<T> {
+    Replay(Value),
+    Done(T),
+}
+
+/// Claims the request's idempotency key `id` ([`claim_id`]) and runs `write` with the claim —
+/// a produce and the recording of its outcome — in a task of its own, so that a claim, once
+/// made, is settled whatever becomes of the request (a client hanging up, the response
+/// timeout); answers the replayed acknowledgement or what `write` answered. While `write`
+/// runs, its claim is marked alive every half produce timeout, so that a write that takes
+/// long (a batch waiting for a transactional producer) is never taken for one whose gateway
+/// died.
+pub async fn written_apart<T, W>(
+    state: &AppState,
+    id: Option<(String, String)>,
+    route: String,
+    bytes: Bytes,
+    write: impl FnOnce(Option<Claim>) -> W + Send + 'static,
+) -> Result<Written<T>, ApiError>
+where
+    T: Send + 'static,
+    W: std::future::Future<Output = Result<T, ApiError>> + Send + 'static,
+{
+    let state = state.clone();
+    let task = tokio::spawn(async move {
+        let claim = match claim_idempotency(&state, id, &route, &bytes).await? {
+            Idempotent::Replay(ack) => return Ok(Written::Replay(ack)),
+            Idempotent::Write(claim) => claim,
+        };
+        let Some((scope, key)) = claim.as_ref().map(Claim::id) else { return write(None).await.map(Written::Done) };
+        let every = state.config.settings.produce_timeout() / 2;
+        let keep_alive = async move {
+            loop {
+                tokio::time::sleep(every).await;
+                if let Err(e) = idempotency::touch(&state.pool, &scope, &key).await {
+                    tracing::warn!(error = %format!("{e:#}"), "could not mark an idempotent write alive");
+                }
+            }
+        };
+        tokio::select! {
+            biased;
+            answer = write(claim) => answer.map(Written::Done),
+            never = keep_alive => never,
+        }
+    });
+    match task.await {
+        Ok(answer) => answer,
+        Err(e) => Err(ApiError::Internal(anyhow::anyhow!("a write's task did not finish: {e}"))),
     }
 }
 
@@ -218,30 +325,47 @@ pub async fn post_record(
     let fact = check_width(&state, fact, None).await?;
     let past = session::sanitize(&state, &caller.past).await?;
     let route = format!("/v1/topics/{topic}/records");
-    let claim = match claim_idempotency(&state, &headers, &caller, &route, &bytes).await? {
-        Idempotent::Replay(ack) => return replay(&state, &caller, &past, &ack, now),
-        Idempotent::Write(claim) => claim,
-    };
+    let id = claim_id(&headers, &caller)?;
     let (trace, caller_parent) = TraceContext::continued(&headers);
     let started_ns = parsley_infra::otlp::now_unix_ns();
-    match produce_one(&state, &topic, fact, &past, &request, &trace).await {
-        Ok((channel, offset)) => {
-            let attributes = vec![
-                ("messaging.destination.name".to_string(), topic.clone()),
-                ("messaging.kafka.destination.partition".to_string(), channel.partition.to_string()),
-                ("messaging.kafka.message.offset".to_string(), offset.to_string()),
-            ];
-            trace.export(&state, caller_parent, &format!("POST {route}"), started_ns, attributes);
-            let body = json!({"topic": topic, "partition": channel.partition, "offset": offset});
-            settle(&state, claim, Ok(&acknowledgement(&body, &[(channel, offset)]))).await;
-            let token = session::reseal(&state, &caller, past.merge(channel, offset), now)?;
-            Ok((StatusCode::CREATED, [(SESSION_HEADER, token)], Json(body)).into_response())
-        }
-        Err(e) => {
-            settle(&state, claim, Err(())).await;
-            Err(e)
-        }
-    }
+    let written = {
+        let (state, topic, past, bytes, route) =
+            (state.clone(), topic.clone(), past.clone(), bytes.clone(), route.clone());
+        written_apart(&state.clone(), id, route.clone(), bytes.clone(), move |claim| async move {
+            // Parsed again inside the task, which owns its bytes; checked above already.
+            let written = match body::parse(&bytes, state.config.settings.max_key_bytes) {
+                Ok(request) => produce_one(&state, &topic, fact, &past, &request, &trace).await,
+                Err(e) => Err(e.into()),
+            };
+            match &written {
+                Ok((channel, offset)) => {
+                    let attributes = vec![
+                        ("messaging.destination.name".to_string(), topic.clone()),
+                        ("messaging.kafka.destination.partition".to_string(), channel.partition.to_string()),
+                        ("messaging.kafka.message.offset".to_string(), offset.to_string()),
+                    ];
+                    trace.export(&state, caller_parent, &format!("POST {route}"), started_ns, attributes);
+                    let body = ack_body(&topic, *channel, *offset);
+                    settle(&state, claim, Settled::Done(&acknowledgement(&body, &[(*channel, *offset)]))).await;
+                }
+                Err(e) => settle(&state, claim, Settled::failed(e)).await,
+            }
+            written
+        })
+        .await?
+    };
+    let (channel, offset) = match written {
+        Written::Replay(ack) => return replay(&state, &caller, &past, &ack, now),
+        Written::Done(coordinate) => coordinate,
+    };
+    let body = ack_body(&topic, channel, offset);
+    let token = session::reseal(&state, &caller, past.merge(channel, offset), now)?;
+    Ok((StatusCode::CREATED, [(SESSION_HEADER, token)], Json(body)).into_response())
+}
+
+/// A single write's `201` body.
+fn ack_body(topic: &str, channel: ChannelId, offset: i64) -> Value {
+    json!({"topic": topic, "partition": channel.partition, "offset": offset})
 }
 
 /// The session's past as the `parsley.causes` value a write stamps (`None`: empty), within
@@ -373,7 +497,35 @@ fn write_failed(state: &AppState, topic: &str, e: KafkaError) -> ApiError {
     ApiError::WriteFailed {
         detail: write_failed_detail(e.rdkafka_error_code()),
         retry_after: state.config.settings.retry_after_s,
+        unknown: !surely_not_written(&e),
     }
+}
+
+/// Whether a produce error leaves the record surely unwritten: refused before it left the
+/// gateway (its queue full, an unknown topic or partition, an invalid argument), or refused
+/// by the broker for what it is (too large, invalid, not allowed). Anything else — a timeout
+/// above all, or a connection lost while the record was on its way — may have written it.
+pub fn surely_not_written(e: &KafkaError) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        e,
+        KafkaError::MessageProduction(
+            C::QueueFull
+                | C::UnknownTopic
+                | C::UnknownPartition
+                | C::InvalidArgument
+                | C::MessageSizeTooLarge
+                | C::InvalidMessageSize
+                | C::InvalidMessage
+                | C::InvalidRecord
+                | C::InvalidTopic
+                | C::InvalidRequiredAcks
+                | C::UnknownTopicOrPartition
+                | C::TopicAuthorizationFailed
+                | C::ClusterAuthorizationFailed
+                | C::PolicyViolation
+        )
+    )
 }
 
 /// What a client is told of an unacknowledged write: which side failed, in the gateway's
@@ -404,5 +556,22 @@ mod tests {
             assert!(detail.contains("Kafka"), "{detail}");
             assert!(!detail.contains("Timed") && !detail.contains("Leader") && !detail.contains('_'), "{detail}");
         }
+    }
+
+    #[test]
+    fn only_errors_that_leave_a_record_unwritten_give_its_key_up() {
+        for code in [RDKafkaErrorCode::QueueFull, RDKafkaErrorCode::MessageSizeTooLarge, RDKafkaErrorCode::UnknownTopic]
+        {
+            assert!(surely_not_written(&KafkaError::MessageProduction(code)), "{code:?}");
+        }
+        for code in [
+            RDKafkaErrorCode::MessageTimedOut,
+            RDKafkaErrorCode::RequestTimedOut,
+            RDKafkaErrorCode::NotLeaderForPartition,
+            RDKafkaErrorCode::BrokerTransportFailure,
+        ] {
+            assert!(!surely_not_written(&KafkaError::MessageProduction(code)), "{code:?}");
+        }
+        assert!(!surely_not_written(&KafkaError::Canceled), "a dropped delivery may have been written");
     }
 }

@@ -144,6 +144,7 @@ export type ProblemKind =
   | "invalid-idempotency-key"
   | "idempotency-key-reused"
   | "idempotency-key-in-flight"
+  | "idempotency-outcome-unknown"
   | "cors-origin-not-allowed"
   | "unauthorized"
   | "unknown-topic"

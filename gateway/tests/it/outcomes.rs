@@ -1,0 +1,292 @@
+//! Writes whose outcome the request does not see: the produce and the recording of its
+//! outcome run to the end in a task of their own, so a handler dropped mid-write (a client
+//! that hangs up, a response timeout) leaves its `Idempotency-Key` answered, not claimed
+//! forever; a write whose gateway died mid-produce keeps its key pending, then `unknown`
+//! once stale (a retry is `409 idempotency-outcome-unknown`, never a second write — the same
+//! answer as after a produce Kafka did not confirm, whose errors `write.rs` sorts in its unit
+//! tests); a write that surely did not happen gives its key up; a batch dropped mid-transaction does not leave its producer slot in a
+//! transaction. Every partition serves read-your-writes afterwards.
+
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use axum::Router;
+use parsley::CausalPast;
+use serde_json::{json, Value};
+use tower::ServiceExt as _;
+
+use crate::support::*;
+
+/// How long the gateway's producer lingers before sending: every write is mid-produce for
+/// at least this long.
+const LINGER_MS: u64 = 1500;
+
+/// A write's answer: status, whether it was replayed, the session token, the body.
+#[derive(Debug)]
+struct Answer {
+    status: StatusCode,
+    replayed: bool,
+    token: Option<String>,
+    json: Value,
+}
+
+/// `POST uri` with `body`, the idempotency key `key` and the session `token`.
+async fn post(router: &Router, uri: &str, key: &str, token: &str, body: &Value) -> Answer {
+    let req = Request::builder()
+        .method(Method::POST)
+        .uri(uri)
+        .header("content-type", "application/json")
+        .header("idempotency-key", key)
+        .header("parsley-session", token)
+        .body(Body::from(serde_json::to_vec(body).unwrap()))
+        .unwrap();
+    let response = router.clone().oneshot(req).await.unwrap();
+    let (status, replayed, token) = {
+        let header = |name: &str| response.headers().get(name).map(|v| v.to_str().unwrap().to_string());
+        (response.status(), header("idempotency-replayed").is_some(), header("parsley-session"))
+    };
+    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
+    Answer { status, replayed, token, json: serde_json::from_slice(&bytes).unwrap_or(Value::Null) }
+}
+
+/// A fresh session's token (keys are scoped by it: no subject here).
+fn session() -> String {
+    seal(CausalPast::new(), parsley_gateway::session::unix_now() + 3600)
+}
+
+/// The state of `key`'s claim, if it has one.
+async fn claim_state(s: &Stack, key: &str) -> Option<String> {
+    sqlx::query_scalar("SELECT state FROM parsley.idempotency_keys WHERE key = $1")
+        .bind(key)
+        .fetch_optional(&s.pool)
+        .await
+        .unwrap()
+}
+
+/// Sends `POST uri` in a task and drops it once its key is claimed (the write is then
+/// mid-produce: the producer lingers), as a client hanging up does.
+async fn post_and_hang_up(s: &Stack, uri: &str, key: &str, token: &str, body: &Value) {
+    let request = {
+        let (router, uri, key, token, body) =
+            (s.router.clone(), uri.to_string(), key.to_string(), token.to_string(), body.clone());
+        tokio::spawn(async move { post(&router, &uri, &key, &token, &body).await })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while claim_state(s, key).await.is_none() {
+        assert!(Instant::now() < deadline, "the write never claimed its key");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(!request.is_finished(), "the write answered before the hang-up; lingering should hold it");
+    request.abort();
+    assert!(request.await.unwrap_err().is_cancelled());
+    assert_eq!(claim_state(s, key).await.as_deref(), Some("pending"), "dropped mid-write");
+}
+
+/// Retries until the answer is no longer `409 idempotency-key-in-flight`, for at most
+/// `within` (less than the claim's staleness: a claim left pending would still be in flight).
+async fn retry_until_settled(
+    router: &Router,
+    uri: &str,
+    key: &str,
+    token: &str,
+    body: &Value,
+    within: Duration,
+) -> Answer {
+    let deadline = Instant::now() + within;
+    loop {
+        let a = post(router, uri, key, token, body).await;
+        if a.status != StatusCode::CONFLICT
+            || a.json["type"] != json!("https://parsley.dev/problems/idempotency-key-in-flight")
+        {
+            return a;
+        }
+        assert!(Instant::now() < deadline, "the dropped write's key is still in flight after {within:?}: {}", a.json);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Writes and reads back a document on every partition of the orders topic: read-your-writes
+/// everywhere.
+async fn every_partition_reads_its_writes(s: &Stack, partitions: u32) {
+    let mut seen = std::collections::BTreeSet::new();
+    for i in 0.. {
+        if seen.len() == partitions as usize {
+            break;
+        }
+        assert!(i < 200, "no key found for every partition: {seen:?}");
+        let key = format!("probe-{i}");
+        let partition = parsley::murmur2::partition_for_key(key.as_bytes(), partitions);
+        if !seen.insert(partition) {
+            continue;
+        }
+        let w = s.write(&s.names.orders, &key, json!({"probe": i}), None).await;
+        assert_eq!(w.status, StatusCode::CREATED, "{}", w.json);
+        let r = s.read(&key, Some(&w.token())).await;
+        assert_eq!(
+            (r.status, r.json["document"].clone()),
+            (StatusCode::OK, json!({"probe": i})),
+            "partition {partition}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_dropped_mid_produce_is_recorded_and_its_retry_replays_it() {
+    // Staleness is twice produce_timeout_ms: 20 s, far beyond the retries below.
+    let mut s = Stack::with_config("hangup", 2, "produce_timeout_ms = 10000\nread_wait_ms = 15000", |_, c| {
+        c.kafka.properties.insert("linger.ms".into(), LINGER_MS.to_string());
+    })
+    .await;
+    s.start_projector().await;
+    let uri = format!("/v1/topics/{}/records", s.names.orders);
+    let (key, token) = (unique("hangup"), session());
+    let body = json!({"key": "order-1", "value": {"n": 1}});
+    post_and_hang_up(&s, &uri, &key, &token, &body).await;
+
+    // The write ran on and recorded its acknowledgement: the retry replays it.
+    let again = retry_until_settled(&s.router, &uri, &key, &token, &body, Duration::from_secs(8)).await;
+    assert_eq!((again.status, again.replayed), (StatusCode::CREATED, true), "{}", again.json);
+    assert_eq!(claim_state(&s, &key).await.as_deref(), Some("done"));
+
+    // Written once: the document's version is 1.
+    let r = s.read("order-1", again.token.as_deref()).await;
+    assert_eq!((r.status, r.json["version"].clone()), (StatusCode::OK, json!(1)), "{}", r.json);
+    every_partition_reads_its_writes(&s, 2).await;
+    s.stop_projector().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_dropped_mid_transaction_run_to_the_end_and_leave_every_slot_usable() {
+    let mut s = Stack::with_config("batchdrop", 2, "produce_timeout_ms = 10000\nread_wait_ms = 15000", |_, c| {
+        c.kafka.properties.insert("linger.ms".into(), LINGER_MS.to_string());
+    })
+    .await;
+    s.start_projector().await;
+    let token = session();
+    let batch = |i: usize| {
+        json!({"records": [
+            {"topic": s.names.orders, "key": format!("b{i}"), "value": {"order": i}},
+            {"topic": s.names.payments, "key": format!("p{i}"), "value": {"paid": i}},
+        ]})
+    };
+    // As many dropped batches as the gateway has transactional producers.
+    let keys: Vec<String> =
+        (0..parsley_gateway::transactions::TRANSACTIONAL_PRODUCERS).map(|_| unique("batch")).collect();
+    for (i, key) in keys.iter().enumerate() {
+        post_and_hang_up(&s, "/v1/records", key, &token, &batch(i)).await;
+    }
+    for (i, key) in keys.iter().enumerate() {
+        let again =
+            retry_until_settled(&s.router, "/v1/records", key, &token, &batch(i), Duration::from_secs(30)).await;
+        assert_eq!((again.status, again.replayed), (StatusCode::CREATED, true), "batch {i}: {}", again.json);
+        // Committed once, whole: both documents, each at version 1.
+        for (key, document) in [(format!("b{i}"), json!({"order": i})), (format!("p{i}"), json!({"paid": i}))] {
+            let r = s.read(&key, again.token.as_deref()).await;
+            assert_eq!(r.status, StatusCode::OK, "{}", r.json);
+            assert_eq!((r.json["document"].clone(), r.json["version"].clone()), (document, json!(1)), "batch {i}");
+        }
+    }
+    // Every slot takes a new batch.
+    for i in 10..10 + keys.len() {
+        let a = post(&s.router, "/v1/records", &unique("next"), &token, &batch(i)).await;
+        assert_eq!((a.status, a.replayed), (StatusCode::CREATED, false), "batch {i}: {}", a.json);
+    }
+    every_partition_reads_its_writes(&s, 2).await;
+    s.stop_projector().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_whose_gateway_died_mid_produce_is_never_written_twice() {
+    // The gateway binary, killed with -9 while its producer lingers on a keyed write: its
+    // claim stays pending, and once stale (twice produce_timeout_ms: 4 s) a retry on another
+    // gateway is told the outcome is unknown instead of writing a second copy.
+    let s = Stack::new("died", 2, "produce_timeout_ms = 2000").await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let dir = parsley_testkit::ScratchDir::new("died");
+    let config = dir.join("parsley.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[kafka]\nbootstrap = {:?}\n[kafka.properties]\n\"linger.ms\" = \"{LINGER_MS}\"\n[database]\nurl = {:?}\n\
+             [[models]]\nname = {:?}\ntopics = [{{ name = {:?} }}, {{ name = {:?}, apply = \"merge\" }}]\n\
+             [gateway]\naccess = \"open\"\nlisten = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:0\"\n\
+             produce_timeout_ms = 2000\n",
+            bootstrap(),
+            database_url(),
+            s.names.model,
+            s.names.orders,
+            s.names.payments
+        ),
+    )
+    .unwrap();
+    use base64::Engine as _;
+    let keys = format!("it:{}", base64::engine::general_purpose::STANDARD.encode([0x42u8; 32]));
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_parsley-gateway"));
+    for (var, _) in std::env::vars_os() {
+        if var.to_string_lossy().starts_with("PARSLEY_") {
+            command.env_remove(var);
+        }
+    }
+    let mut gateway = command
+        .args(["--config", config.to_str().unwrap()])
+        .env("PARSLEY_TOKEN_KEYS", keys)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("starting parsley-gateway");
+    let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(address).await.is_err() {
+        assert!(Instant::now() < deadline, "the gateway binary did not listen");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let (key, token) = (unique("died"), session());
+    let body = json!({"key": "order-1", "value": {"n": 1}});
+    let text = serde_json::to_string(&body).unwrap();
+    let mut socket = tokio::net::TcpStream::connect(address).await.unwrap();
+    let request = format!(
+        "POST /v1/topics/{}/records HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n\
+         Idempotency-Key: {key}\r\nParsley-Session: {token}\r\nContent-Length: {}\r\n\r\n{text}",
+        s.names.orders,
+        text.len()
+    );
+    tokio::io::AsyncWriteExt::write_all(&mut socket, request.as_bytes()).await.unwrap();
+    while claim_state(&s, &key).await.is_none() {
+        assert!(Instant::now() < deadline, "the write never claimed its key");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    gateway.kill().unwrap();
+    gateway.wait().unwrap();
+    assert_eq!(claim_state(&s, &key).await.as_deref(), Some("pending"), "killed mid-write");
+
+    let uri = format!("/v1/topics/{}/records", s.names.orders);
+    let a = post(&s.router, &uri, &key, &token, &body).await;
+    assert_eq!(a.json["type"], json!("https://parsley.dev/problems/idempotency-key-in-flight"), "{}", a.json);
+    tokio::time::sleep(Duration::from_millis(4200)).await;
+    for _ in 0..2 {
+        let a = post(&s.router, &uri, &key, &token, &body).await;
+        assert_eq!(a.status, StatusCode::CONFLICT, "{}", a.json);
+        assert_eq!(a.json["type"], json!("https://parsley.dev/problems/idempotency-outcome-unknown"), "{}", a.json);
+        assert!(a.json["detail"].as_str().unwrap().contains("new key"), "{}", a.json);
+    }
+    // A new key writes.
+    let a = post(&s.router, &uri, &unique("fresh"), &token, &body).await;
+    assert_eq!(a.status, StatusCode::CREATED, "{}", a.json);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_that_surely_did_not_happen_gives_its_key_up() {
+    // A value over librdkafka's message.max.bytes (1 MB) but within the gateway's body
+    // limit: refused before it leaves the gateway, so its key is free for the retry.
+    let s = Stack::new("notwritten", 1, "max_body_bytes = 3000000").await;
+    let uri = format!("/v1/topics/{}/records", s.names.orders);
+    let (key, token) = (unique("big"), session());
+    let body = json!({"key": "big", "value": {"blob": "x".repeat(1_500_000)}});
+    for attempt in 0..2 {
+        let a = post(&s.router, &uri, &key, &token, &body).await;
+        assert_eq!(a.status, StatusCode::PAYLOAD_TOO_LARGE, "attempt {attempt}: {}", a.json);
+        assert_eq!(claim_state(&s, &key).await, None, "attempt {attempt}: the key is given up");
+    }
+}
