@@ -1,13 +1,15 @@
 //! The examples that run, and what their tests share.
 //!
 //! - `order-totals/`: a SQL projection by configuration (`parsley.toml`, its `migrations/`)
-//!   over co-partitioned orders and payments topics, with the named query `customer_total`.
+//!   over co-partitioned orders and payments topics, with the named query `customer_total`
+//!   and a data contract per topic (`schemas/`).
 //! - `custom-projection/` and `src/bin/custom-projection.rs`: a program embedding the
 //!   projector with a projection of its own, written in Rust, registered by name.
 //!
 //! [`example_toml`] and [`example_config`] load an example's file for a run against other
-//! names (each test run uses topics and a model of its own), with its migrations folder made
-//! absolute so the run does not depend on the working directory.
+//! names (each test run uses topics and a model of its own), with its migrations folder and
+//! its topics' schema files made absolute so the run does not depend on the working
+//! directory.
 
 use std::path::{Path, PathBuf};
 
@@ -20,13 +22,14 @@ pub const ORDER_TOTALS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/order-total
 /// The custom-projection example's folder.
 pub const CUSTOM_PROJECTION: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/custom-projection");
 
-/// The repository's root: the examples' files name their migrations relative to it.
+/// The repository's root: the examples' files name their migrations and schemas relative to it.
 fn repository_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("examples/ is inside the repository").to_path_buf()
 }
 
 /// The `parsley.toml` of the example in `dir`, its one model renamed `model`, its topics
-/// renamed in order to `topics` (as many as it declares), its migrations folder absolute.
+/// renamed in order to `topics` (as many as it declares), its migrations folder and schema
+/// files absolute.
 pub fn example_toml(dir: &str, model: &str, topics: &[&str]) -> anyhow::Result<String> {
     let path = Path::new(dir).join("parsley.toml");
     let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
@@ -47,6 +50,10 @@ pub fn example_toml(dir: &str, model: &str, topics: &[&str]) -> anyhow::Result<S
     for (entry, name) in declared.iter_mut().zip(topics) {
         let toml::Value::Table(t) = entry else { bail!("{}: a topic is not a table", path.display()) };
         t.insert("name".into(), (*name).into());
+        if let Some(toml::Value::String(schema)) = t.get("schema") {
+            let absolute = repository_root().join(schema);
+            t.insert("schema".into(), absolute.display().to_string().into());
+        }
     }
     Ok(toml::to_string(&tree)?)
 }
@@ -69,6 +76,7 @@ mod tests {
         assert_eq!(m.topics.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["o", "p"]);
         assert!(Path::new(m.migrations.as_deref().unwrap()).join("1_create_orders_and_payments.sql").is_file());
         assert_eq!(m.queries[0].key.as_deref(), Some("customer"));
+        assert!(m.topics.iter().all(|t| t.contract.is_some()), "each topic's schema is read");
         let c = Config::parse(&example_toml(CUSTOM_PROJECTION, "n", &["o", "p"]).unwrap()).unwrap();
         assert_eq!(c.models[0].projection, "order-events");
         assert_eq!(c.models[0].options.get("status_field").and_then(|v| v.as_str()), Some("status"));
@@ -79,6 +87,9 @@ mod tests {
     fn the_files_as_shipped_parse() {
         for dir in [ORDER_TOTALS, CUSTOM_PROJECTION] {
             let text = std::fs::read_to_string(Path::new(dir).join("parsley.toml")).unwrap();
+            // Its paths are relative to the repository's root, where it is run from.
+            let root = repository_root().display().to_string();
+            let text = text.replace("schema = \"examples/", &format!("schema = \"{root}/examples/"));
             Config::parse(&text).unwrap_or_else(|e| panic!("{dir}: {e:#}"));
         }
     }

@@ -210,3 +210,105 @@ async fn totals_keep_every_digit_and_a_sum_past_f64_is_answered_exactly() {
         let _ = task.await;
     }
 }
+
+/// The example's data contracts at the door: an order whose id is `null` (which
+/// `totals.orders.id NOT NULL` would refuse, halting the partition) is `400 value-invalid`
+/// naming the pointer, as is a payment missing its order and a batch holding such a value;
+/// nothing is produced, and afterwards every partition serves read-your-writes through the
+/// named query.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_the_tables_cannot_take_is_refused_at_the_door_and_every_partition_still_serves() {
+    const PARTITIONS: u32 = 2;
+    let model = unique("totals-c");
+    let (orders, payments) = (format!("{model}.orders"), format!("{model}.payments"));
+    create_topics(&[&orders, &payments], PARTITIONS as i32).await;
+    let mut config = example_config(ORDER_TOTALS, &model, &[&orders, &payments]).unwrap();
+    config.projector.metrics_address = String::new();
+    config.gateway = Config::parse("[gateway]\naccess = \"open\"\nread_wait_ms = 20000\nresponse_timeout_ms = 30000\n")
+        .unwrap()
+        .gateway;
+
+    let (stop, shutdown) = watch::channel(false);
+    let projector = tokio::spawn(Projector::builder(config.clone()).shutdown(shutdown.clone()).run());
+    let ring = KeyRing::new(vec![("example".to_string(), SecretKey::from_bytes([7; 32]))]).unwrap();
+    let gateway = Gateway::new(GatewayConfig::with_keys(config, ring).unwrap()).unwrap();
+    let background = gateway.spawn_background(shutdown);
+    let router = gateway.router();
+    let invalid = |status: StatusCode, body: &Value| -> Vec<(String, String)> {
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        assert_eq!(body["type"], "https://parsley.dev/problems/value-invalid", "{body}");
+        let mut found: Vec<(String, String)> = body["errors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e["pointer"].as_str().unwrap().to_string(), e["keyword"].as_str().unwrap().to_string()))
+            .collect();
+        found.sort();
+        found
+    };
+    let pair = |p: &str, k: &str| (p.to_string(), k.to_string());
+    let ada = format!("ada-{model}");
+
+    // The NOT NULL case of the issue: `{"order": null}`.
+    let (status, body, _) = call(
+        &router,
+        Method::POST,
+        &format!("/v1/topics/{orders}/records"),
+        None,
+        Some(json!({"key": ada, "value": {"order": null}})),
+    )
+    .await;
+    assert_eq!(invalid(status, &body), [pair("", "required"), pair("/order", "type")]);
+    assert_eq!(body["topic"], json!(orders));
+    // A payment without its order, of a negative amount.
+    let (status, body, _) = call(
+        &router,
+        Method::POST,
+        &format!("/v1/topics/{payments}/records"),
+        None,
+        Some(json!({"key": ada, "value": {"payment": "p-1", "amount": -5}})),
+    )
+    .await;
+    assert_eq!(invalid(status, &body), [pair("", "required"), pair("/amount", "exclusiveMinimum")]);
+    // A batch holding one such value: refused whole, naming the record.
+    let batch = json!({"records": [
+        {"topic": orders, "key": ada, "value": {"order": "o-ok", "amount": 1}},
+        {"topic": orders, "key": ada, "value": {"order": "o-bad", "amount": "12"}},
+    ]});
+    let (status, body, _) = call(&router, Method::POST, "/v1/records", None, Some(batch)).await;
+    assert_eq!(invalid(status, &body), [pair("/amount", "type")]);
+    assert_eq!(body["errors"][0]["record"], json!(1), "{body}");
+
+    // Every partition serves read-your-writes through the named query; nothing refused was
+    // written (each customer's total is its one valid order).
+    for partition in 0..PARTITIONS {
+        let customer = (0..)
+            .map(|i| format!("c{i}-{model}"))
+            .find(|k| parsley::murmur2::partition_for_key(k.as_bytes(), PARTITIONS) == partition)
+            .unwrap();
+        let (status, body, token) = call(
+            &router,
+            Method::POST,
+            &format!("/v1/topics/{orders}/records"),
+            None,
+            Some(json!({"key": customer, "value": {"order": format!("o-{customer}"), "amount": 3}})),
+        )
+        .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        assert_eq!(body["partition"], json!(partition), "{body}");
+        let query = format!("/v1/models/{model}/queries/customer_total?customer={customer}");
+        let (status, body, _) = call(&router, Method::GET, &query, Some(&token), None).await;
+        assert_eq!(status, StatusCode::OK, "partition {partition}: {body}");
+        assert_eq!(body["rows"], json!([{"customer": customer, "ordered": 3, "paid": 0, "due": 3}]), "{body}");
+    }
+    let (status, body, _) =
+        call(&router, Method::GET, &format!("/v1/models/{model}/queries/customer_total?customer={ada}"), None, None)
+            .await;
+    assert_eq!((status, body["rows"].clone()), (StatusCode::OK, json!([])), "nothing refused was written: {body}");
+
+    stop.send(true).unwrap();
+    tokio::time::timeout(TIMEOUT, projector).await.expect("the projector stops at the signal").unwrap().unwrap();
+    for task in background {
+        let _ = task.await;
+    }
+}

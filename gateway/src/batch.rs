@@ -4,8 +4,9 @@
 //! and the token merged with every acknowledged coordinate. An order and its payment can
 //! be written atomically.
 //!
-//! Each record is checked exactly as a single write's body is ([`crate::body::parse_batch`]);
-//! every topic must be received and of its recorded width before anything is produced.
+//! Each record is checked exactly as a single write's body is ([`crate::body::parse_batch`]),
+//! and its value against its topic's data contract ([`crate::contracts`]); every topic must
+//! be received and of its recorded width before anything is produced.
 //! `Idempotency-Key` works as for single writes.
 //!
 //! The gateway keeps a few transactional producers ([`crate::transactions::Transactions`]), each with a
@@ -64,6 +65,8 @@ pub async fn post_batch(
     for r in &records {
         state.config.access.check_write(caller.identity.as_deref(), &r.topic, &[r.record.key.as_str()])?;
     }
+    // All or nothing: every value keeps its topic's contract.
+    state.contracts.check_batch(&records)?;
     let past = session::sanitize(&state, &caller.past).await?;
     let id = write::claim_id(&headers, &caller)?;
     let (trace, caller_parent) = TraceContext::continued(&headers);

@@ -19,6 +19,8 @@
 //!   refusal, pruning), re-sealing.
 //! - [`facts_cache`]: cached Kafka facts — topic names ↔ IDs, partition counts, log start/end.
 //! - [`body`]: the write body, parsed and checked as hostile input (the value kept as sent).
+//! - [`contracts`]: each topic's data contract (its JSON Schema) held to every value written
+//!   to it before producing (`400 value-invalid`).
 //! - [`write`]: `POST /v1/topics/{topic}/records`, with `Idempotency-Key` replays.
 //! - [`batch`]: `POST /v1/records`, several records in one Kafka transaction.
 //! - [`trace`]: W3C `traceparent` continued from a request onto the records it writes.
@@ -58,6 +60,8 @@ pub mod app;
 pub mod batch;
 #[doc(hidden)]
 pub mod body;
+#[doc(hidden)]
+pub mod contracts;
 #[doc(hidden)]
 pub mod cors;
 #[doc(hidden)]

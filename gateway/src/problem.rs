@@ -62,6 +62,8 @@ problem_types! {
     MetadataBudgetExceeded = ("metadata-budget-exceeded", "Causes exceed the metadata budget", UNPROCESSABLE_ENTITY),
     ReservedHeader = ("reserved-header", "Reserved header", BAD_REQUEST),
     InvalidBody = ("invalid-body", "Invalid request body", BAD_REQUEST),
+    /// A value that breaks its topic's data contract (the topic's JSON Schema).
+    ValueInvalid = ("value-invalid", "Value breaks the topic's schema", BAD_REQUEST),
     BodyTooLarge = ("body-too-large", "Request body too large", PAYLOAD_TOO_LARGE),
     /// The body did not arrive in full within `gateway.body_timeout_ms`.
     BodyTimeout = ("body-timeout", "Request body not received in time", REQUEST_TIMEOUT),
@@ -222,6 +224,10 @@ pub enum ApiError {
     /// A write body refused by [`crate::body::parse`].
     #[error(transparent)]
     Body(#[from] BodyError),
+    /// A value (or a batch's values) breaking the topic's data contract. `topic`: the
+    /// single write's topic (a batch's errors name theirs).
+    #[error("a value breaks its topic's schema")]
+    ValueInvalid { topic: Option<String>, errors: Vec<crate::contracts::ValueError> },
     #[error("unknown topic {0:?}")]
     UnknownTopic(String, String),
     #[error("unknown model {0:?}")]
@@ -307,6 +313,7 @@ impl ApiError {
             ApiError::Forbidden { .. } => P::Forbidden,
             ApiError::Body(BodyError::ReservedHeader(_)) => P::ReservedHeader,
             ApiError::Body(BodyError::Invalid { .. }) => P::InvalidBody,
+            ApiError::ValueInvalid { .. } => P::ValueInvalid,
             ApiError::UnknownTopic(..) => P::UnknownTopic,
             ApiError::UnknownModel(_) => P::UnknownModel,
             ApiError::UnknownQuery { .. } => P::UnknownQuery,
@@ -367,6 +374,26 @@ impl ApiError {
                 let problem = p(detail).with("reason", json!(reason.as_str()));
                 match field {
                     Some(f) => problem.with("field", json!(f)),
+                    None => problem,
+                }
+            }
+            ApiError::ValueInvalid { topic, errors } => {
+                let first = errors.first().map_or_else(String::new, |e| {
+                    let v = &e.violation;
+                    let record = e.record.map_or_else(String::new, |i| format!("records[{i}].value, "));
+                    format!(": {record}at {:?} (keyword {:?}): {}", v.pointer, v.keyword, v.message)
+                });
+                let more = match errors.len() {
+                    0 | 1 => String::new(),
+                    n => format!(" (and {} more)", n - 1),
+                };
+                let detail = match &topic {
+                    Some(t) => format!("the value breaks the schema of topic {t:?}{first}{more}; nothing was written"),
+                    None => format!("a record's value breaks its topic's schema{first}{more}; nothing was written"),
+                };
+                let problem = p(detail).with("errors", json!(errors.iter().map(|e| e.to_json()).collect::<Vec<_>>()));
+                match topic {
+                    Some(t) => problem.with("topic", json!(t)),
                     None => problem,
                 }
             }

@@ -49,6 +49,11 @@ pub struct Inner {
     pub metrics: Arc<Metrics>,
     /// Names of the topics some configured model receives; ask [`Inner::receives`].
     pub received_topics: BTreeSet<String>,
+    /// The topics' data contracts, held to every value written to them.
+    pub contracts: crate::contracts::Contracts,
+    /// `GET /openapi.json`'s body, made at the first request (the document with each
+    /// topic's schema).
+    pub openapi: std::sync::OnceLock<axum::body::Bytes>,
     /// The width each model was recorded with, for the write path.
     pub widths: RecordedWidths,
     /// Permits for requests in flight (`gateway.max_in_flight`).
@@ -128,6 +133,7 @@ impl AppState {
         };
         let received_topics =
             config.shared.models.iter().flat_map(|m| m.topics.iter().map(|t| t.name.clone())).collect();
+        let contracts = crate::contracts::Contracts::of(&config.shared);
         let waiting_reads = config
             .shared
             .models
@@ -165,6 +171,8 @@ impl AppState {
             otlp,
             metrics,
             received_topics,
+            contracts,
+            openapi: std::sync::OnceLock::new(),
             widths: RecordedWidths::default(),
             in_flight,
             waiting_reads,

@@ -1,11 +1,12 @@
 //! The write path, `POST /v1/topics/{topic}/records`: open and check the session, check the
-//! body ([`crate::body`]: what could never be stored is refused, the value kept as sent) and
-//! the topic's width (a topic whose partition count is not a receiving model's recorded
-//! width is refused `409`), produce the record with the session's pairs as its
-//! `parsley.causes` header (idempotent producer, `acks=all`, murmur2 partitioning), await
-//! the broker's acknowledgement, merge the acknowledged coordinate — never a position
-//! computed from a log end — and hand back the re-sealed token. A write never waits for the
-//! record to become deliverable.
+//! body ([`crate::body`]: what could never be stored is refused, the value kept as sent),
+//! the value against the topic's data contract ([`crate::contracts`]) and the topic's
+//! width (a topic whose partition count is not a receiving model's recorded width is
+//! refused `409`), produce the record with the session's pairs as its `parsley.causes`
+//! header (idempotent producer, `acks=all`, murmur2 partitioning), await the broker's
+//! acknowledgement, merge the acknowledged coordinate — never a position computed from a
+//! log end — and hand back the re-sealed token. A write never waits for the record to
+//! become deliverable.
 //!
 //! The claim of the request's `Idempotency-Key`, the produce and the recording of its
 //! outcome run to the end in a task of their own ([`written_apart`]): a client that hangs
@@ -318,6 +319,7 @@ pub async fn post_record(
         return Err(ApiError::UnknownTopic(topic, "is not received by any configured model".into()));
     }
     state.config.access.check_write(caller.identity.as_deref(), &topic, &[request.key.as_str()])?;
+    state.contracts.check(&topic, request.value)?;
     let fact = match state.facts.topic(&topic).await.map_err(|e| kafka_unavailable(&state, e))? {
         Some(f) => f,
         None => return Err(ApiError::UnknownTopic(topic, "does not exist on the broker".into())),

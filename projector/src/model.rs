@@ -22,6 +22,7 @@ use crate::metrics::{Metric, Metrics};
 use crate::projection::Projection;
 use crate::task::{RunnerSpec, StepOutcome, TaskRunner, TaskState};
 use parsley_settings::config::{Config, InitialPosition, KafkaConfig, ModelConfig, OnRejected};
+use parsley_settings::contract::Contract;
 use parsley_store::leases;
 use parsley_store::ordering;
 
@@ -31,6 +32,9 @@ pub struct PlannedTopic {
     pub name: String,
     pub id: TopicId,
     pub initial: InitialPosition,
+    /// The topic's data contract (`schema`): every value read from it is checked against
+    /// it before the projection sees it.
+    pub contract: Option<Contract>,
 }
 
 /// Everything a task runner needs to know about its model.
@@ -89,6 +93,11 @@ impl ModelPlan {
     pub fn channel_of(&self, topic: &str, partition: i32) -> Option<ChannelId> {
         let t = self.topics.iter().find(|t| t.name == topic)?;
         Some(ChannelId::new(t.id, u32::try_from(partition).ok()?))
+    }
+
+    /// The data contract of the received topic `id`, if it has one.
+    pub fn contract(&self, id: &TopicId) -> Option<&Contract> {
+        self.topics.iter().find(|t| t.id == *id).and_then(|t| t.contract.as_ref())
     }
 
     pub fn topic_name(&self, id: &TopicId) -> Option<&str> {
@@ -235,7 +244,12 @@ impl<P: Projection> ModelProjector<P> {
                 .topics
                 .iter()
                 .zip(&ids)
-                .map(|(t, id)| PlannedTopic { name: t.name.clone(), id: *id, initial: t.initial_position(model) })
+                .map(|(t, id)| PlannedTopic {
+                    name: t.name.clone(),
+                    id: *id,
+                    initial: t.initial_position(model),
+                    contract: t.contract.clone(),
+                })
                 .collect(),
             max_step_records: model.max_step_records,
             max_step_bytes: (model.max_step_bytes > 0).then_some(model.max_step_bytes),

@@ -163,6 +163,15 @@ fn view<'a>(plan: &'a ModelPlan, d: &'a Delivery<RecordData>) -> Delivered<'a> {
     }
 }
 
+/// Why a delivered record breaks its topic's data contract (`schema`), if it does: a
+/// rejection like the projection's, naming the record and each failing JSON pointer, never
+/// quoting the value. A tombstone keeps every contract.
+fn contract_refusal(plan: &ModelPlan, record: &Delivered<'_>) -> Option<String> {
+    let value = record.value?;
+    let contract = plan.contract(&record.channel.topic)?;
+    contract.refusal(&format!("the value of {}", record.coordinate()), value)
+}
+
 /// A rejection by the projection, carried out of a step's transaction as its error.
 /// `record` (channel, position, coordinate) is the record the step applied alone; `None`
 /// when a batch was rejected and the record is not known.
@@ -1179,7 +1188,8 @@ impl<P: Projection> TaskRunner<P> {
     /// carefully. In careful mode each record is applied alone, so a rejection names it:
     /// under `on_rejected = "refuse"` it ends the step; under `"dead-letter"` each record
     /// runs under a savepoint, and a rejected one is rolled back to it, stored in
-    /// `parsley.dead_letters` and delivered without effect, in this step.
+    /// `parsley.dead_letters` and delivered without effect, in this step. A record whose
+    /// value breaks its topic's data contract is rejected so before the projection sees it.
     async fn project(
         &self,
         conn: &mut PgConnection,
@@ -1197,6 +1207,12 @@ impl<P: Projection> TaskRunner<P> {
         if !careful {
             let mut views: Vec<Delivered<'_>> = recycled(std::mem::take(room));
             views.extend(effective.map(|d| view(plan, d)));
+            // A record breaking its topic's contract is a rejection, found before the
+            // projection runs: the careful retry names it and `on_rejected` applies.
+            if let Some(reason) = views.iter().find_map(|r| contract_refusal(plan, r)) {
+                *room = recycled(views);
+                return Err(anyhow::Error::new(Rejection { record: None, reason }));
+            }
             let applied = self.projection.apply_batch(conn, ctx, &views).await;
             *room = recycled(views);
             return match applied {
@@ -1214,7 +1230,11 @@ impl<P: Projection> TaskRunner<P> {
             if dead_letter {
                 ordering::set_record_savepoint(conn).await?;
             }
-            match self.projection.apply_batch(conn, ctx, std::slice::from_ref(&record)).await {
+            let applied = match contract_refusal(plan, &record) {
+                Some(reason) => Err(ProjectionError::Rejected { reason }),
+                None => self.projection.apply_batch(conn, ctx, std::slice::from_ref(&record)).await,
+            };
+            match applied {
                 Ok(()) if dead_letter => {
                     ordering::release_record_savepoint(conn).await?;
                 }

@@ -17,6 +17,7 @@ use parsley_infra::kafka::{self, Cluster};
 use parsley_infra::pg::SessionBounds;
 use serde::Deserialize;
 
+use crate::contract::Contract;
 use crate::overrides::{self, Env};
 use crate::secret::Secret;
 use crate::sql_params;
@@ -524,6 +525,16 @@ pub struct TopicConfig {
     /// without any, a tombstone is delivered without effect.
     #[serde(default)]
     pub tombstone_statements: Vec<String>,
+    /// The topic's data contract: a JSON Schema (draft 2020-12) file every value of the
+    /// topic must keep (tombstones aside), relative to the working directory. The gateway
+    /// refuses a value that breaks it (`400 value-invalid`); the projector rejects a record
+    /// whose value breaks it (`PROJECTION_REJECTED`, or the model's `on_rejected`).
+    #[serde(default)]
+    pub schema: Option<String>,
+    /// `schema` read and compiled: set when the configuration is loaded, or by
+    /// [`TopicConfig::with_schema`].
+    #[serde(skip)]
+    pub contract: Option<Contract>,
 }
 
 impl TopicConfig {
@@ -535,7 +546,26 @@ impl TopicConfig {
             initial_position: None,
             statements: Vec::new(),
             tombstone_statements: Vec::new(),
+            schema: None,
+            contract: None,
         }
+    }
+
+    /// This topic with the data contract in the file at `path` (read and compiled now).
+    pub fn with_schema(mut self, path: impl Into<String>) -> anyhow::Result<TopicConfig> {
+        let path = path.into();
+        self.contract = Some(Contract::load(&path)?);
+        self.schema = Some(path);
+        Ok(self)
+    }
+
+    /// Reads and compiles `schema` into `contract`.
+    fn read_schema(&mut self) -> anyhow::Result<()> {
+        self.contract = match &self.schema {
+            Some(path) => Some(Contract::load(path)?),
+            None => None,
+        };
+        Ok(())
     }
 
     pub fn initial_position(&self, model: &ModelConfig) -> InitialPosition {
@@ -696,10 +726,23 @@ impl Config {
         overrides::deserialize(toml::Value::Table(tree), &[], &overrides)
     }
 
-    /// Reads the values given as files: `kafka.property_files`, `database.url_file`.
+    /// Reads the values given as files: `kafka.property_files`, `database.url_file`, each
+    /// topic's `schema`.
     fn read_files(&mut self) -> anyhow::Result<()> {
         self.kafka.read_property_files()?;
-        self.database.read_url_file()
+        self.database.read_url_file()?;
+        for (i, m) in self.models.iter_mut().enumerate() {
+            for (j, t) in m.topics.iter_mut().enumerate() {
+                t.read_schema().with_context(|| format!("models[{i}].topics[{j}].schema"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The data contract of topic `name`: the one every model receiving it with a
+    /// `schema` declares (validation has checked they agree); `None` when none does.
+    pub fn contract(&self, name: &str) -> Option<&Contract> {
+        self.models.iter().filter_map(|m| m.topic(name)).find_map(|t| t.contract.as_ref())
     }
 
     /// Checks what serde cannot; every message names the key.
@@ -838,6 +881,46 @@ impl Config {
             }
             validate_projection(m, &at)?;
             validate_queries(m, &at)?;
+        }
+        self.validate_contracts()
+    }
+
+    /// Every topic's `schema` is loaded, and the models receiving one topic with a `schema`
+    /// declare the same one: a topic has one contract, which the gateway holds writes to.
+    fn validate_contracts(&self) -> anyhow::Result<()> {
+        let mut seen: BTreeMap<&str, (String, &Contract)> = BTreeMap::new();
+        for (i, m) in self.models.iter().enumerate() {
+            for (j, t) in m.topics.iter().enumerate() {
+                let at = format!("models[{i}].topics[{j}].schema");
+                let contract = match (&t.schema, &t.contract) {
+                    (None, None) => continue,
+                    (Some(path), None) => {
+                        bail!("{at} {path:?} was not read (load the file, or use TopicConfig::with_schema)")
+                    }
+                    (None, Some(_)) => bail!("{at} is not set, but topic {:?} holds a contract", t.name),
+                    (Some(path), Some(c)) if c.path() != path => {
+                        bail!("{at} is {path:?}, but topic {:?} holds the contract of {:?}", t.name, c.path())
+                    }
+                    (Some(path), Some(c)) => {
+                        if path.trim().is_empty() {
+                            bail!("{at} must name a file when present");
+                        }
+                        c
+                    }
+                };
+                match seen.get(t.name.as_str()) {
+                    Some((first, other)) if other.schema() != contract.schema() => bail!(
+                        "{at} ({:?}) and {first} ({:?}) give topic {:?} different schemas: a topic has one contract",
+                        contract.path(),
+                        other.path(),
+                        t.name
+                    ),
+                    Some(_) => {}
+                    None => {
+                        seen.insert(t.name.as_str(), (at, contract));
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -1437,6 +1520,61 @@ max_rows = 5
         )
         .unwrap();
         assert_eq!(c.database_url().unwrap(), "postgres://env");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_topic_s_schema_is_read_and_compiled_at_load_and_refused_by_name() {
+        let dir = std::env::temp_dir().join(format!("parsley-config-schema-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let write = |name: &str, text: &str| {
+            let path = dir.join(name);
+            std::fs::write(&path, text).unwrap();
+            path.display().to_string()
+        };
+        let order = write("order.json", r#"{"type": "object", "required": ["order"]}"#);
+        let same = write("same.json", r#"{"type": "object", "required": ["order"]}"#);
+        let other = write("other.json", r#"{"type": "object"}"#);
+        let not_json = write("not-json.json", "{");
+        let not_schema = write("not-schema.json", r#"{"type": 7}"#);
+        let missing = dir.join("missing.json").display().to_string();
+        let file = |orders: &str, second: Option<&str>| {
+            let mut text =
+                format!("[[models]]\nname = \"a\"\n[[models.topics]]\nname = \"orders\"\nschema = {orders:?}\n");
+            if let Some(path) = second {
+                text.push_str(&format!(
+                    "[[models]]\nname = \"b\"\n[[models.topics]]\nname = \"orders\"\nschema = {path:?}\n"
+                ));
+            }
+            text
+        };
+        let c = Config::parse(&file(&order, Some(&same))).unwrap();
+        let contract = c.models[0].topics[0].contract.as_ref().expect("compiled at load");
+        assert_eq!(contract.path(), order);
+        assert!(!contract.is_valid(&serde_json::json!({})));
+        assert_eq!(c.contract("orders").map(|c| c.path()), Some(order.as_str()));
+        assert_eq!(c.contract("payments"), None);
+        let refused = |text: &str| format!("{:#}", Config::parse(text).unwrap_err());
+        for (path, says) in [
+            (&missing, "reading the schema file"),
+            (&not_json, "is not JSON"),
+            (&not_schema, "not a valid draft 2020-12 schema"),
+        ] {
+            let err = refused(&file(path, None));
+            assert!(
+                err.contains("models[0].topics[0].schema") && err.contains(path.as_str()) && err.contains(says),
+                "{err}"
+            );
+        }
+        let err = refused(&file(&order, Some(&other)));
+        assert!(err.contains("different schemas") && err.contains("models[1].topics[0].schema"), "{err}");
+        // Programmatic: loaded by with_schema, refused when only named.
+        let mut c = Config::parse("").unwrap();
+        c.models.push(ModelConfig::new("m", vec![TopicConfig::named("orders").with_schema(&order).unwrap()]));
+        c.validate().unwrap();
+        c.models[0].topics[0].contract = None;
+        assert!(format!("{:#}", c.validate().unwrap_err()).contains("was not read"));
+        assert!(TopicConfig::named("orders").with_schema(&missing).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

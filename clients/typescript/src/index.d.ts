@@ -135,6 +135,7 @@ export type ProblemKind =
   | "metadata-budget-exceeded"
   | "reserved-header"
   | "invalid-body"
+  | "value-invalid"
   | "body-too-large"
   | "body-timeout"
   | "invalid-query"
@@ -161,6 +162,21 @@ export type ProblemKind =
   | "not-ready"
   | "internal";
 
+/** value-invalid: one way a written value breaks its topic's data contract (JSON Schema). */
+export interface ValueError {
+  /** RFC 6901 JSON pointer into the value ("" for the value itself). */
+  pointer: string;
+  /** The schema keyword that failed (`type`, `required`, `minimum`, ...). */
+  keyword: string;
+  /** JSON pointer into the topic's schema. */
+  schema_path: string;
+  message: string;
+  /** Batch writes: the record's index in `records`. */
+  record?: number;
+  /** Batch writes: the record's topic. */
+  topic?: string;
+}
+
 /** A problem document (RFC 9457) with the gateway's extension members. */
 export interface Problem {
   type: string;
@@ -171,6 +187,8 @@ export interface Problem {
   field?: string;
   /** invalid-body: why. */
   reason?: "shape" | "nul" | "duplicate-key" | "empty" | "too-long" | "too-deep" | "unrepresentable";
+  /** value-invalid: how the value breaks its topic's schema (at most 10). */
+  errors?: ValueError[];
   /** invalid-query, invalid-key. */
   parameter?: string;
   topic?: string;

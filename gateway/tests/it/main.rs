@@ -6,6 +6,7 @@
 mod api;
 mod auth;
 mod connections;
+mod contracts;
 mod edge;
 mod failover;
 mod fleet;
