@@ -75,6 +75,7 @@ fn clients(state: AppState, fallback: bool) -> Router {
         .route("/openapi.json", get(crate::openapi::document))
         .route("/v1/topics/{topic}/records", post(write::post_record))
         .route("/v1/records", post(crate::batch::post_batch))
+        .route("/v1/sessions", post(crate::session::post_session))
         .route("/v1/models/{model}/documents", get(read::get_collection))
         .route("/v1/models/{model}/documents/{key}", get(read::get_document))
         .route("/v1/models/{model}/queries/{name}", get(crate::queries::get_query));

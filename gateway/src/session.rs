@@ -259,6 +259,23 @@ pub fn reseal(state: &AppState, caller: &Caller, past: CausalPast, now: u64) -> 
         .map_err(|e| ApiError::Internal(anyhow::anyhow!("sealed token is not a header value: {e}")))
 }
 
+/// `POST /v1/sessions`: starts a session (an empty past) or, with a valid token, answers the
+/// same session re-sealed. A caller without a subject starts its session before its first
+/// idempotent write: its `Idempotency-Key`s are scoped by the token it sends
+/// ([`crate::write::idempotency_scope`]), so a retry of a write made without one could not
+/// be told from a new write. Reads and writes nothing.
+pub async fn post_session(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    headers: HeaderMap,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse as _;
+    let now = unix_now();
+    let caller = open_session(&state, &headers, now).await?;
+    let token = reseal(&state, &caller, caller.past.clone(), now)?;
+    let expires_at = now.saturating_add(state.config.settings.token_ttl_s);
+    Ok(([(SESSION_HEADER, token)], axum::Json(serde_json::json!({ "expires_at": expires_at }))).into_response())
+}
+
 /// Whether a read stops demanding a pair at `position` on a channel whose log start is
 /// `log_start` (`None`: not known). The token keeps the pair either way ([`sanitize`]).
 ///

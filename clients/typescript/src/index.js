@@ -182,16 +182,32 @@ export class Session {
   }
 
   /** One request with its retries; keeps the token of every answer that carries one. */
+  /**
+   * The token an idempotent write carries on every attempt. The gateway scopes a caller's
+   * Idempotency-Keys by the token it sends (without a subject), so a write without one first
+   * starts a session (POST /v1/sessions): a retry of a first write could not be matched
+   * otherwise.
+   */
+  async #pinnedToken(signal) {
+    const held = await this.storage.get();
+    if (held) return held;
+    await this.#request("POST", "/v1/sessions", { signal });
+    return (await this.storage.get()) ?? undefined;
+  }
+
   async #request(method, path, { body, idempotencyKey, signal }) {
     const payload = body === undefined ? undefined : JSON.stringify(body);
+    // Every attempt of an idempotent write carries the same token, so that its key is
+    // matched; other requests carry the latest.
+    const pinned = idempotencyKey ? await this.#pinnedToken(signal) : undefined;
     let lastNetworkError;
     for (let attempt = 0; ; attempt++) {
       const headers = await this.#headers();
       headers["Accept"] = "application/json, application/problem+json";
       if (payload !== undefined) headers["Content-Type"] = "application/json";
       if (idempotencyKey) headers["Idempotency-Key"] = idempotencyKey;
-      // The latest token: a retry carries what earlier answers handed back.
-      const token = await this.storage.get();
+      // The pinned token, else the latest: a retry carries what earlier answers handed back.
+      const token = pinned ?? (await this.storage.get());
       if (token) headers[SESSION_HEADER] = token;
 
       const timeout = new AbortController();

@@ -62,7 +62,9 @@ test("a write retried after a timeout is written once (same idempotency key)", a
   const key = unique("retried");
   let attempts = 0;
   // The first attempt reaches the gateway and is written, but its answer is lost.
+  // The session the write starts first (POST /v1/sessions) is answered as usual.
   const lossy = async (url, init) => {
+    if (url.endsWith("/v1/sessions")) return fetch(url, init);
     attempts++;
     const response = await fetch(url, init);
     if (attempts === 1) {
@@ -80,13 +82,22 @@ test("a write retried after a timeout is written once (same idempotency key)", a
   // Any later retry with that key and body is answered the same coordinate, written nothing.
   const retry = new Session({ baseUrl });
   const sent = [];
-  const spy = async (url, init) => (sent.push(init.headers["Idempotency-Key"]), fetch(url, init));
+  let sentToken;
+  const spy = async (url, init) => {
+    if (init.headers["Idempotency-Key"]) {
+      sent.push(init.headers["Idempotency-Key"]);
+      sentToken = init.headers["Parsley-Session"];
+    }
+    return fetch(url, init);
+  };
   const again = await new Session({ baseUrl, fetch: spy, newIdempotencyKey: () => sent[0] ?? "k-" + key }).write(
     orders,
     key,
     { n: 1 },
   );
   assert.equal(again.replayed, false, "a new key writes");
+  // A retry with that key and the token it was sent with (keys are scoped by it).
+  await retry.storage.set(sentToken);
   const replay = await retry.write(orders, key, { n: 1 }, { idempotencyKey: sent[0] });
   assert.deepEqual([replay.replayed, replay.partition, replay.offset], [true, again.partition, again.offset]);
   assert.equal((await retry.read(model, key)).version, 2);
@@ -108,8 +119,11 @@ test("problems are typed errors", async () => {
   assert.deepEqual((await kindOf(s.read("nope", "k"))).slice(0, 2), ["unknown-model", 404]);
   assert.deepEqual((await kindOf(s.query(model, "nope"))).slice(0, 2), ["unknown-query", 404]);
   assert.deepEqual((await kindOf(s.list(model, { limit: 0 }))).slice(0, 2), ["invalid-query", 400]);
+  // A key is scoped by the session token sent: the same token, another body.
   const key = unique("reused");
+  const started = await s.token();
   await s.write(orders, key, 1, { idempotencyKey: key });
+  await s.storage.set(started);
   assert.deepEqual((await kindOf(s.write(orders, key, 2, { idempotencyKey: key }))).slice(0, 2), [
     "idempotency-key-reused",
     409,

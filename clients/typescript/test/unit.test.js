@@ -4,10 +4,19 @@ import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { MemoryStorage, NetworkError, PROBLEM_BASE, ProblemError, Session, parseRetryAfter } from "../src/index.js";
 
-/** A fetch answering from `script` in turn, recording each request. */
+/**
+ * A fetch answering from `script` in turn, recording each request. `POST /v1/sessions` (a
+ * write's session started first) is answered apart, with the token "t0", and recorded in
+ * `sessions`.
+ */
 function scripted(script) {
   const calls = [];
+  const sessions = [];
   const fetch = async (url, init) => {
+    if (url.endsWith("/v1/sessions")) {
+      sessions.push({ url, method: init.method, headers: { ...init.headers } });
+      return new Response(JSON.stringify({ expires_at: 1 }), { status: 200, headers: { "Parsley-Session": "t0" } });
+    }
     calls.push({ url, method: init.method, headers: { ...init.headers }, body: init.body });
     const step = script[Math.min(calls.length - 1, script.length - 1)];
     if (step instanceof Error) throw step;
@@ -16,7 +25,7 @@ function scripted(script) {
       headers: step.headers ?? {},
     });
   };
-  return { fetch, calls };
+  return { fetch, calls, sessions };
 }
 
 const ack = { status: 201, body: { topic: "orders", partition: 1, offset: 7 }, headers: { "Parsley-Session": "t1" } };
@@ -33,7 +42,7 @@ test("the token of every answer is kept and sent with the next request", async (
   await s.write("orders", "k", { a: 1 });
   assert.equal(await s.token(), "t1");
   await s.read("shop", "k");
-  assert.equal(calls[0].headers["Parsley-Session"], undefined);
+  assert.equal(calls[0].headers["Parsley-Session"], "t0", "the write's session was started first");
   assert.equal(calls[1].headers["Parsley-Session"], "t1");
   assert.equal(calls[1].url, "http://gw/v1/models/shop/documents/k");
   assert.equal(await s.token(), "t2");
@@ -41,13 +50,34 @@ test("the token of every answer is kept and sent with the next request", async (
   assert.equal(await s.token(), null);
 });
 
+test("a first write starts a session, and every attempt of a write carries the same token", async () => {
+  const { fetch, calls, sessions } = scripted([
+    { ...problem("write-failed", 503, { "Retry-After": "0" }), headers: { "Parsley-Session": "t-other", "Retry-After": "0" } },
+    ack,
+  ]);
+  const s = new Session({ baseUrl: "http://gw", fetch });
+  await s.write("orders", "k", 1);
+  assert.equal(sessions.length, 1);
+  assert.equal(sessions[0].method, "POST");
+  assert.deepEqual(
+    calls.map((c) => c.headers["Parsley-Session"]),
+    ["t0", "t0"],
+    "the retry carries the token its key is scoped by, not one a refusal handed back",
+  );
+  assert.equal(await s.token(), "t1");
+  await s.write("orders", "k", 2);
+  assert.equal(sessions.length, 1, "a session held is not started again");
+  assert.equal(calls[2].headers["Parsley-Session"], "t1");
+});
+
 test("the bearer token is asked for before every attempt", async () => {
-  const { fetch, calls } = scripted([problem("unavailable", 503, { "Retry-After": "0" }), ack]);
+  const { fetch, calls, sessions } = scripted([problem("unavailable", 503, { "Retry-After": "0" }), ack]);
   let n = 0;
   const s = new Session({ baseUrl: "http://gw", fetch, bearerToken: async () => `jwt-${++n}` });
   await s.write("orders", "k", 1);
-  assert.equal(calls[0].headers["Authorization"], "Bearer jwt-1");
-  assert.equal(calls[1].headers["Authorization"], "Bearer jwt-2", "a retry carries the token supplied then");
+  assert.equal(sessions[0].headers["Authorization"], "Bearer jwt-1", "the session is started as the caller");
+  assert.equal(calls[0].headers["Authorization"], "Bearer jwt-2");
+  assert.equal(calls[1].headers["Authorization"], "Bearer jwt-3", "a retry carries the token supplied then");
   const without = scripted([ack]);
   await new Session({ baseUrl: "http://gw", fetch: without.fetch, bearerToken: () => null }).write("orders", "k", 1);
   assert.equal(without.calls[0].headers["Authorization"], undefined);

@@ -290,3 +290,31 @@ async fn a_write_that_surely_did_not_happen_gives_its_key_up() {
         assert_eq!(claim_state(&s, &key).await, None, "attempt {attempt}: the key is given up");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_started_before_the_first_write_makes_its_retry_safe() {
+    let s = Stack::new("started", 1, "").await;
+    let started = s.send(Method::POST, "/v1/sessions", None, None).await;
+    assert_eq!(started.status, StatusCode::OK, "{}", started.json);
+    let token = started.token();
+    let session = open(&token);
+    assert!(session.past.is_empty());
+    assert_eq!(started.json["expires_at"].as_u64(), Some(session.expires_at));
+
+    // The first write and its retry carry the session's token: one record.
+    let uri = format!("/v1/topics/{}/records", s.names.orders);
+    let (key, body) = (unique("first"), json!({"key": "k", "value": {"n": 1}}));
+    let first = post(&s.router, &uri, &key, &token, &body).await;
+    assert_eq!((first.status, first.replayed), (StatusCode::CREATED, false), "{}", first.json);
+    let retry = post(&s.router, &uri, &key, &token, &body).await;
+    assert_eq!((retry.status, retry.replayed), (StatusCode::CREATED, true), "{}", retry.json);
+    assert_eq!(retry.json, first.json);
+
+    // A valid token is the same session, re-sealed; a bad one is refused by name.
+    let again = s.send(Method::POST, "/v1/sessions", Some(&first.token.clone().unwrap()), None).await;
+    assert_eq!(again.status, StatusCode::OK, "{}", again.json);
+    assert_eq!(open(&again.token()).past, open(first.token.as_deref().unwrap()).past);
+    assert_eq!(open(&again.token()).issued_at, session.issued_at);
+    let bad = s.send(Method::POST, "/v1/sessions", Some("AQ-not-a-token"), None).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{}", bad.json);
+}
