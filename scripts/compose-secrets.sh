@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # scripts/compose-secrets.sh [DIR]: the files docker-compose.yml mounts as secrets, made once
 # in DIR (default ./secrets; docker-compose.yml reads PARSLEY_SECRETS_DIR, default ./secrets):
-#   postgres-password   a random password for the database user parsley
-#   database-url        postgres://parsley:<that password>@postgres:5432/parsley
+#   postgres-password   a random password for the database superuser postgres (the operator's)
+#   projector-db-password, gateway-db-password
+#                       random passwords for the services' login roles, parsley_projector
+#                       and parsley_gateway_login (compose/postgres-roles.sh makes them)
+#   database-url        postgres://parsley_projector:<its password>@postgres:5432/parsley
+#   gateway-database-url postgres://parsley_gateway_login:<its password>@postgres:5432/parsley
 #   token-keys          the gateway's session-token key, compose:<base64 of 32 random bytes>
 #   jwt-signing-key.pem a DEVELOPMENT identity provider's Ed25519 private key (PKCS#8), which
 #                       `parsley dev-token` signs callers' JWTs with; never mounted into a
@@ -32,7 +36,10 @@ make_file() {
 random_text() { head -c "$1" /dev/urandom | base64 | tr -d '\n/+='; }
 
 make_file postgres-password "$(random_text 24)"
-make_file database-url "postgres://parsley:$(tr -d '\n' <"$dir/postgres-password")@postgres:5432/parsley"
+make_file projector-db-password "$(random_text 24)"
+make_file gateway-db-password "$(random_text 24)"
+make_file database-url "postgres://parsley_projector:$(tr -d '\n' <"$dir/projector-db-password")@postgres:5432/parsley"
+make_file gateway-database-url "postgres://parsley_gateway_login:$(tr -d '\n' <"$dir/gateway-db-password")@postgres:5432/parsley"
 make_file token-keys "compose:$(head -c 32 /dev/urandom | base64 | tr -d '\n')"
 
 # The development identity provider: a key pair made here, its public half as the JWKS the

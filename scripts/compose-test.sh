@@ -273,6 +273,21 @@ wait_port() {
     done
 }
 
+# The services' database roles are not superusers, and the gateway's login holds
+# parsley_gateway (made by the migrate job), nothing more.
+check_roles() {
+    local roles
+    roles="$(podman exec "${PROJECT}_postgres_1" psql -U postgres -d parsley -tAc \
+        "SELECT string_agg(rolname || ':' || rolsuper, ',' ORDER BY rolname) FROM pg_roles
+          WHERE rolname IN ('parsley_projector', 'parsley_gateway_login', 'parsley_gateway')")"
+    [ "$roles" = "parsley_gateway:false,parsley_gateway_login:false,parsley_projector:false" ] ||
+        fail "the services' roles are not the expected non-superusers: $roles"
+    podman exec "${PROJECT}_postgres_1" psql -U postgres -d parsley -tAc \
+        "SELECT pg_has_role('parsley_gateway_login', 'parsley_gateway', 'MEMBER')" | grep -qx t ||
+        fail "parsley_gateway_login was not granted parsley_gateway"
+    say "roles: parsley_projector and parsley_gateway_login, neither a superuser"
+}
+
 # The stack in dependency order: podman-compose neither runs healthchecks nor waits for them.
 stack_up() {
     local t0 t1 t2 rc
@@ -281,9 +296,13 @@ stack_up() {
     wait_port 15432 PostgreSQL
     wait_port 19092 Kafka
     t1="$(now_s)"
-    compose up -d --no-build --no-deps topics >>"$COMPOSE_LOG" 2>&1 || fail "podman-compose up topics failed" "$COMPOSE_LOG"
+    compose up -d --no-build --no-deps topics migrate >>"$COMPOSE_LOG" 2>&1 ||
+        fail "podman-compose up topics migrate failed" "$COMPOSE_LOG"
     rc="$(podman wait "${PROJECT}_topics_1")"
     [ "$rc" = 0 ] || fail "the topics job exited with status $rc"
+    rc="$(podman wait "${PROJECT}_migrate_1")"
+    [ "$rc" = 0 ] || fail "the migrate job exited with status $rc: $(podman logs "${PROJECT}_migrate_1" 2>&1 | tail -n 5)"
+    check_roles
     t2="$(now_s)"
     compose up -d --no-build --no-deps projector gateway >>"$COMPOSE_LOG" 2>&1 ||
         fail "podman-compose up projector gateway failed" "$COMPOSE_LOG"

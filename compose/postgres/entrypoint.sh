@@ -1,8 +1,10 @@
 #!/bin/bash
 # Started as root: on an empty data directory, initdb with POSTGRES_USER as the superuser (its
-# password from POSTGRES_PASSWORD or the file POSTGRES_PASSWORD_FILE names) and create
-# POSTGRES_DB; then run the server as the postgres user, listening on every address of the
-# container with password (SCRAM) authentication.
+# password from POSTGRES_PASSWORD or the file POSTGRES_PASSWORD_FILE names), create
+# POSTGRES_DB and run the scripts in /docker-entrypoint-initdb.d (*.sh sourced, *.sql through
+# psql, in name order, against a server listening on its socket only), as the official image
+# does; then run the server as the postgres user, listening on every address of the container
+# with password (SCRAM) authentication.
 set -euo pipefail
 
 user="${POSTGRES_USER:-postgres}"
@@ -31,6 +33,18 @@ if [ ! -s "$PGDATA/PG_VERSION" ]; then
     if [ "$db" != postgres ]; then
         printf 'CREATE DATABASE "%s" OWNER "%s";\n' "$db" "$user" |
             as_postgres postgres --single -D "$PGDATA" postgres >/dev/null
+    fi
+    if compgen -G "/docker-entrypoint-initdb.d/*" >/dev/null; then
+        as_postgres pg_ctl -D "$PGDATA" -o "-c listen_addresses=''" -w start >/dev/null
+        export POSTGRES_USER="$user" POSTGRES_DB="$db" PGUSER="$user" PGDATABASE="$db" PGHOST=/var/run/postgresql
+        for f in /docker-entrypoint-initdb.d/*; do
+            case "$f" in
+                *.sh) echo "initdb: running $f"; . "$f" ;;
+                *.sql) echo "initdb: running $f"; psql -v ON_ERROR_STOP=1 -f "$f" >/dev/null ;;
+                *) echo "initdb: ignoring $f" ;;
+            esac
+        done
+        as_postgres pg_ctl -D "$PGDATA" -m fast -w stop >/dev/null
     fi
 fi
 exec setpriv --reuid=postgres --regid=postgres --init-groups postgres -D "$PGDATA"
