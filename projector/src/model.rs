@@ -21,7 +21,7 @@ use crate::kafka;
 use crate::metrics::{Metric, Metrics};
 use crate::projection::Projection;
 use crate::task::{RunnerSpec, StepOutcome, TaskRunner, TaskState};
-use parsley_settings::config::{Config, InitialPosition, KafkaConfig, ModelConfig, OnRejected};
+use parsley_settings::config::{Config, InitialPosition, KafkaConfig, ModelConfig, OnRejected, Partitioner};
 use parsley_store::leases;
 use parsley_store::ordering;
 
@@ -31,6 +31,9 @@ pub struct PlannedTopic {
     pub name: String,
     pub id: TopicId,
     pub initial: InitialPosition,
+    /// How the topic's producers place keys; a keyed record elsewhere is refused
+    /// `KEY_PARTITION_MISMATCH` (`none`: not checked).
+    pub partitioner: Partitioner,
 }
 
 /// Everything a task runner needs to know about its model.
@@ -89,6 +92,11 @@ impl ModelPlan {
     pub fn channel_of(&self, topic: &str, partition: i32) -> Option<ChannelId> {
         let t = self.topics.iter().find(|t| t.name == topic)?;
         Some(ChannelId::new(t.id, u32::try_from(partition).ok()?))
+    }
+
+    /// The partitioner of the received topic `id` (`none` for a topic not received).
+    pub fn partitioner(&self, id: &TopicId) -> Partitioner {
+        self.topics.iter().find(|t| t.id == *id).map_or(Partitioner::None, |t| t.partitioner)
     }
 
     pub fn topic_name(&self, id: &TopicId) -> Option<&str> {
@@ -235,7 +243,12 @@ impl<P: Projection> ModelProjector<P> {
                 .topics
                 .iter()
                 .zip(&ids)
-                .map(|(t, id)| PlannedTopic { name: t.name.clone(), id: *id, initial: t.initial_position(model) })
+                .map(|(t, id)| PlannedTopic {
+                    name: t.name.clone(),
+                    id: *id,
+                    initial: t.initial_position(model),
+                    partitioner: t.partitioner,
+                })
                 .collect(),
             max_step_records: model.max_step_records,
             max_step_bytes: (model.max_step_bytes > 0).then_some(model.max_step_bytes),

@@ -21,6 +21,8 @@ use crate::overrides::{self, Env};
 use crate::secret::Secret;
 use crate::sql_params;
 
+pub use parsley::partitioner::Partitioner;
+
 pub use crate::overrides::{
     ENV_DATABASE_URL, ENV_DATABASE_URL_FALLBACK, ENV_DATABASE_URL_FILE, ENV_KAFKA_BOOTSTRAP, ENV_METRICS_ADDRESS,
     ENV_OWNER,
@@ -505,6 +507,14 @@ impl ModelConfig {
     pub fn topic(&self, name: &str) -> Option<&TopicConfig> {
         self.topics.iter().find(|t| t.name == name)
     }
+
+    /// The partitioner that routes a key of the model to one task: its topics' common one
+    /// when every topic places keys by it. `None` when a topic is `partitioner = "none"`:
+    /// a key's data may then come from any task, and a key read is gated on every task.
+    pub fn key_partitioner(&self) -> Option<Partitioner> {
+        let first = self.topics.first()?.partitioner;
+        (first.routes_keys() && self.topics.iter().all(|t| t.partitioner == first)).then_some(first)
+    }
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -524,6 +534,21 @@ pub struct TopicConfig {
     /// without any, a tombstone is delivered without effect.
     #[serde(default)]
     pub tombstone_statements: Vec<String>,
+    /// How the topic's producers place keyed records: `murmur2` (the default, the Java
+    /// client's), `crc32` (librdkafka's `consistent_random`, the default of the Python, Go
+    /// and .NET clients built on it) or `none` (the key is not the document key). The
+    /// gateway routes writes and key reads by it; the projector refuses a keyed record on
+    /// another partition (`KEY_PARTITION_MISMATCH`).
+    #[serde(default, deserialize_with = "partitioner_by_name")]
+    pub partitioner: Partitioner,
+}
+
+/// A topic's `partitioner`, by name; another name is refused naming the choices.
+fn partitioner_by_name<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Partitioner, D::Error> {
+    let name = String::deserialize(d)?;
+    Partitioner::parse(&name).ok_or_else(|| {
+        serde::de::Error::custom(format!("unknown partitioner {name:?}: choose {}", Partitioner::choices()))
+    })
 }
 
 impl TopicConfig {
@@ -535,6 +560,7 @@ impl TopicConfig {
             initial_position: None,
             statements: Vec::new(),
             tombstone_statements: Vec::new(),
+            partitioner: Partitioner::default(),
         }
     }
 
@@ -796,6 +822,8 @@ impl Config {
             );
         }
         let mut names = BTreeSet::new();
+        // Each topic's partitioner, and the first model naming it.
+        let mut partitioners: BTreeMap<&str, (&str, Partitioner)> = BTreeMap::new();
         for (i, m) in self.models.iter().enumerate() {
             let at = format!("models[{i}]");
             if !valid_model_name(&m.name) {
@@ -814,6 +842,37 @@ impl Config {
                 }
                 if !topics.insert(t.name.as_str()) {
                     bail!("{at}.topics[{j}].name {:?} is declared twice in model {:?}", t.name, m.name);
+                }
+                // Keys are routed to tasks by one function: co-partitioned topics that
+                // place keys differently would put one key on two tasks.
+                if let Some((k, first)) = m.topics[..j]
+                    .iter()
+                    .enumerate()
+                    .find(|(_, o)| o.partitioner.routes_keys() && o.partitioner != t.partitioner)
+                {
+                    if t.partitioner.routes_keys() {
+                        bail!(
+                            "{at}.topics[{j}].partitioner is {:?} but {at}.topics[{k}] ({:?}) is {:?}: a model's keyed \
+                             topics must place keys alike, or one key would belong to two tasks (set \
+                             partitioner = \"none\" on a topic whose key is not the document key)",
+                            t.partitioner.as_str(),
+                            first.name,
+                            first.partitioner.as_str()
+                        );
+                    }
+                }
+                if let Some((other, o)) = partitioners.get(t.name.as_str()) {
+                    if *o != t.partitioner {
+                        bail!(
+                            "{at}.topics[{j}].partitioner is {:?} but model {other:?} receives topic {:?} with {:?}: a \
+                             topic's producers place keys one way",
+                            t.partitioner.as_str(),
+                            t.name,
+                            o.as_str()
+                        );
+                    }
+                } else {
+                    partitioners.insert(t.name.as_str(), (m.name.as_str(), t.partitioner));
                 }
             }
             if m.max_step_records == 0 {
@@ -840,6 +899,12 @@ impl Config {
             validate_queries(m, &at)?;
         }
         Ok(())
+    }
+
+    /// How the producers of `topic` place keys (its configured `partitioner`; the default
+    /// for a topic no model receives).
+    pub fn partitioner_of(&self, topic: &str) -> Partitioner {
+        self.models.iter().find_map(|m| m.topic(topic)).map(|t| t.partitioner).unwrap_or_default()
     }
 
     /// The model named `name`.
@@ -1178,6 +1243,31 @@ max_rows = 5
         assert_eq!(policy("on_rejected = \"dead-letter\"").unwrap(), OnRejected::DeadLetter);
         let err = format!("{:#}", policy("on_rejected = \"skip\"").unwrap_err());
         assert!(err.contains("on_rejected") || err.contains("dead-letter"), "{err}");
+    }
+
+    #[test]
+    fn topics_say_how_keys_are_placed() {
+        let parse = |topics: &str| Config::parse(&format!("[[models]]\nname = \"m\"\ntopics = [{topics}]\n"));
+        let c = parse("{ name = \"a\" }, { name = \"b\", partitioner = \"murmur2\" }").unwrap();
+        assert_eq!(c.models[0].topics[0].partitioner, Partitioner::Murmur2, "murmur2 by default");
+        assert_eq!(c.models[0].key_partitioner(), Some(Partitioner::Murmur2));
+        assert_eq!(c.partitioner_of("a"), Partitioner::Murmur2);
+        let c = parse("{ name = \"a\", partitioner = \"crc32\" }, { name = \"b\", partitioner = \"crc32\" }").unwrap();
+        assert_eq!(c.models[0].key_partitioner(), Some(Partitioner::Crc32));
+        assert_eq!(c.partitioner_of("b"), Partitioner::Crc32);
+        // A topic whose key is not the document key: a key read goes to every task.
+        let c = parse("{ name = \"a\", partitioner = \"crc32\" }, { name = \"b\", partitioner = \"none\" }").unwrap();
+        assert_eq!(c.models[0].key_partitioner(), None);
+        assert_eq!(c.partitioner_of("b"), Partitioner::None);
+
+        let err = format!("{:#}", parse("{ name = \"a\", partitioner = \"consistent_random\" }").unwrap_err());
+        assert!(err.contains("consistent_random") && err.contains(r#""murmur2", "crc32" or "none""#), "{err}");
+        let err = format!("{:#}", parse("{ name = \"a\" }, { name = \"b\", partitioner = \"crc32\" }").unwrap_err());
+        assert!(err.contains("models[0].topics[1].partitioner") && err.contains("murmur2"), "{err}");
+        let two = "[[models]]\nname = \"m\"\ntopics = [{ name = \"a\" }]\n\
+                   [[models]]\nname = \"n\"\ntopics = [{ name = \"a\", partitioner = \"crc32\" }]\n";
+        let err = format!("{:#}", Config::parse(two).unwrap_err());
+        assert!(err.contains("models[1].topics[0].partitioner") && err.contains("model \"m\""), "{err}");
     }
 
     #[test]

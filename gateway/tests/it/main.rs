@@ -12,6 +12,7 @@ mod fleet;
 mod hostile;
 mod numbers;
 mod ops;
+mod producers;
 mod queries;
 mod retention;
 mod roles;
