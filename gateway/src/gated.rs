@@ -154,6 +154,23 @@ pub trait Snapshot: Sync {
         inputs: &GateInputs,
     ) -> impl Future<Output = Result<GatedSnapshot<Self::Data>, ApiError>> + Send;
 
+    /// [`Snapshot::read`], told how to check the snapshot's clock rows before its data is
+    /// read: `covers` says whether the model's row and clock rows the snapshot read cover the
+    /// session (as the gate will judge them). A snapshot that can read its data after its
+    /// clock rows in the same transaction reads it only when they do, so no data statement
+    /// runs for a session it cannot serve (the named queries: [`crate::queries`]); its data
+    /// is then never looked at. The default reads as [`Snapshot::read`] does.
+    fn read_gated(
+        &self,
+        state: &AppState,
+        model: &str,
+        inputs: &GateInputs,
+        covers: &Covers<'_>,
+    ) -> impl Future<Output = Result<GatedSnapshot<Self::Data>, ApiError>> + Send {
+        let _ = covers;
+        self.read(state, model, inputs)
+    }
+
     /// A covered snapshot an earlier read kept in memory that may serve this read without a
     /// statement ([`crate::read_cache`]): it is served only if its own rows cover the session, like
     /// any snapshot. `None` (the default): every attempt reads.
@@ -180,6 +197,9 @@ pub trait Snapshot: Sync {
     ) {
     }
 }
+
+/// Whether a snapshot's recorded model and clock rows cover the read ([`Snapshot::read_gated`]).
+pub type Covers<'a> = dyn Fn(&RecordedModel, &[ClockRow]) -> bool + Sync + 'a;
 
 /// A snapshot kept in memory ([`Snapshot::kept`]): the clock rows and data of one statement,
 /// and the shape the rows were chosen by.
@@ -478,7 +498,25 @@ async fn attempt<S: Snapshot>(
     let mut clock = clock_scope(model, scope, &shape, demand);
     let snapshot = loop {
         let inputs = GateInputs { clock, cached: known.as_ref().map(|k| k.shape) };
-        let snapshot = reader.read(state, &model.name, &inputs).await?;
+        // The gate's own verdict over what the snapshot records, for a reader that checks it
+        // before reading its data: the same judgement as below, stale shapes included.
+        let covers = |recorded: &RecordedModel, rows: &[ClockRow]| {
+            let row = match recorded {
+                RecordedModel::Unchanged => known.as_deref().map(|k| &k.row),
+                RecordedModel::Absent => None,
+                RecordedModel::Read { row, .. } => Some(row),
+            };
+            let recorded_shape = model_shape(state, model, row);
+            if recorded_shape != shape && inputs.clock != ClockScope::All {
+                return false;
+            }
+            #[cfg(feature = "unsafe-ungated-reads")]
+            if ungated::on() {
+                return true;
+            }
+            gate(demand, &recorded_shape, rows, &served_tasks(model, scope, &recorded_shape)).is_covered()
+        };
+        let snapshot = reader.read_gated(state, &model.name, &inputs, &covers).await?;
         let recorded = match &snapshot.model {
             RecordedModel::Unchanged => known.clone(),
             RecordedModel::Absent => None,

@@ -407,7 +407,38 @@ pub struct QueryConfig {
     /// Most rows returned (1 to [`MAX_QUERY_ROWS`]).
     #[serde(default = "default_query_max_rows")]
     pub max_rows: u32,
+    /// Longest the query's statement may run, in milliseconds (`SET LOCAL
+    /// statement_timeout`); past it the gateway answers `504 query-timeout`. Absent: the
+    /// pool's `database.statement_timeout_ms`.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    /// Largest answer, in bytes of its JSON body (1 to [`MAX_QUERY_BYTES`]); a result over
+    /// it is refused whole, `422 query-result-too-large`, never truncated.
+    #[serde(default = "default_query_max_bytes")]
+    pub max_bytes: u64,
 }
+
+impl QueryConfig {
+    /// A query named `name` running `sql` with `params`, every other key at its default.
+    pub fn new(name: impl Into<String>, sql: impl Into<String>, params: BTreeMap<String, ParamType>) -> QueryConfig {
+        QueryConfig {
+            name: name.into(),
+            sql: sql.into(),
+            params,
+            key: None,
+            max_rows: default_query_max_rows(),
+            timeout_ms: None,
+            max_bytes: default_query_max_bytes(),
+        }
+    }
+}
+
+/// The default `max_bytes` of a named query: 8 MiB.
+pub const DEFAULT_QUERY_MAX_BYTES: u64 = 8 << 20;
+/// Most bytes a named query may be configured to answer: 1 GiB.
+pub const MAX_QUERY_BYTES: u64 = 1 << 30;
+/// Longest `timeout_ms` a named query may be configured with: ten minutes.
+pub const MAX_QUERY_TIMEOUT_MS: u64 = 600_000;
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -584,6 +615,9 @@ fn default_projection() -> String {
 }
 fn default_query_max_rows() -> u32 {
     1_000
+}
+fn default_query_max_bytes() -> u64 {
+    DEFAULT_QUERY_MAX_BYTES
 }
 fn default_bootstrap() -> String {
     parsley_infra::services::LOCAL_KAFKA_BOOTSTRAP.to_string()
@@ -1001,6 +1035,12 @@ fn validate_queries(m: &ModelConfig, at: &str) -> anyhow::Result<()> {
         if query.max_rows == 0 || query.max_rows > MAX_QUERY_ROWS {
             bail!("{at}.max_rows must be between 1 and {MAX_QUERY_ROWS}, not {}", query.max_rows);
         }
+        if query.timeout_ms.is_some_and(|t| t == 0 || t > MAX_QUERY_TIMEOUT_MS) {
+            bail!("{at}.timeout_ms must be between 1 and {MAX_QUERY_TIMEOUT_MS} when set");
+        }
+        if query.max_bytes == 0 || query.max_bytes > MAX_QUERY_BYTES {
+            bail!("{at}.max_bytes must be between 1 and {MAX_QUERY_BYTES}, not {}", query.max_bytes);
+        }
     }
     Ok(())
 }
@@ -1138,6 +1178,8 @@ name = "big-orders"
 sql = "SELECT id FROM totals.orders WHERE amount > :min::numeric AND (:flag OR :doc ? 'x') AND :n > 0"
 params = { min = "float", flag = "bool", doc = "json", n = "int" }
 max_rows = 5
+timeout_ms = 250
+max_bytes = 4096
 "#;
 
     #[test]
@@ -1153,8 +1195,11 @@ max_rows = 5
         let q = &m.queries[0];
         assert_eq!((q.name.as_str(), q.key.as_deref(), q.max_rows), ("customer_total", Some("customer"), 1000));
         assert_eq!(q.params.get("customer"), Some(&ParamType::Text));
+        assert_eq!((q.timeout_ms, q.max_bytes), (None, DEFAULT_QUERY_MAX_BYTES), "the defaults");
+        assert_eq!(QueryConfig::new("customer_total", q.sql.clone(), q.params.clone()).max_bytes, q.max_bytes);
         let q = &m.queries[1];
         assert_eq!(q.max_rows, 5);
+        assert_eq!((q.timeout_ms, q.max_bytes), (Some(250), 4096));
         assert_eq!(q.params.get("doc"), Some(&ParamType::Json));
         // The default projection, and the constructor's defaults equal the file's.
         let c = Config::parse("[[models]]\nname = \"m\"\ntopics = [{ name = \"t\" }]\n").unwrap();
@@ -1212,6 +1257,8 @@ max_rows = 5
             ),
             (query("name = \"q\"\nsql = \"SELECT 1\"\nmax_rows = 0"), "models[0].queries[0].max_rows"),
             (query("name = \"q\"\nsql = \"SELECT 1\"\nmax_rows = 100001"), "models[0].queries[0].max_rows"),
+            (query("name = \"q\"\nsql = \"SELECT 1\"\ntimeout_ms = 0"), "models[0].queries[0].timeout_ms"),
+            (query("name = \"q\"\nsql = \"SELECT 1\"\nmax_bytes = 0"), "models[0].queries[0].max_bytes"),
             (query("name = \"q\"\nsql = \"\""), "models[0].queries[0].sql is empty"),
             (
                 query("name = \"q\"\nsql = \"SELECT 1\"\n[[models.queries]]\nname = \"q\"\nsql = \"SELECT 2\""),

@@ -5,6 +5,7 @@
 
 mod api;
 mod auth;
+mod bounded_queries;
 mod connections;
 mod edge;
 mod failover;
