@@ -1456,6 +1456,8 @@ max_bytes = 4096
                 ("PARSLEY_MODELS__0__ON_REJECTED", "dead-letter"),
                 ("PARSLEY_MODELS__0__TASKS", "0, 2"),
                 ("PARSLEY_MODELS__0__TOPICS__1__APPLY", "replace"),
+                ("PARSLEY_MODELS__0__TOPICS__0__PARTITIONER", "crc32"),
+                ("PARSLEY_MODELS__0__TOPICS__1__PARTITIONER", "crc32"),
                 // The generic form wins over an alias of the same key.
                 (ENV_DATABASE_URL, "postgres://alias"),
                 // Not configuration keys: left alone.
@@ -1471,6 +1473,7 @@ max_bytes = 4096
         let m = &c.models[0];
         assert_eq!((m.max_step_ms, m.on_rejected, m.tasks.clone()), (40, OnRejected::DeadLetter, Some(vec![0, 2])));
         assert_eq!(m.topics[1].apply, Apply::Replace);
+        assert_eq!(m.key_partitioner(), Some(Partitioner::Crc32));
         assert_eq!(m.topics[1].initial_position, Some(InitialPosition::Earliest), "the rest of the entry stays");
         assert_eq!(m.max_step_records, 10, "keys not overridden keep the file's value");
     }
