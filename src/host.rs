@@ -911,10 +911,15 @@ impl<P: Clone> TaskHost<P> {
     /// The projection rejected the one record at `(channel, position)` of a careful step
     /// for good (the step rolled back): `PROJECTION_REJECTED`, recorded on its own.
     pub fn rejected(&mut self, channel: ChannelId, position: Position, diagnosis: String) {
+        self.rejected_as(RefusalReason::ProjectionRejected, channel, position, diagnosis);
+    }
+
+    /// [`TaskHost::rejected`] under another record-level reason the host found at delivery
+    /// (`KEY_PARTITION_MISMATCH`): the same path, a refusal recorded on its own.
+    pub fn rejected_as(&mut self, reason: RefusalReason, channel: ChannelId, position: Position, diagnosis: String) {
         self.expect(matches!(self.phase, Phase::Committing { .. }), "rejected");
         self.step = StepMarks::default();
-        self.phase =
-            Phase::PersistRefusal(Refusal::at(RefusalReason::ProjectionRejected, channel, Some(position), diagnosis));
+        self.phase = Phase::PersistRefusal(Refusal::at(reason, channel, Some(position), diagnosis));
     }
 
     /// The refusal of [`Next::PersistRefusal`] is recorded: final.

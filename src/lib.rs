@@ -18,6 +18,7 @@
 //!   projector's task runner and the simulator's tasks both drive.
 //! - [`refusal`]: named refusals.
 //! - [`murmur2`]: Kafka's default key partitioner.
+//! - [`partitioner`]: the key partitioners producers use (murmur2, librdkafka's CRC-32).
 //!
 //! Feature `sim` switches on hidden sabotage hooks (deliberately broken behaviours) for the
 //! simulator's meta-tests in the `parsley-sim` crate; production builds never enable it.
@@ -32,6 +33,7 @@ pub mod engine;
 pub mod gate;
 pub mod host;
 pub mod murmur2;
+pub mod partitioner;
 pub mod past;
 pub mod refusal;
 pub mod startup;

@@ -42,10 +42,15 @@ pub enum RefusalReason {
     /// Holding one more record would pass the task's configured bound on held records or
     /// held bytes.
     HeldLimitExceeded,
+    /// A keyed record is on another partition than its topic's partitioner places its key
+    /// on: its task is not the one that owns the key, so two tasks would write one
+    /// document and reads of the key would wait on the wrong task's clock. Delivered
+    /// through the projection's rejection path: refused at the record (or dead-lettered).
+    KeyPartitionMismatch,
 }
 
 impl RefusalReason {
-    pub const ALL: [RefusalReason; 14] = [
+    pub const ALL: [RefusalReason; 15] = [
         RefusalReason::UndecodableMetadata,
         RefusalReason::MetadataBudgetExceeded,
         RefusalReason::PositionsDiscardedUnread,
@@ -60,6 +65,7 @@ impl RefusalReason {
         RefusalReason::ImpossibleSelfCause,
         RefusalReason::ProjectionRejected,
         RefusalReason::HeldLimitExceeded,
+        RefusalReason::KeyPartitionMismatch,
     ];
 
     pub fn as_str(&self) -> &'static str {
@@ -78,6 +84,7 @@ impl RefusalReason {
             RefusalReason::ImpossibleSelfCause => "IMPOSSIBLE_SELF_CAUSE",
             RefusalReason::ProjectionRejected => "PROJECTION_REJECTED",
             RefusalReason::HeldLimitExceeded => "HELD_LIMIT_EXCEEDED",
+            RefusalReason::KeyPartitionMismatch => "KEY_PARTITION_MISMATCH",
         }
     }
 

@@ -45,7 +45,14 @@ async fn orders_and_payments_are_projected_into_customer_totals() {
     let mut config = example_config(ORDER_TOTALS, &model, &[&orders, &payments]).unwrap();
     config.projector.metrics_address = String::new();
     let pool = parsley_infra::pg::connect(&database_url(), 2, TIMEOUT).await.unwrap();
-    let (ada, bob) = (format!("ada-{model}"), format!("bob-{model}"));
+    // Customers murmur2 places on partitions 0 and 1, as the topics' producers must.
+    let placed = |name: &str, partition: u32| {
+        (0..)
+            .map(|i| format!("{name}{i}-{model}"))
+            .find(|c| parsley::murmur2::partition_for_key(c.as_bytes(), 2) == partition)
+            .unwrap()
+    };
+    let (ada, bob) = (placed("ada", 0), placed("bob", 1));
     let id = |what: &str| format!("{what}-{model}");
 
     let p = producer();

@@ -141,6 +141,10 @@ async fn produce_batch(
         let headers = write::stamped_headers(&r.record.headers, causes.as_deref(), &traceparent);
         let mut record: FutureRecord<'_, [u8], [u8]> =
             FutureRecord::to(&r.topic).key(r.record.key.as_bytes()).headers(headers);
+        let fact = facts.iter().find(|f| f.name == r.topic).expect("checked above");
+        if let Some(partition) = write::placed_partition(state, &r.topic, &r.record.key, fact) {
+            record = record.partition(partition);
+        }
         if let Some(v) = r.record.value {
             record = record.payload(v.as_bytes());
         }

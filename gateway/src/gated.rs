@@ -78,7 +78,6 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use parsley::gate::{gate, refresh, ClockRow, GateGap, ModelShape, Verdict};
-use parsley::murmur2::partition_for_key;
 use parsley::{CausalPast, ChannelId, TopicId};
 use parsley_settings::config::ModelConfig;
 use parsley_store::documents::{ClockScope, GateInputs, GatedSnapshot, RecordedModel};
@@ -98,9 +97,12 @@ use crate::store_errors;
 /// What a gated read is served by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scope<'a> {
-    /// The task that owns this record key: the key's partition under Kafka's default
-    /// partitioner (murmur2), as the gateway's writes and every producer route it. Its clock
-    /// covers the model's channels it applies, and the upstream pairs it has seen.
+    /// The task that owns this record key: the key's partition under the partitioner the
+    /// model's topics are configured with (`murmur2` by default, or `crc32`), as the
+    /// gateway's writes and the topics' producers place it. Its clock covers the model's
+    /// channels it applies, and the upstream pairs it has seen. A model with a topic whose
+    /// key is not the document key (`partitioner = "none"`) routes no key to one task: the
+    /// read is served by every task, as [`Scope::AllTasks`].
     Key(&'a str),
     /// Every task of the model: data that may come from any key. The read is covered when
     /// each task's clock covers the session (the meet of all tasks).
@@ -152,6 +154,23 @@ pub trait Snapshot: Sync {
         inputs: &GateInputs,
     ) -> impl Future<Output = Result<GatedSnapshot<Self::Data>, ApiError>> + Send;
 
+    /// [`Snapshot::read`], told how to check the snapshot's clock rows before its data is
+    /// read: `covers` says whether the model's row and clock rows the snapshot read cover the
+    /// session (as the gate will judge them). A snapshot that can read its data after its
+    /// clock rows in the same transaction reads it only when they do, so no data statement
+    /// runs for a session it cannot serve (the named queries: [`crate::queries`]); its data
+    /// is then never looked at. The default reads as [`Snapshot::read`] does.
+    fn read_gated(
+        &self,
+        state: &AppState,
+        model: &str,
+        inputs: &GateInputs,
+        covers: &Covers<'_>,
+    ) -> impl Future<Output = Result<GatedSnapshot<Self::Data>, ApiError>> + Send {
+        let _ = covers;
+        self.read(state, model, inputs)
+    }
+
     /// A covered snapshot an earlier read kept in memory that may serve this read without a
     /// statement ([`crate::read_cache`]): it is served only if its own rows cover the session, like
     /// any snapshot. `None` (the default): every attempt reads.
@@ -178,6 +197,9 @@ pub trait Snapshot: Sync {
     ) {
     }
 }
+
+/// Whether a snapshot's recorded model and clock rows cover the read ([`Snapshot::read_gated`]).
+pub type Covers<'a> = dyn Fn(&RecordedModel, &[ClockRow]) -> bool + Sync + 'a;
 
 /// A snapshot kept in memory ([`Snapshot::kept`]): the clock rows and data of one statement,
 /// and the shape the rows were chosen by.
@@ -392,7 +414,7 @@ pub async fn read_as<S: Snapshot>(
                 // and answer 503 with what it finds).
                 let feed::Waiting { rows, woken, .. } = feed
                     .get_or_insert_with(|| state.feeds.wait(&model.name).expect("every configured model has a feed"));
-                let served = served_tasks(scope, &uncovered.shape);
+                let served = served_tasks(model, scope, &uncovered.shape);
                 loop {
                     tokio::select! {
                         changed = rows.changed() => if changed.is_err() { break },
@@ -413,10 +435,20 @@ pub async fn read_as<S: Snapshot>(
     }
 }
 
+/// The task owning `key` in `model` of `task_count` tasks: the key's partition under the
+/// model's key partitioner; `None` when the model routes no key to one task (a topic with
+/// `partitioner = "none"`).
+pub fn key_owner(model: &ModelConfig, key: &str, task_count: u32) -> Option<u32> {
+    model.key_partitioner()?.partition_for_key(key.as_bytes(), task_count)
+}
+
 /// The tasks a read is served by: the key's owner, or every task.
-fn served_tasks(scope: Scope<'_>, shape: &ModelShape) -> BTreeSet<u32> {
+fn served_tasks(model: &ModelConfig, scope: Scope<'_>, shape: &ModelShape) -> BTreeSet<u32> {
     match scope {
-        Scope::Key(key) => [partition_for_key(key.as_bytes(), shape.task_count)].into(),
+        Scope::Key(key) => match key_owner(model, key, shape.task_count) {
+            Some(owner) => [owner].into(),
+            None => (0..shape.task_count).collect(),
+        },
         Scope::AllTasks => (0..shape.task_count).collect(),
     }
 }
@@ -444,7 +476,7 @@ async fn attempt<S: Snapshot>(
     // change committed before the read arrived — a step, or an edit by hand — is never
     // hidden by a snapshot taken before it.
     let covering = |kept: &KeptSnapshot<S::Data>| {
-        let served = served_tasks(scope, &kept.shape);
+        let served = served_tasks(model, scope, &kept.shape);
         (unchecked || gate(demand, &kept.shape, &kept.rows, &served).is_covered()).then_some(served)
     };
     if keeping
@@ -463,10 +495,28 @@ async fn attempt<S: Snapshot>(
     let mut shape = model_shape(state, model, known.as_deref().map(|k| &k.row));
     let generation = keeping.then(|| reader.generation(state, &model.name, &shape)).flatten();
     let mut moved = false;
-    let mut clock = clock_scope(scope, &shape, demand);
+    let mut clock = clock_scope(model, scope, &shape, demand);
     let snapshot = loop {
         let inputs = GateInputs { clock, cached: known.as_ref().map(|k| k.shape) };
-        let snapshot = reader.read(state, &model.name, &inputs).await?;
+        // The gate's own verdict over what the snapshot records, for a reader that checks it
+        // before reading its data: the same judgement as below, stale shapes included.
+        let covers = |recorded: &RecordedModel, rows: &[ClockRow]| {
+            let row = match recorded {
+                RecordedModel::Unchanged => known.as_deref().map(|k| &k.row),
+                RecordedModel::Absent => None,
+                RecordedModel::Read { row, .. } => Some(row),
+            };
+            let recorded_shape = model_shape(state, model, row);
+            if recorded_shape != shape && inputs.clock != ClockScope::All {
+                return false;
+            }
+            #[cfg(feature = "unsafe-ungated-reads")]
+            if ungated::on() {
+                return true;
+            }
+            gate(demand, &recorded_shape, rows, &served_tasks(model, scope, &recorded_shape)).is_covered()
+        };
+        let snapshot = reader.read_gated(state, &model.name, &inputs, &covers).await?;
         let recorded = match &snapshot.model {
             RecordedModel::Unchanged => known.clone(),
             RecordedModel::Absent => None,
@@ -486,7 +536,7 @@ async fn attempt<S: Snapshot>(
         }
         clock = ClockScope::All;
     };
-    let served = served_tasks(scope, &shape);
+    let served = served_tasks(model, scope, &shape);
     let verdict = gate(demand, &shape, &snapshot.clock, &served);
     #[cfg(feature = "unsafe-ungated-reads")]
     let verdict = if ungated::on() { Verdict::Covered } else { verdict };
@@ -506,14 +556,18 @@ async fn attempt<S: Snapshot>(
 
 /// The clock rows a read needs: for one key, those its owner's gate and refresh read (see
 /// [`ClockScope::Owner`]); a read served by every task reads every row.
-fn clock_scope(scope: Scope<'_>, shape: &ModelShape, demand: &CausalPast) -> ClockScope {
-    match scope {
-        Scope::Key(key) => ClockScope::Owner {
-            owner: partition_for_key(key.as_bytes(), shape.task_count),
+fn clock_scope(model: &ModelConfig, scope: Scope<'_>, shape: &ModelShape, demand: &CausalPast) -> ClockScope {
+    let owner = match scope {
+        Scope::Key(key) => key_owner(model, key, shape.task_count),
+        Scope::AllTasks => None,
+    };
+    match owner {
+        Some(owner) => ClockScope::Owner {
+            owner,
             received: shape.received_topics.iter().copied().collect(),
             partitions: demand.iter().map(|(c, _)| c.partition).collect::<BTreeSet<u32>>().into_iter().collect(),
         },
-        Scope::AllTasks => ClockScope::All,
+        None => ClockScope::All,
     }
 }
 

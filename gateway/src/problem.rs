@@ -101,6 +101,10 @@ problem_types! {
     Internal = ("internal", "Internal error", INTERNAL_SERVER_ERROR),
     /// A named query the database failed to run (its statement, not an outage).
     QueryFailed = ("query-failed", "Query failed", INTERNAL_SERVER_ERROR),
+    /// A named query's statement ran longer than its `timeout_ms` and was cancelled.
+    QueryTimeout = ("query-timeout", "Query timed out", GATEWAY_TIMEOUT),
+    /// A named query's result is larger than its `max_bytes`: refused whole, not truncated.
+    QueryResultTooLarge = ("query-result-too-large", "Query result too large", UNPROCESSABLE_ENTITY),
 }
 
 impl ProblemType {
@@ -239,6 +243,13 @@ pub enum ApiError {
     /// can quote data).
     #[error("query {query:?} of model {model:?} failed (SQLSTATE {sqlstate:?})")]
     QueryFailed { model: String, query: String, sqlstate: Option<String> },
+    /// A named query's statement was cancelled by its statement timeout: the query's
+    /// `timeout_ms`, or the pool's when it has none (`None`).
+    #[error("query {query:?} of model {model:?} ran past its timeout")]
+    QueryTimeout { model: String, query: String, timeout_ms: Option<u64> },
+    /// A named query's answer would be larger than its `max_bytes`.
+    #[error("query {query:?} of model {model:?} answers more than {max_bytes} bytes")]
+    QueryResultTooLarge { model: String, query: String, max_bytes: u64 },
     #[error("invalid request body: {0}")]
     InvalidBody(String),
     #[error("request body too large")]
@@ -318,6 +329,8 @@ impl ApiError {
             ApiError::UnknownModel(_) => P::UnknownModel,
             ApiError::UnknownQuery { .. } => P::UnknownQuery,
             ApiError::QueryFailed { .. } => P::QueryFailed,
+            ApiError::QueryTimeout { .. } => P::QueryTimeout,
+            ApiError::QueryResultTooLarge { .. } => P::QueryResultTooLarge,
             ApiError::InvalidBody(_) => P::InvalidBody,
             ApiError::BodyTooLarge { .. } => P::BodyTooLarge,
             ApiError::BodyTimeout { .. } => P::BodyTimeout,
@@ -413,6 +426,23 @@ impl ApiError {
                     .with("query", json!(query))
                     .with("sqlstate", json!(sqlstate))
             }
+            ApiError::QueryTimeout { model, query, timeout_ms } => {
+                let limit = match timeout_ms {
+                    Some(ms) => format!("its timeout_ms, {ms} ms"),
+                    None => "the database's statement timeout (database.statement_timeout_ms)".to_string(),
+                };
+                p(format!("query {query:?} of model {model:?} ran longer than {limit}, and was cancelled"))
+                    .with("model", json!(model))
+                    .with("query", json!(query))
+                    .with("timeout_ms", json!(timeout_ms))
+            }
+            ApiError::QueryResultTooLarge { model, query, max_bytes } => p(format!(
+                "the result of query {query:?} of model {model:?} is larger than its max_bytes, {max_bytes} bytes; \
+                 nothing of it is sent: narrow the query (its parameters, max_rows) or raise max_bytes"
+            ))
+            .with("model", json!(model))
+            .with("query", json!(query))
+            .with("max_bytes", json!(max_bytes)),
             ApiError::InvalidBody(d) => p(d),
             ApiError::BodyTooLarge { limit } => p(format!("the request body is larger than {limit} bytes")),
             ApiError::BodyTimeout { timeout_ms } => p(format!(

@@ -26,14 +26,15 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
+use parsley::gate::ClockRow;
 use parsley_settings::config::{ParamType, QueryConfig};
 use parsley_settings::sql_params;
-use parsley_store::documents::{GateInputs, GatedSnapshot};
+use parsley_store::documents::{GateInputs, GatedSnapshot, RecordedModel};
 use parsley_store::error::{classify_sqlx, ErrorKind, StoreError};
-use parsley_store::queries::{self, ParamValue};
+use parsley_store::queries::{self, ParamValue, QueryBounds};
 use serde_json::Value;
 
-use crate::gated::{self, Gated, Scope, Snapshot};
+use crate::gated::{self, Covers, Gated, Scope, Snapshot};
 use crate::problem::ApiError;
 use crate::read::{check_key, parse_query};
 use crate::session;
@@ -65,9 +66,16 @@ pub async fn get_query(
     let named = NamedQuery { model: &model.name, query, prepared: &prepared };
     let gated = gated::read_as(&state, &caller, now, &model.name, scope, &named).await?;
     let gated = Gated { data: gated.data?, token: gated.token };
-    let max_rows = query.max_rows as usize;
-    Ok(gated
-        .map(|rows| ([(CONTENT_TYPE, HeaderValue::from_static("application/json"))], rows_body(rows, max_rows)))
+    let body = rows_body(gated.data, query.max_rows as usize);
+    // Refused whole rather than cut: a client must never take part of a result for all of it.
+    if body.len() as u64 > query.max_bytes {
+        return Err(ApiError::QueryResultTooLarge {
+            model: model.name.clone(),
+            query: query.name.clone(),
+            max_bytes: query.max_bytes,
+        });
+    }
+    Ok(Gated { data: ([(CONTENT_TYPE, HeaderValue::from_static("application/json"))], body), token: gated.token }
         .into_response())
 }
 
@@ -197,20 +205,37 @@ impl Snapshot for NamedQuery<'_> {
         model: &str,
         inputs: &GateInputs,
     ) -> Result<GatedSnapshot<Result<Vec<String>, ApiError>>, ApiError> {
+        self.read_gated(state, model, inputs, &|_: &RecordedModel, _: &[ClockRow]| true).await
+    }
+
+    /// The clock rows first; the statement only in a snapshot whose rows cover the session,
+    /// on a connection of the queries' own pool, under the query's bounds.
+    async fn read_gated(
+        &self,
+        state: &AppState,
+        model: &str,
+        inputs: &GateInputs,
+        covers: &Covers<'_>,
+    ) -> Result<GatedSnapshot<Result<Vec<String>, ApiError>>, ApiError> {
         let retry_after = state.config.settings.retry_after_s;
         let failed = |e: StoreError| store_errors::failed(e, "the query", retry_after, None);
-        let mut conn = state.reads.acquire().await.map_err(|e| failed(e.into()))?;
-        let limit = i64::from(self.query.max_rows) + 1;
+        let mut conn = state.queries.acquire().await.map_err(|e| failed(e.into()))?;
+        let bounds = QueryBounds {
+            limit: i64::from(self.query.max_rows) + 1,
+            timeout_ms: self.query.timeout_ms,
+            max_bytes: self.query.max_bytes,
+        };
         let p = self.prepared;
         let role = state.query_role(model);
-        let snapshot = queries::named_query(&mut conn, model, inputs, role.as_deref(), &p.sql, &p.params, limit)
-            .await
-            .map_err(failed)?;
-        // A failed query left its transaction to a rollback: the pool's test ends it.
-        if snapshot.data.is_ok() {
-            conn.release();
-        }
-        let rows = snapshot.data.map_err(|e| self.failed(e, retry_after));
+        let snapshot =
+            queries::named_query(&mut conn, model, inputs, role.as_deref(), covers, &p.sql, &p.params, bounds)
+                .await
+                .map_err(failed)?;
+        let rows = match snapshot.data {
+            Some(rows) => rows.map_err(|e| self.failed(e, retry_after)),
+            // Never served: the gate finds the same rows uncovered.
+            None => Err(ApiError::Internal(anyhow::anyhow!("a named query's snapshot did not cover the read"))),
+        };
         Ok(GatedSnapshot { model: snapshot.model, clock: snapshot.clock, data: rows })
     }
 }
@@ -219,6 +244,15 @@ impl NamedQuery<'_> {
     /// The answer to a failed statement: an outage is `503 unavailable`; anything else is
     /// the query's failure, logged in full and answered by SQLSTATE only.
     fn failed(&self, e: sqlx::Error, retry_after: u64) -> ApiError {
+        if is_statement_timeout(&e) {
+            tracing::warn!(model = self.model, query = %self.query.name, timeout_ms = self.query.timeout_ms,
+                "a named query ran past its statement timeout");
+            return ApiError::QueryTimeout {
+                model: self.model.to_string(),
+                query: self.query.name.clone(),
+                timeout_ms: self.query.timeout_ms,
+            };
+        }
         if classify_sqlx(&e) == ErrorKind::Unavailable {
             return store_errors::failed(e.into(), "the query", retry_after, None);
         }
@@ -228,6 +262,17 @@ impl NamedQuery<'_> {
         };
         tracing::warn!(model = self.model, query = %self.query.name, sqlstate, error = %e, "a named query failed");
         ApiError::QueryFailed { model: self.model.to_string(), query: self.query.name.clone(), sqlstate }
+    }
+}
+
+/// Whether the database cancelled the statement for its statement timeout (SQLSTATE 57014
+/// with the timeout's message; a cancel by request or at shutdown is an outage).
+fn is_statement_timeout(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => {
+            db.code().as_deref() == Some("57014") && db.message().contains("statement timeout")
+        }
+        _ => false,
     }
 }
 
@@ -242,6 +287,8 @@ mod tests {
             params: params.iter().map(|(n, t)| (n.to_string(), *t)).collect(),
             key: key.map(String::from),
             max_rows: 10,
+            timeout_ms: None,
+            max_bytes: 1 << 20,
         }
     }
 

@@ -34,7 +34,6 @@ use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use parsley::gate::{ClockRow, ModelShape};
-use parsley::murmur2::partition_for_key;
 use parsley_store::documents::{self, Document, GateInputs, GatedSnapshot};
 use parsley_store::StoreError;
 use serde_json::json;
@@ -247,10 +246,11 @@ impl Documents<'_> {
         }
     }
 
-    /// The task serving the snapshot under `shape`: the key's owner (`None`: every task).
-    fn served_by(&self, shape: &ModelShape) -> Option<u32> {
+    /// The task serving the snapshot under `shape`: the key's owner (`None`: every task —
+    /// a page, or a key of a model that routes no key to one task).
+    fn served_by(&self, state: &AppState, model: &str, shape: &ModelShape) -> Option<u32> {
         match self.0 {
-            Target::One { key } => Some(partition_for_key(key.as_bytes(), shape.task_count)),
+            Target::One { key } => gated::key_owner(state.model(model).ok()?, key, shape.task_count),
             Target::Page { .. } => None,
         }
     }
@@ -279,7 +279,7 @@ impl Snapshot for Documents<'_> {
         if !state.kept.on() {
             return None;
         }
-        state.kept.before_read(&state.notifier, model, self.served_by(shape))
+        state.kept.before_read(&state.notifier, model, self.served_by(state, model, shape))
     }
 
     fn keep(&self, state: &AppState, model: &str, generation: u64, shape: &ModelShape, rows: &[ClockRow], data: &Data) {
@@ -287,7 +287,7 @@ impl Snapshot for Documents<'_> {
             Data::One(body) => body.clone(),
             Data::Page(body) => Some(body.clone()),
         };
-        let (name, owner) = (self.kept_name(), self.served_by(shape));
+        let (name, owner) = (self.kept_name(), self.served_by(state, model, shape));
         state.kept.keep(&state.notifier, model, &name, owner, generation, Arc::new(shape.clone()), rows, body);
     }
 }

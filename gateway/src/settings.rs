@@ -114,6 +114,9 @@ pub struct Settings {
     /// Postgres connections of the gateway's pool (formerly `gateway.max_connections`).
     /// Absent: [`DEFAULT_DATABASE_MAX_CONNECTIONS`].
     pub database_max_connections: Option<u32>,
+    /// Postgres connections of the named queries' own pool: slow queries wait for one of
+    /// these, never for the document reads' connections.
+    pub query_max_connections: u32,
     /// How long a request's body may take to arrive in full, from the end of its headers,
     /// before `408 body-timeout` (the connection is closed). A body is received before the
     /// request takes an in-flight permit.
@@ -175,6 +178,9 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 /// `gateway.database_max_connections` when unset: the gateway's Postgres pool.
 pub const DEFAULT_DATABASE_MAX_CONNECTIONS: u32 = 16;
 
+/// `gateway.query_max_connections` when unset: the named queries' own pool.
+pub const DEFAULT_QUERY_MAX_CONNECTIONS: u32 = 4;
+
 /// `gateway.read_cache_bytes` when unset: 64 MiB for kept snapshots over all models.
 pub const DEFAULT_READ_CACHE_BYTES: usize = 64 << 20;
 
@@ -210,6 +216,7 @@ impl Default for Settings {
             response_timeout_ms: 30_000,
             max_connections: None,
             database_max_connections: None,
+            query_max_connections: DEFAULT_QUERY_MAX_CONNECTIONS,
             body_timeout_ms: 10_000,
             max_key_bytes: 1024,
             header_read_timeout_ms: 10_000,
@@ -344,6 +351,9 @@ impl Settings {
         }
         if self.max_connections == Some(0) {
             bail!("gateway.max_connections must be at least 1");
+        }
+        if self.query_max_connections == 0 {
+            bail!("gateway.query_max_connections must be at least 1");
         }
         if self.database_max_connections == Some(0) {
             bail!("gateway.database_max_connections must be at least 1");
@@ -865,6 +875,7 @@ mod tests {
             ("[gateway]\nmax_connections = 16\n", "gateway.database_max_connections"),
             ("[gateway]\nmax_connections = 0\ndatabase_max_connections = 8\n", "gateway.max_connections"),
             ("[gateway]\ndatabase_max_connections = 0\n", "gateway.database_max_connections"),
+            ("[gateway]\nquery_max_connections = 0\n", "gateway.query_max_connections"),
             ("[gateway]\nbody_timeout_ms = 0\n", "gateway.body_timeout_ms"),
             ("[gateway]\nmax_waiting_reads = 0\n", "gateway.max_waiting_reads"),
             ("[gateway]\nadmin_listen = \"nowhere\"\n", "gateway.admin_listen"),

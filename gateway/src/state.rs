@@ -33,6 +33,9 @@ pub struct Inner {
     /// them: handed from read to read without sqlx's release round trip, up to all but a
     /// quarter of `database_max_connections` (the rest stay for the writes and the rest).
     pub reads: Arc<parsley_infra::pg::Reuse>,
+    /// The named queries' own pool (`gateway.query_max_connections`): a slow query holds one
+    /// of these, never a connection the document reads need.
+    pub queries: PgPool,
     pub producer: FutureProducer,
     /// The transactional producers of batch writes.
     pub transactions: crate::transactions::Transactions,
@@ -110,6 +113,12 @@ impl AppState {
             config.shared.database.acquire_timeout(),
             &config.shared.database.session_bounds(),
         )?;
+        let queries = parsley_infra::pg::connect_lazy_bounded(
+            &url,
+            config.settings.query_max_connections,
+            config.shared.database.acquire_timeout(),
+            &config.shared.database.session_bounds(),
+        )?;
         // Every Kafka client over the configured cluster and its [kafka.properties].
         let cluster = config.shared.kafka.cluster();
         let producer: FutureProducer = parsley_infra::kafka::producer_config(&cluster)
@@ -161,6 +170,7 @@ impl AppState {
             config,
             pool,
             reads,
+            queries,
             producer,
             transactions,
             facts,

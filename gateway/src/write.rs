@@ -3,7 +3,8 @@
 //! the value against the topic's data contract ([`crate::contracts`]) and the topic's
 //! width (a topic whose partition count is not a receiving model's recorded width is
 //! refused `409`), produce the record with the session's pairs as its `parsley.causes`
-//! header (idempotent producer, `acks=all`, murmur2 partitioning), await the broker's
+//! header (idempotent producer, `acks=all`, the key placed by the topic's partitioner:
+//! librdkafka's murmur2, or CRC-32 computed here for a `crc32` topic), await the broker's
 //! acknowledgement, merge the acknowledged coordinate — never a position computed from a
 //! log end — and hand back the re-sealed token. A write never waits for the record to
 //! become deliverable.
@@ -23,7 +24,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use parsley::codec::{self, CAUSES_HEADER};
-use parsley::murmur2::partition_for_key;
+use parsley::partitioner::Partitioner;
 use parsley::{CausalPast, ChannelId, TopicId};
 use parsley_store::idempotency::{self, Begun};
 use parsley_store::StoreError;
@@ -399,6 +400,20 @@ pub fn stamped_headers(app_headers: &[(String, String)], causes: Option<&[u8]>, 
     headers
 }
 
+/// The partition a record keyed `key` is produced to when the gateway places it itself:
+/// on a topic whose producers place keys by CRC-32 (`partitioner = "crc32"`), the partition
+/// CRC-32 names over the topic's partition count. `None`: the producer's own partitioner
+/// (murmur2, librdkafka's `murmur2_random`) places it — for `murmur2` topics, and for
+/// `none` topics, whose keys are not routed.
+pub fn placed_partition(state: &AppState, topic: &str, key: &str, fact: &TopicFact) -> Option<i32> {
+    match state.config.shared.partitioner_of(topic) {
+        Partitioner::Crc32 => {
+            Partitioner::Crc32.partition_for_key(key.as_bytes(), fact.partitions).and_then(|p| i32::try_from(p).ok())
+        }
+        Partitioner::Murmur2 | Partitioner::None => None,
+    }
+}
+
 /// Produces one checked record stamped with `past`, and awaits the acknowledgement.
 async fn produce_one(
     state: &AppState,
@@ -414,6 +429,9 @@ async fn produce_one(
     let WriteBody { key, value, headers: app_headers } = request;
     let record_headers = stamped_headers(app_headers, causes.as_deref(), &traceparent);
     let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).key(key.as_bytes()).headers(record_headers);
+    if let Some(partition) = placed_partition(state, topic, key, &fact) {
+        record = record.partition(partition);
+    }
     if let Some(v) = value {
         // The client's bytes, as sent.
         record = record.payload(v.as_bytes());
@@ -431,13 +449,14 @@ async fn produce_one(
     let channel = ChannelId::new(fact.id, partition);
     state.facts.note_acknowledged(channel, delivery.offset);
     state.metrics.add(Metric::WritesTotal, &[("topic", topic)], 1.0);
-    let expected = partition_for_key(key.as_bytes(), fact.partitions);
-    if expected != partition {
+    let partitioner = state.config.shared.partitioner_of(topic);
+    let expected = partitioner.partition_for_key(key.as_bytes(), fact.partitions);
+    if expected.is_some_and(|e| e != partition) {
         // The producer saw another partition count than the cache: the topic may have
         // grown. Re-read it; a record no task reads is not claimed.
         check_width(state, fact, Some((partition, delivery.offset))).await?;
         // Reads route this key to task `expected`; the producer's partitioner disagreed.
-        tracing::error!(topic, partition, expected, "the producer did not partition by murmur2 of the key");
+        tracing::error!(topic, partition, expected, %partitioner, "the producer did not partition by the topic's partitioner");
     }
     tracing::info!(topic, partition, offset = delivery.offset, causes = past.len(), trace_id = %trace.trace_id_hex(),
         "write acknowledged");

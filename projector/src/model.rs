@@ -21,7 +21,7 @@ use crate::kafka;
 use crate::metrics::{Metric, Metrics};
 use crate::projection::Projection;
 use crate::task::{RunnerSpec, StepOutcome, TaskRunner, TaskState};
-use parsley_settings::config::{Config, InitialPosition, KafkaConfig, ModelConfig, OnRejected};
+use parsley_settings::config::{Config, InitialPosition, KafkaConfig, ModelConfig, OnRejected, Partitioner};
 use parsley_settings::contract::Contract;
 use parsley_store::leases;
 use parsley_store::ordering;
@@ -35,6 +35,9 @@ pub struct PlannedTopic {
     /// The topic's data contract (`schema`): every value read from it is checked against
     /// it before the projection sees it.
     pub contract: Option<Contract>,
+    /// How the topic's producers place keys; a keyed record elsewhere is refused
+    /// `KEY_PARTITION_MISMATCH` (`none`: not checked).
+    pub partitioner: Partitioner,
 }
 
 /// Everything a task runner needs to know about its model.
@@ -98,6 +101,11 @@ impl ModelPlan {
     /// The data contract of the received topic `id`, if it has one.
     pub fn contract(&self, id: &TopicId) -> Option<&Contract> {
         self.topics.iter().find(|t| t.id == *id).and_then(|t| t.contract.as_ref())
+    }
+
+    /// The partitioner of the received topic `id` (`none` for a topic not received).
+    pub fn partitioner(&self, id: &TopicId) -> Partitioner {
+        self.topics.iter().find(|t| t.id == *id).map_or(Partitioner::None, |t| t.partitioner)
     }
 
     pub fn topic_name(&self, id: &TopicId) -> Option<&str> {
@@ -249,6 +257,7 @@ impl<P: Projection> ModelProjector<P> {
                     id: *id,
                     initial: t.initial_position(model),
                     contract: t.contract.clone(),
+                    partitioner: t.partitioner,
                 })
                 .collect(),
             max_step_records: model.max_step_records,

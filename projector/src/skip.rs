@@ -42,8 +42,9 @@ pub use parsley_store::ordering::mark_skipped_held;
 
 /// The refusals a skip can clear: those about one record's own content. Every other reason
 /// concerns the model's state or its topics, which skipping one record cannot repair.
-pub const SKIPPABLE: [RefusalReason; 4] = [
+pub const SKIPPABLE: [RefusalReason; 5] = [
     RefusalReason::ProjectionRejected,
+    RefusalReason::KeyPartitionMismatch,
     RefusalReason::UndecodableMetadata,
     RefusalReason::ImpossibleSelfCause,
     RefusalReason::MetadataBudgetExceeded,
@@ -331,6 +332,7 @@ mod tests {
             let about_one_record = matches!(
                 reason,
                 RefusalReason::ProjectionRejected
+                    | RefusalReason::KeyPartitionMismatch
                     | RefusalReason::UndecodableMetadata
                     | RefusalReason::ImpossibleSelfCause
                     | RefusalReason::MetadataBudgetExceeded

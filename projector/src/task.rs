@@ -30,6 +30,7 @@ use anyhow::Context as _;
 use parsley::channel::{ChannelId, Position};
 use parsley::engine::{ChannelFact, Delivery, Fed};
 use parsley::host::{ChannelStart, Failure, LogStartCheck, Next, StepCommit, TaskHost, TaskStatus};
+use parsley::partitioner::Partitioner;
 use parsley::refusal::{Refusal, RefusalReason};
 use parsley::Engine;
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
@@ -172,19 +173,76 @@ fn contract_refusal(plan: &ModelPlan, record: &Delivered<'_>) -> Option<String> 
     contract.refusal(&format!("the value of {}", record.coordinate()), value)
 }
 
+/// The longest part of a key a `KEY_PARTITION_MISMATCH` quotes, in characters.
+const QUOTED_KEY_CHARS: usize = 120;
+
+/// Why a keyed record may not be delivered to this task: its topic's partitioner places
+/// its key on another partition (`KEY_PARTITION_MISMATCH`). Its key's data belongs to that
+/// partition's task, and the gateway gates reads of the key on that task's clock. Records
+/// without a key, and topics with `partitioner = "none"`, are not checked.
+fn misplaced(plan: &ModelPlan, d: &Delivery<RecordData>) -> Option<String> {
+    let key = d.payload.key.as_deref()?;
+    let partitioner = plan.partitioner(&d.channel.topic);
+    let expected = partitioner.partition_for_key(key, plan.task_count)?;
+    if expected == d.channel.partition {
+        return None;
+    }
+    let text = String::from_utf8_lossy(key);
+    let mut quoted: String = text.chars().take(QUOTED_KEY_CHARS).collect();
+    if text.chars().count() > QUOTED_KEY_CHARS {
+        quoted.push('…');
+    }
+    Some(format!(
+        "key {quoted:?} found on partition {}, but the topic's partitioner ({partitioner}) places it on \
+         partition {expected} of {}; its producer must partition keys like {partitioner}: {}",
+        d.channel.partition,
+        plan.task_count,
+        producer_setting(partitioner)
+    ))
+}
+
+/// What makes a producer place keys as `partitioner` does, for the refusal's diagnosis.
+fn producer_setting(partitioner: Partitioner) -> &'static str {
+    match partitioner {
+        Partitioner::Murmur2 => {
+            "the Java client's default partitioner (without partitioner.ignore.keys), franz-go's default, or \
+             partitioner=murmur2_random in librdkafka's clients (confluent-kafka for Python and Go, Confluent.Kafka \
+             for .NET); a topic whose producers all keep librdkafka's default consistent_random takes \
+             partitioner = \"crc32\" instead"
+        }
+        Partitioner::Crc32 => {
+            "librdkafka's default partitioner, consistent_random (or consistent), in every producer of the topic; \
+             a topic whose producers partition by murmur2 takes partitioner = \"murmur2\" instead"
+        }
+        Partitioner::None => "nothing: keys of this topic are not routed",
+    }
+}
+
 /// A rejection by the projection, carried out of a step's transaction as its error.
 /// `record` (channel, position, coordinate) is the record the step applied alone; `None`
-/// when a batch was rejected and the record is not known.
+/// when a batch was rejected and the record is not known. `refusal` is the reason a task
+/// refuses at the record: `PROJECTION_REJECTED`, or `KEY_PARTITION_MISMATCH` for a keyed
+/// record on the wrong partition (found before the projection sees it).
 #[derive(Debug)]
 struct Rejection {
     record: Option<(ChannelId, Position, String)>,
     reason: String,
+    refusal: RefusalReason,
 }
 
 impl std::fmt::Display for Rejection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.record {
+            Some((_, _, coordinate)) if self.refusal == RefusalReason::KeyPartitionMismatch => {
+                write!(f, "{}: {coordinate}: {}", self.refusal, self.reason)
+            }
             Some((_, _, coordinate)) => write!(f, "the projection rejected {coordinate}: {}", self.reason),
+            None if self.refusal == RefusalReason::KeyPartitionMismatch => write!(
+                f,
+                "{}: a record of the step is on the wrong partition ({}); retrying carefully (one record per call) \
+                 to name it",
+                self.refusal, self.reason
+            ),
             None => write!(
                 f,
                 "the projection rejected a record of the step ({}); retrying carefully (one record per call) to name it",
@@ -1090,8 +1148,8 @@ impl<P: Projection> TaskRunner<P> {
         self.consumer = consumer;
         match committed {
             Err(e) => match e.downcast::<Rejection>() {
-                Ok(Rejection { record: Some((channel, position, coordinate)), reason }) if fed <= 1 => {
-                    self.refuse_rejected(channel, position, &coordinate, &reason).await
+                Ok(Rejection { record: Some((channel, position, coordinate)), reason, refusal }) if fed <= 1 => {
+                    self.refuse_rejected(refusal, channel, position, &coordinate, &reason).await
                 }
                 // A batch cannot say which record the projection rejected, and a careful
                 // step of several records names it but rolled back the records before it:
@@ -1205,21 +1263,29 @@ impl<P: Projection> TaskRunner<P> {
         let effective = deliveries.iter().filter(|d| !d.payload.skipped);
         let ctx = StepContext { model: &plan.name, task: self.task };
         if !careful {
+            // A record on the wrong partition is named by a careful step, like a rejection.
+            if let Some(reason) = effective.clone().find_map(|d| misplaced(plan, d)) {
+                let refusal = RefusalReason::KeyPartitionMismatch;
+                return Err(anyhow::Error::new(Rejection { record: None, reason, refusal }));
+            }
             let mut views: Vec<Delivered<'_>> = recycled(std::mem::take(room));
             views.extend(effective.map(|d| view(plan, d)));
             // A record breaking its topic's contract is a rejection, found before the
             // projection runs: the careful retry names it and `on_rejected` applies.
             if let Some(reason) = views.iter().find_map(|r| contract_refusal(plan, r)) {
                 *room = recycled(views);
-                return Err(anyhow::Error::new(Rejection { record: None, reason }));
+                let refusal = RefusalReason::ProjectionRejected;
+                return Err(anyhow::Error::new(Rejection { record: None, reason, refusal }));
             }
             let applied = self.projection.apply_batch(conn, ctx, &views).await;
             *room = recycled(views);
             return match applied {
                 Ok(()) => Ok((skipped, 0)),
-                Err(ProjectionError::Rejected { reason }) => {
-                    Err(anyhow::Error::new(Rejection { record: None, reason }))
-                }
+                Err(ProjectionError::Rejected { reason }) => Err(anyhow::Error::new(Rejection {
+                    record: None,
+                    reason,
+                    refusal: RefusalReason::ProjectionRejected,
+                })),
                 Err(ProjectionError::Transient(e)) => Err(e.context("the projection failed")),
             };
         }
@@ -1227,6 +1293,19 @@ impl<P: Projection> TaskRunner<P> {
         let mut dead_lettered = 0;
         for d in effective {
             let record = view(plan, d);
+            if let Some(reason) = misplaced(plan, d) {
+                if !dead_letter {
+                    let at = Some((d.channel, d.position, record.coordinate()));
+                    let refusal = RefusalReason::KeyPartitionMismatch;
+                    return Err(anyhow::Error::new(Rejection { record: at, reason, refusal }));
+                }
+                let reason = format!("{}: {reason}", RefusalReason::KeyPartitionMismatch);
+                ordering::insert_dead_letter(conn, &plan.name, self.task, d, &reason).await?;
+                tracing::warn!(model = %plan.name, task = self.task, record = %record.coordinate(), %reason,
+                    "a keyed record on the wrong partition; dead-lettered, delivered without effect");
+                dead_lettered += 1;
+                continue;
+            }
             if dead_letter {
                 ordering::set_record_savepoint(conn).await?;
             }
@@ -1248,7 +1327,8 @@ impl<P: Projection> TaskRunner<P> {
                 }
                 Err(ProjectionError::Rejected { reason }) => {
                     let at = Some((d.channel, d.position, record.coordinate()));
-                    return Err(anyhow::Error::new(Rejection { record: at, reason }));
+                    let refusal = RefusalReason::ProjectionRejected;
+                    return Err(anyhow::Error::new(Rejection { record: at, reason, refusal }));
                 }
                 Err(ProjectionError::Transient(e)) => {
                     return Err(e.context(format!("the projection failed on {}", record.coordinate())))
@@ -1265,17 +1345,20 @@ impl<P: Projection> TaskRunner<P> {
     /// the record or the projection changes.
     async fn refuse_rejected(
         &mut self,
+        refusal: RefusalReason,
         channel: ChannelId,
         position: Position,
         coordinate: &str,
         reason: &str,
     ) -> StepOutcome {
-        let diagnosis = if reason.contains(coordinate) {
+        let diagnosis = if refusal == RefusalReason::KeyPartitionMismatch {
+            format!("{coordinate}: {reason}")
+        } else if reason.contains(coordinate) {
             format!("the projection rejected the record: {reason}")
         } else {
             format!("the projection rejected {coordinate}: {reason}")
         };
-        self.host.rejected(channel, position, diagnosis);
+        self.host.rejected_as(refusal, channel, position, diagnosis);
         if let Next::PersistRefusal(refusal) = self.host.next_action() {
             if let Err(e) = self.persist_refusal(refusal).await {
                 return self.fail(e, Failure::Error).await;

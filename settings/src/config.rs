@@ -22,6 +22,8 @@ use crate::overrides::{self, Env};
 use crate::secret::Secret;
 use crate::sql_params;
 
+pub use parsley::partitioner::Partitioner;
+
 pub use crate::overrides::{
     ENV_DATABASE_URL, ENV_DATABASE_URL_FALLBACK, ENV_DATABASE_URL_FILE, ENV_KAFKA_BOOTSTRAP, ENV_METRICS_ADDRESS,
     ENV_OWNER,
@@ -406,7 +408,38 @@ pub struct QueryConfig {
     /// Most rows returned (1 to [`MAX_QUERY_ROWS`]).
     #[serde(default = "default_query_max_rows")]
     pub max_rows: u32,
+    /// Longest the query's statement may run, in milliseconds (`SET LOCAL
+    /// statement_timeout`); past it the gateway answers `504 query-timeout`. Absent: the
+    /// pool's `database.statement_timeout_ms`.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    /// Largest answer, in bytes of its JSON body (1 to [`MAX_QUERY_BYTES`]); a result over
+    /// it is refused whole, `422 query-result-too-large`, never truncated.
+    #[serde(default = "default_query_max_bytes")]
+    pub max_bytes: u64,
 }
+
+impl QueryConfig {
+    /// A query named `name` running `sql` with `params`, every other key at its default.
+    pub fn new(name: impl Into<String>, sql: impl Into<String>, params: BTreeMap<String, ParamType>) -> QueryConfig {
+        QueryConfig {
+            name: name.into(),
+            sql: sql.into(),
+            params,
+            key: None,
+            max_rows: default_query_max_rows(),
+            timeout_ms: None,
+            max_bytes: default_query_max_bytes(),
+        }
+    }
+}
+
+/// The default `max_bytes` of a named query: 8 MiB.
+pub const DEFAULT_QUERY_MAX_BYTES: u64 = 8 << 20;
+/// Most bytes a named query may be configured to answer: 1 GiB.
+pub const MAX_QUERY_BYTES: u64 = 1 << 30;
+/// Longest `timeout_ms` a named query may be configured with: ten minutes.
+pub const MAX_QUERY_TIMEOUT_MS: u64 = 600_000;
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -506,6 +539,14 @@ impl ModelConfig {
     pub fn topic(&self, name: &str) -> Option<&TopicConfig> {
         self.topics.iter().find(|t| t.name == name)
     }
+
+    /// The partitioner that routes a key of the model to one task: its topics' common one
+    /// when every topic places keys by it. `None` when a topic is `partitioner = "none"`:
+    /// a key's data may then come from any task, and a key read is gated on every task.
+    pub fn key_partitioner(&self) -> Option<Partitioner> {
+        let first = self.topics.first()?.partitioner;
+        (first.routes_keys() && self.topics.iter().all(|t| t.partitioner == first)).then_some(first)
+    }
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -535,6 +576,21 @@ pub struct TopicConfig {
     /// [`TopicConfig::with_schema`].
     #[serde(skip)]
     pub contract: Option<Contract>,
+    /// How the topic's producers place keyed records: `murmur2` (the default, the Java
+    /// client's), `crc32` (librdkafka's `consistent_random`, the default of the Python, Go
+    /// and .NET clients built on it) or `none` (the key is not the document key). The
+    /// gateway routes writes and key reads by it; the projector refuses a keyed record on
+    /// another partition (`KEY_PARTITION_MISMATCH`).
+    #[serde(default, deserialize_with = "partitioner_by_name")]
+    pub partitioner: Partitioner,
+}
+
+/// A topic's `partitioner`, by name; another name is refused naming the choices.
+fn partitioner_by_name<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Partitioner, D::Error> {
+    let name = String::deserialize(d)?;
+    Partitioner::parse(&name).ok_or_else(|| {
+        serde::de::Error::custom(format!("unknown partitioner {name:?}: choose {}", Partitioner::choices()))
+    })
 }
 
 impl TopicConfig {
@@ -548,6 +604,7 @@ impl TopicConfig {
             tombstone_statements: Vec::new(),
             schema: None,
             contract: None,
+            partitioner: Partitioner::default(),
         }
     }
 
@@ -588,6 +645,9 @@ fn default_projection() -> String {
 }
 fn default_query_max_rows() -> u32 {
     1_000
+}
+fn default_query_max_bytes() -> u64 {
+    DEFAULT_QUERY_MAX_BYTES
 }
 fn default_bootstrap() -> String {
     parsley_infra::services::LOCAL_KAFKA_BOOTSTRAP.to_string()
@@ -839,6 +899,8 @@ impl Config {
             );
         }
         let mut names = BTreeSet::new();
+        // Each topic's partitioner, and the first model naming it.
+        let mut partitioners: BTreeMap<&str, (&str, Partitioner)> = BTreeMap::new();
         for (i, m) in self.models.iter().enumerate() {
             let at = format!("models[{i}]");
             if !valid_model_name(&m.name) {
@@ -857,6 +919,37 @@ impl Config {
                 }
                 if !topics.insert(t.name.as_str()) {
                     bail!("{at}.topics[{j}].name {:?} is declared twice in model {:?}", t.name, m.name);
+                }
+                // Keys are routed to tasks by one function: co-partitioned topics that
+                // place keys differently would put one key on two tasks.
+                if let Some((k, first)) = m.topics[..j]
+                    .iter()
+                    .enumerate()
+                    .find(|(_, o)| o.partitioner.routes_keys() && o.partitioner != t.partitioner)
+                {
+                    if t.partitioner.routes_keys() {
+                        bail!(
+                            "{at}.topics[{j}].partitioner is {:?} but {at}.topics[{k}] ({:?}) is {:?}: a model's keyed \
+                             topics must place keys alike, or one key would belong to two tasks (set \
+                             partitioner = \"none\" on a topic whose key is not the document key)",
+                            t.partitioner.as_str(),
+                            first.name,
+                            first.partitioner.as_str()
+                        );
+                    }
+                }
+                if let Some((other, o)) = partitioners.get(t.name.as_str()) {
+                    if *o != t.partitioner {
+                        bail!(
+                            "{at}.topics[{j}].partitioner is {:?} but model {other:?} receives topic {:?} with {:?}: a \
+                             topic's producers place keys one way",
+                            t.partitioner.as_str(),
+                            t.name,
+                            o.as_str()
+                        );
+                    }
+                } else {
+                    partitioners.insert(t.name.as_str(), (m.name.as_str(), t.partitioner));
                 }
             }
             if m.max_step_records == 0 {
@@ -923,6 +1016,12 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// How the producers of `topic` place keys (its configured `partitioner`; the default
+    /// for a topic no model receives).
+    pub fn partitioner_of(&self, topic: &str) -> Partitioner {
+        self.models.iter().find_map(|m| m.topic(topic)).map(|t| t.partitioner).unwrap_or_default()
     }
 
     /// The model named `name`.
@@ -1018,6 +1117,12 @@ fn validate_queries(m: &ModelConfig, at: &str) -> anyhow::Result<()> {
         }
         if query.max_rows == 0 || query.max_rows > MAX_QUERY_ROWS {
             bail!("{at}.max_rows must be between 1 and {MAX_QUERY_ROWS}, not {}", query.max_rows);
+        }
+        if query.timeout_ms.is_some_and(|t| t == 0 || t > MAX_QUERY_TIMEOUT_MS) {
+            bail!("{at}.timeout_ms must be between 1 and {MAX_QUERY_TIMEOUT_MS} when set");
+        }
+        if query.max_bytes == 0 || query.max_bytes > MAX_QUERY_BYTES {
+            bail!("{at}.max_bytes must be between 1 and {MAX_QUERY_BYTES}, not {}", query.max_bytes);
         }
     }
     Ok(())
@@ -1156,6 +1261,8 @@ name = "big-orders"
 sql = "SELECT id FROM totals.orders WHERE amount > :min::numeric AND (:flag OR :doc ? 'x') AND :n > 0"
 params = { min = "float", flag = "bool", doc = "json", n = "int" }
 max_rows = 5
+timeout_ms = 250
+max_bytes = 4096
 "#;
 
     #[test]
@@ -1171,8 +1278,11 @@ max_rows = 5
         let q = &m.queries[0];
         assert_eq!((q.name.as_str(), q.key.as_deref(), q.max_rows), ("customer_total", Some("customer"), 1000));
         assert_eq!(q.params.get("customer"), Some(&ParamType::Text));
+        assert_eq!((q.timeout_ms, q.max_bytes), (None, DEFAULT_QUERY_MAX_BYTES), "the defaults");
+        assert_eq!(QueryConfig::new("customer_total", q.sql.clone(), q.params.clone()).max_bytes, q.max_bytes);
         let q = &m.queries[1];
         assert_eq!(q.max_rows, 5);
+        assert_eq!((q.timeout_ms, q.max_bytes), (Some(250), 4096));
         assert_eq!(q.params.get("doc"), Some(&ParamType::Json));
         // The default projection, and the constructor's defaults equal the file's.
         let c = Config::parse("[[models]]\nname = \"m\"\ntopics = [{ name = \"t\" }]\n").unwrap();
@@ -1230,6 +1340,8 @@ max_rows = 5
             ),
             (query("name = \"q\"\nsql = \"SELECT 1\"\nmax_rows = 0"), "models[0].queries[0].max_rows"),
             (query("name = \"q\"\nsql = \"SELECT 1\"\nmax_rows = 100001"), "models[0].queries[0].max_rows"),
+            (query("name = \"q\"\nsql = \"SELECT 1\"\ntimeout_ms = 0"), "models[0].queries[0].timeout_ms"),
+            (query("name = \"q\"\nsql = \"SELECT 1\"\nmax_bytes = 0"), "models[0].queries[0].max_bytes"),
             (query("name = \"q\"\nsql = \"\""), "models[0].queries[0].sql is empty"),
             (
                 query("name = \"q\"\nsql = \"SELECT 1\"\n[[models.queries]]\nname = \"q\"\nsql = \"SELECT 2\""),
@@ -1261,6 +1373,31 @@ max_rows = 5
         assert_eq!(policy("on_rejected = \"dead-letter\"").unwrap(), OnRejected::DeadLetter);
         let err = format!("{:#}", policy("on_rejected = \"skip\"").unwrap_err());
         assert!(err.contains("on_rejected") || err.contains("dead-letter"), "{err}");
+    }
+
+    #[test]
+    fn topics_say_how_keys_are_placed() {
+        let parse = |topics: &str| Config::parse(&format!("[[models]]\nname = \"m\"\ntopics = [{topics}]\n"));
+        let c = parse("{ name = \"a\" }, { name = \"b\", partitioner = \"murmur2\" }").unwrap();
+        assert_eq!(c.models[0].topics[0].partitioner, Partitioner::Murmur2, "murmur2 by default");
+        assert_eq!(c.models[0].key_partitioner(), Some(Partitioner::Murmur2));
+        assert_eq!(c.partitioner_of("a"), Partitioner::Murmur2);
+        let c = parse("{ name = \"a\", partitioner = \"crc32\" }, { name = \"b\", partitioner = \"crc32\" }").unwrap();
+        assert_eq!(c.models[0].key_partitioner(), Some(Partitioner::Crc32));
+        assert_eq!(c.partitioner_of("b"), Partitioner::Crc32);
+        // A topic whose key is not the document key: a key read goes to every task.
+        let c = parse("{ name = \"a\", partitioner = \"crc32\" }, { name = \"b\", partitioner = \"none\" }").unwrap();
+        assert_eq!(c.models[0].key_partitioner(), None);
+        assert_eq!(c.partitioner_of("b"), Partitioner::None);
+
+        let err = format!("{:#}", parse("{ name = \"a\", partitioner = \"consistent_random\" }").unwrap_err());
+        assert!(err.contains("consistent_random") && err.contains(r#""murmur2", "crc32" or "none""#), "{err}");
+        let err = format!("{:#}", parse("{ name = \"a\" }, { name = \"b\", partitioner = \"crc32\" }").unwrap_err());
+        assert!(err.contains("models[0].topics[1].partitioner") && err.contains("murmur2"), "{err}");
+        let two = "[[models]]\nname = \"m\"\ntopics = [{ name = \"a\" }]\n\
+                   [[models]]\nname = \"n\"\ntopics = [{ name = \"a\", partitioner = \"crc32\" }]\n";
+        let err = format!("{:#}", Config::parse(two).unwrap_err());
+        assert!(err.contains("models[1].topics[0].partitioner") && err.contains("model \"m\""), "{err}");
     }
 
     #[test]
@@ -1402,6 +1539,8 @@ max_rows = 5
                 ("PARSLEY_MODELS__0__ON_REJECTED", "dead-letter"),
                 ("PARSLEY_MODELS__0__TASKS", "0, 2"),
                 ("PARSLEY_MODELS__0__TOPICS__1__APPLY", "replace"),
+                ("PARSLEY_MODELS__0__TOPICS__0__PARTITIONER", "crc32"),
+                ("PARSLEY_MODELS__0__TOPICS__1__PARTITIONER", "crc32"),
                 // The generic form wins over an alias of the same key.
                 (ENV_DATABASE_URL, "postgres://alias"),
                 // Not configuration keys: left alone.
@@ -1417,6 +1556,7 @@ max_rows = 5
         let m = &c.models[0];
         assert_eq!((m.max_step_ms, m.on_rejected, m.tasks.clone()), (40, OnRejected::DeadLetter, Some(vec![0, 2])));
         assert_eq!(m.topics[1].apply, Apply::Replace);
+        assert_eq!(m.key_partitioner(), Some(Partitioner::Crc32));
         assert_eq!(m.topics[1].initial_position, Some(InitialPosition::Earliest), "the rest of the entry stays");
         assert_eq!(m.max_step_records, 10, "keys not overridden keep the file's value");
     }

@@ -19,8 +19,10 @@ use serde_json::Value;
 use sqlx::{Connection as _, PgConnection, Postgres, Row as _, Transaction};
 
 use crate::documents::{
-    recorded_model, shape_kept_changing, split_gated, GateInputs, GatedSnapshot, ScopedBinds, SHAPE_ATTEMPTS,
+    recorded_model, shape_kept_changing, split_gated, GateInputs, GatedSnapshot, RecordedModel, ScopedBinds,
+    SHAPE_ATTEMPTS,
 };
+use parsley::gate::ClockRow;
 
 /// A future borrowing a connection: what a data statement's closure returns.
 pub type BoxFuture<'c, T> = Pin<Box<dyn Future<Output = T> + Send + 'c>>;
@@ -45,21 +47,76 @@ where
     finish(tx, snapshot, data).await
 }
 
+/// What bounds a named query's data statement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueryBounds {
+    /// Most rows (the query's `max_rows` plus the one that says there were more).
+    pub limit: i64,
+    /// The statement's `statement_timeout`, in milliseconds (`SET LOCAL`); `None`: the
+    /// session's.
+    pub timeout_ms: Option<u64>,
+    /// The rows are sent only while the bytes of those before stay within this: the first
+    /// row past it is the last one sent, so a result over it is seen to be over it without
+    /// being sent whole.
+    pub max_bytes: u64,
+}
+
 /// A named query ([`json_rows`]) in one read-only snapshot with `model`'s row and the clock
 /// rows `inputs` names, the whole snapshot under `role` when given (`SET LOCAL ROLE`: the
-/// model's read role, [`crate::roles::query_role`]); errors as [`in_snapshot`]'s.
+/// model's read role, [`crate::roles::query_role`]). The query runs only if `covered` says
+/// the snapshot's clock rows cover the read: otherwise the snapshot ends with its data
+/// `None` and no data statement has run. Errors as [`in_snapshot`]'s.
+#[allow(clippy::too_many_arguments)]
 pub async fn named_query(
     conn: &mut PgConnection,
     model: &str,
     inputs: &GateInputs,
     role: Option<&str>,
+    covered: impl FnOnce(&RecordedModel, &[ClockRow]) -> bool,
     sql: &str,
     params: &[ParamValue],
-    limit: i64,
-) -> Result<GatedSnapshot<Result<Vec<String>, sqlx::Error>>, StoreError> {
+    bounds: QueryBounds,
+) -> Result<GatedSnapshot<Option<Result<Vec<String>, sqlx::Error>>>, StoreError> {
     let (mut tx, snapshot) = begin_with_clock_as(conn, model, inputs, role).await?;
-    let data = json_rows(&mut tx, sql, params, limit).await;
-    finish(tx, snapshot, data).await
+    if !covered(&snapshot.model, &snapshot.clock) {
+        tx.rollback().await.context("ending a snapshot that does not cover the read")?;
+        return Ok(GatedSnapshot { model: snapshot.model, clock: snapshot.clock, data: None });
+    }
+    let data = bounded_json_rows(&mut tx, sql, params, bounds).await;
+    let GatedSnapshot { model, clock, data } = finish(tx, snapshot, data).await?;
+    Ok(GatedSnapshot { model, clock, data: Some(data) })
+}
+
+/// [`json_rows`] under `bounds`: the statement timeout set for this transaction first (when
+/// given), the rows cut after the first one whose predecessors' bytes pass `max_bytes`.
+async fn bounded_json_rows(
+    conn: &mut PgConnection,
+    sql: &str,
+    params: &[ParamValue],
+    bounds: QueryBounds,
+) -> Result<Vec<String>, sqlx::Error> {
+    if let Some(ms) = bounds.timeout_ms {
+        sqlx::query("SELECT set_config('statement_timeout', $1, true)")
+            .bind(format!("{ms}ms"))
+            .execute(&mut *conn)
+            .await?;
+    }
+    let statement = bounded_rows_statement(sql, params.len());
+    let max_bytes = i64::try_from(bounds.max_bytes).unwrap_or(i64::MAX);
+    let rows =
+        bind_params(sqlx::query(&statement), params).bind(bounds.limit).bind(max_bytes).fetch_all(&mut *conn).await?;
+    rows.iter().map(|r| r.try_get::<String, _>(0)).collect()
+}
+
+/// [`rows_statement`] with a byte bound `$n+2`: each row's text and a separator counted in
+/// the query's order, and the rows after the first one past the bound not sent.
+fn bounded_rows_statement(sql: &str, params: usize) -> String {
+    format!(
+        "SELECT j FROM (SELECT j, sum(octet_length(j) + 1) OVER (ROWS UNBOUNDED PRECEDING) AS upto FROM ({}) AS r(j)) \
+         AS w WHERE upto - octet_length(j) - 1 <= ${}",
+        rows_statement(sql, params),
+        params + 2
+    )
 }
 
 /// Begins the read-only snapshot and reads the model's row and the clock rows `inputs` name.

@@ -152,6 +152,8 @@ export type ProblemKind =
   | "unknown-model"
   | "unknown-query"
   | "query-failed"
+  | "query-timeout"
+  | "query-result-too-large"
   | "not-found"
   | "no-such-route"
   | "not-yet-covered"

@@ -196,6 +196,7 @@ fn with_query(n: &Names, c: &mut Config) {
         params: [("customer".to_string(), ParamType::Text)].into(),
         key: None,
         max_rows: 100,
+        ..QueryConfig::new("", "", Default::default())
     }];
 }
 

@@ -553,11 +553,13 @@ async fn hostile_kafka_records_never_wedge_a_partition() {
     // Harmless: a header whose name is not UTF-8, a value at the broker's size limit region.
     raw_header_record(&orders, 0, b"nu8", b"{\"n\":1}", b"\xff\xfename", b"v").await;
     let big = format!("{{\"blob\":\"{}\"}}", "b".repeat(900_000));
-    produce(&b.producer, &orders, 1, "big", big.as_bytes(), None).await;
+    // (On partition 0: murmur2 places "big" there, as every keyed record must be.)
+    produce(&b.producer, &orders, 0, "big", big.as_bytes(), None).await;
     b.serves_every_partition("harmless Kafka records").await;
 
-    // Poison, one at a time on task 0: refused by name, a read behind it is a 503 naming
-    // the refusal, skip, and the partition serves again.
+    // Poison, one at a time on task 1 (where murmur2 places the poisons' keys): refused by
+    // name, a read behind it is a 503 naming the refusal, skip, and the partition serves
+    // again.
     let damaged: &[u8] = &[0x01, 0x01, 0x00];
     let mut at_max = vec![0x01, 0x01];
     at_max.extend_from_slice(orders_id.as_bytes());
@@ -573,8 +575,14 @@ async fn hostile_kafka_records_never_wedge_a_partition() {
         ("a cause at i64::MAX", Poison::causes(at_max), "UNDECODABLE_METADATA"),
         ("causes over the budget", Poison::causes(over_budget), "METADATA_BUDGET_EXCEEDED"),
         ("two causes headers", Poison::two_causes(), "UNDECODABLE_METADATA"),
+        ("a key murmur2 places on another partition", Poison::keyed("misplaced", b"1"), "KEY_PARTITION_MISMATCH"),
     ];
-    let task = 0;
+    let task = 1;
+    for (_, poison, _) in &poisons {
+        let placed = poison.key.as_deref().map(|k| partition_for_key(k, PARTITIONS));
+        let misplaced = poison.key.as_deref() == Some(b"misplaced".as_slice());
+        assert!(placed.is_none() || (placed == Some(task)) != misplaced, "the poison's key is placed as meant");
+    }
     for (what, poison, reason) in &poisons {
         let position = poison.produce(&b.producer, &orders, task as i32).await;
         let diagnosis = b.refused_by_name(task, reason).await;
@@ -589,7 +597,7 @@ async fn hostile_kafka_records_never_wedge_a_partition() {
         .await
         .unwrap();
     assert_eq!(skips, poisons.len() as i64, "every skip is recorded");
-    assert_eq!(poisons.len() + 2, 10);
+    assert_eq!(poisons.len() + 2, 11);
 }
 
 /// Partitions added to a received topic while everything runs: the gateway refuses writes

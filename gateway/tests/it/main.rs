@@ -5,6 +5,7 @@
 
 mod api;
 mod auth;
+mod bounded_queries;
 mod connections;
 mod contracts;
 mod edge;
@@ -14,6 +15,7 @@ mod hostile;
 mod numbers;
 mod ops;
 mod outcomes;
+mod producers;
 mod queries;
 mod retention;
 mod roles;

@@ -56,6 +56,7 @@ fn with_queries(n: &Names, c: &mut Config) {
         params: params.iter().map(|(p, t)| (p.to_string(), *t)).collect(),
         key: key.map(String::from),
         max_rows: 10,
+        ..QueryConfig::new(name, "", Default::default())
     };
     c.models[0].queries = vec![
         q(

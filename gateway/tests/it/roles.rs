@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use crate::support::*;
 
 fn query(name: &str, sql: String) -> QueryConfig {
-    QueryConfig { name: name.into(), sql, params: Default::default(), key: None, max_rows: 100 }
+    QueryConfig { max_rows: 100, ..QueryConfig::new(name, sql, Default::default()) }
 }
 
 /// The model's queries: its own documents, another model's (by a `WHERE` of its own), and

@@ -32,7 +32,7 @@ async fn clock_rows_equal_the_delivered_past() {
     let mut last_order: BTreeMap<u32, i64> = BTreeMap::new();
     for i in 0..24u32 {
         let part = i % PARTITIONS;
-        let key = format!("k{i}");
+        let key = key_on(&format!("k{i}"), part, PARTITIONS);
         if i % 3 != 2 {
             let at = produce(&p, &n.orders, part as i32, &key, Some(format!("{{\"i\":{i}}}").as_bytes()), None).await;
             merge(part, ChannelId::new(orders, part), at);

@@ -197,7 +197,7 @@ async fn instances_share_the_tasks_evenly_and_take_a_stopped_one_s_at_once() {
     }
     wait_for_split(&pool, &n.model, &[2, 2, 2], "three instances").await;
     for p in 0..6 {
-        produce(&plain, &n.orders, p, &format!("k{p}"), Some(br#"{"v":1}"#), None).await;
+        produce(&plain, &n.orders, p, &key_on(&format!("k{p}"), p as u32, 6), Some(br#"{"v":1}"#), None).await;
     }
     // One stops cleanly: the other two take its tasks well before its lease would pass.
     stops[0].send(true).unwrap();
@@ -205,12 +205,12 @@ async fn instances_share_the_tasks_evenly_and_take_a_stopped_one_s_at_once() {
     let moved = wait_for_split(&pool, &n.model, &[3, 3], "after one stopped").await;
     assert!(moved < Duration::from_secs(10), "{moved:?}");
     for p in 0..6 {
-        produce(&plain, &n.orders, p, &format!("k{p}"), Some(br#"{"v":2}"#), None).await;
+        produce(&plain, &n.orders, p, &key_on(&format!("k{p}"), p as u32, 6), Some(br#"{"v":2}"#), None).await;
     }
     let deadline = Instant::now() + TIMEOUT;
     loop {
         let versions: Vec<(serde_json::Value, i64)> =
-            documents_of(&pool, &n.model, (0..6).map(|p| format!("k{p}")).collect()).await;
+            documents_of(&pool, &n.model, (0..6).map(|p| key_on(&format!("k{p}"), p, 6)).collect()).await;
         if versions.iter().all(|(doc, _)| *doc == serde_json::json!({"v": 2})) {
             assert!(versions.iter().all(|(_, v)| *v == 2), "each record applied once: {versions:?}");
             break;

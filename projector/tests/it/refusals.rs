@@ -62,16 +62,11 @@ async fn an_undecodable_header_refuses_and_nothing_after_it_is_delivered() {
 }
 
 /// Produces one record with `headers` exactly as given (names and values as bytes).
-async fn produce_raw(
-    topic: &str,
-    partition: i32,
-    key: &'static [u8],
-    headers: Vec<(&'static [u8], Option<Vec<u8>>)>,
-) -> i64 {
-    let topic = topic.to_string();
+async fn produce_raw(topic: &str, partition: i32, key: &[u8], headers: Vec<(&'static [u8], Option<Vec<u8>>)>) -> i64 {
+    let (topic, key) = (topic.to_string(), key.to_vec());
     tokio::task::spawn_blocking(move || {
         let headers: Vec<(&[u8], Option<&[u8]>)> = headers.iter().map(|(k, v)| (*k, v.as_deref())).collect();
-        produce_with_raw_headers(&bootstrap(), &topic, partition, key, Some(b"{}"), &headers, TIMEOUT)
+        produce_with_raw_headers(&bootstrap(), &topic, partition, &key, Some(b"{}"), &headers, TIMEOUT)
     })
     .await
     .unwrap()
@@ -90,16 +85,19 @@ async fn two_causes_headers_or_a_null_one_refuse_as_undecodable_where_they_stand
     let p = producer();
     let good = causes(&[(orders_id, 0, 0)]);
     let causes_name: &[u8] = b"parsley.causes";
-    produce(&p, &n.payments, 0, "a1", Some(b"{}"), None).await;
+    // Keys murmur2 places on the partitions they are written to.
+    let [a1, a2] = ["a1", "a2"].map(|k| key_on(k, 0, 2));
+    let [b1, b2] = ["b1", "b2"].map(|k| key_on(k, 1, 2));
+    produce(&p, &n.payments, 0, &a1, Some(b"{}"), None).await;
     let twice_at = produce_raw(
         &n.payments,
         0,
-        b"a2",
+        a2.as_bytes(),
         vec![(causes_name, Some(good.clone())), (b"x", None), (causes_name, Some(good))],
     )
     .await;
-    produce(&p, &n.payments, 1, "b1", Some(b"{}"), None).await;
-    let null_at = produce_raw(&n.payments, 1, b"b2", vec![(causes_name, None)]).await;
+    produce(&p, &n.payments, 1, &b1, Some(b"{}"), None).await;
+    let null_at = produce_raw(&n.payments, 1, b2.as_bytes(), vec![(causes_name, None)]).await;
 
     let config = n.config();
     let mut projector = start(&config, &pool, Recording::new(&config)).await;
@@ -112,9 +110,9 @@ async fn two_causes_headers_or_a_null_one_refuse_as_undecodable_where_they_stand
         assert_eq!((refusal.reason, refusal.position), (RefusalReason::UndecodableMetadata, Some(at)), "task {task}");
         assert!(refusal.diagnosis.contains(class), "task {task}: {}", refusal.diagnosis);
     }
-    assert!(document(&pool, &n.model, "a1").await.is_some() && document(&pool, &n.model, "b1").await.is_some());
-    assert_eq!(document(&pool, &n.model, "a2").await, None);
-    assert_eq!(document(&pool, &n.model, "b2").await, None);
+    assert!(document(&pool, &n.model, &a1).await.is_some() && document(&pool, &n.model, &b1).await.is_some());
+    assert_eq!(document(&pool, &n.model, &a2).await, None);
+    assert_eq!(document(&pool, &n.model, &b2).await, None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

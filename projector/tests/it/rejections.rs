@@ -4,7 +4,8 @@
 //! it, again after a restart — while a transient database failure stays `failing` and
 //! recovers. The ways past a rejected record: `parsley-projector skip` (a running projector
 //! goes on without a restart, and what waited on the record is delivered) and the
-//! dead-letter policy.
+//! dead-letter policy. A keyed record on the wrong partition is refused `KEY_PARTITION_MISMATCH`
+//! by the same path.
 
 use std::process::{Command, Output};
 use std::sync::Arc;
@@ -622,4 +623,63 @@ async fn a_rejection_deep_in_a_large_batch_is_refused_exactly_at_its_record() {
     let t = r.task(0).unwrap();
     let orders = t.channels.iter().find(|c| r.describe(&c.channel) == format!("{}/0", n.orders)).unwrap();
     assert_eq!(orders.fed_up_to, Some(bad_at - 1), "the rejected record is not marked delivered");
+}
+
+/// A keyed record on another partition than the topic's partitioner (murmur2 by default)
+/// places its key on is refused `KEY_PARTITION_MISMATCH` at that record, by the rejection
+/// path: a batch holding it is retried carefully, what came before it commits, the
+/// diagnosis names the key, both partitions and the producer setting; the other task goes
+/// on; a restart refuses the same record again; `skip` moves past it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_on_another_partition_than_its_partitioner_places_it_is_refused_by_name() {
+    let n = Names::new("misplaced");
+    create_topics(&[&n.orders, &n.payments], 2).await;
+    let pool = pool().await;
+    let p = producer();
+    let (before, misplaced, after) = (key_on("before", 0, 2), key_on("misplaced", 1, 2), key_on("after", 0, 2));
+    let other = key_on("other", 1, 2);
+    produce(&p, &n.orders, 0, &before, Some(br#"{"ok":1}"#), None).await;
+    let misplaced_at = produce(&p, &n.orders, 0, &misplaced, Some(br#"{"ok":2}"#), None).await;
+    produce(&p, &n.orders, 0, &after, Some(br#"{"ok":3}"#), None).await;
+    produce(&p, &n.orders, 1, &other, Some(br#"{"ok":4}"#), None).await;
+
+    let config = n.config();
+    let mut projector = start(&config, &pool, Recording::new(&config)).await;
+    let refusal = drive_until_refused(&mut projector, &pool, &n.model).await;
+    assert_eq!((refusal.reason, refusal.position), (RefusalReason::KeyPartitionMismatch, Some(misplaced_at)));
+    for part in [
+        format!("{}/0@{misplaced_at}", n.orders),
+        format!("key {misplaced:?} found on partition 0"),
+        "places it on partition 1 of 2".to_string(),
+        "partitioner=murmur2_random".to_string(),
+    ] {
+        assert!(refusal.diagnosis.contains(&part), "{part:?} missing from: {}", refusal.diagnosis);
+    }
+    let text = render(&report(&pool, &n.model).await);
+    assert!(text.contains(&format!("REFUSED KEY_PARTITION_MISMATCH at {}/0@{misplaced_at}", n.orders)), "{text}");
+    drive_until(&mut projector, "task 1 to apply its record", || async {
+        document(&pool, &n.model, &other).await.is_some()
+    })
+    .await;
+    assert!(document(&pool, &n.model, &before).await.is_some(), "the record before the misplaced one commits");
+    assert_eq!(document(&pool, &n.model, &misplaced).await, None);
+    assert_eq!(document(&pool, &n.model, &after).await, None, "nothing after it on the channel");
+    drop(projector);
+
+    // A restart refuses the same record again; a skip moves past it.
+    let mut again = start(&config, &pool, Recording::new(&config)).await;
+    drive_until(&mut again, "the refusal to recur", || async {
+        report(&pool, &n.model).await.task(0).is_some_and(|t| t.epoch == 2 && t.status == TaskStatus::Refused)
+    })
+    .await;
+    assert_eq!(refused(&pool, &n.model).await.unwrap(), refusal);
+    skip(&config.kafka, &pool, &skip_request(&n, misplaced_at, "a producer partitioning by CRC-32")).await.unwrap();
+    drop(again);
+    let mut projector = start(&config, &pool, Recording::new(&config)).await;
+    drive_until(&mut projector, "the record after it to apply", || async {
+        document(&pool, &n.model, &after).await.is_some()
+    })
+    .await;
+    assert_eq!(document(&pool, &n.model, &misplaced).await, None, "the skipped record has no effect");
+    assert_eq!(refused(&pool, &n.model).await, None);
 }

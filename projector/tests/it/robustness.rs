@@ -459,8 +459,8 @@ async fn partitions_added_while_running_refuse_every_task() {
     let metrics = Metrics::new(METRICS);
     let mut projector = start_with_metrics(&config, &pool, Recording::new(&config), Arc::clone(&metrics)).await;
     let p = producer();
-    produce(&p, &n.orders, 0, "a", Some(b"{}"), None).await;
-    produce(&p, &n.orders, 1, "b", Some(b"{}"), None).await;
+    produce(&p, &n.orders, 0, &key_on("a", 0, 2), Some(b"{}"), None).await;
+    produce(&p, &n.orders, 1, &key_on("b", 1, 2), Some(b"{}"), None).await;
     drive_until(&mut projector, "both records to apply and a width check per task", || async {
         let checked =
             |task: &str| metrics.value(Metric::WidthChecksTotal, &[("model", &n.model), ("task", task)]).unwrap_or(0.0);

@@ -45,6 +45,14 @@ pub async fn topic_id(name: &str) -> TopicId {
     TopicId::from_bytes(d[0].id)
 }
 
+/// A key starting with `base` that murmur2 (the topics' default partitioner) places on
+/// `partition` of `partitions`: keyed records on another partition are refused
+/// `KEY_PARTITION_MISMATCH`.
+pub fn key_on(base: &str, partition: u32, partitions: u32) -> String {
+    let placed = |k: &String| parsley::murmur2::partition_for_key(k.as_bytes(), partitions) == partition;
+    std::iter::once(base.to_string()).chain((0..).map(|i| format!("{base}.{i}"))).find(placed).unwrap()
+}
+
 pub fn causes(pairs: &[(TopicId, u32, i64)]) -> Vec<u8> {
     CausalPast::from_pairs(pairs.iter().map(|(t, p, o)| (ChannelId::new(*t, *p), *o))).encode()
 }
