@@ -10,7 +10,7 @@
 //! `Idempotency-Key` works as for single writes.
 //!
 //! The gateway keeps a few transactional producers ([`crate::transactions::Transactions`]), each with a
-//! `transactional.id` of this process (`<prefix>-<pid>-<n>`): a transaction holds its
+//! `transactional.id` of this gateway (`<prefix>-<pid>-<instance>-<n>`): a transaction holds its
 //! producer until it commits or aborts, so batches run at most that many at once and the
 //! others wait their turn. A producer whose transaction failed is dropped and made anew.
 

@@ -1,6 +1,7 @@
 //! The gateway's transactional producers for batch writes: a few, made on first use, each
-//! with a `transactional.id` of this process (`<prefix>-<pid>-<n>`); a transaction holds its
-//! producer until it commits or aborts.
+//! with a `transactional.id` of this gateway alone (`<prefix>-<host>-<pid>-<instance>-<n>`:
+//! two gateways in one process — an embedding program, a test — must not fence each other's
+//! producers); a transaction holds its producer until it commits or aborts.
 
 use parsley_infra::kafka::Cluster;
 use rdkafka::error::KafkaError;
@@ -26,9 +27,13 @@ impl Transactions {
             .map(|h| h.trim().to_string())
             .filter(|h| !h.is_empty())
             .unwrap_or_else(|| "gateway".to_string());
+        // Which gateway of this process: each initialization of a transactional id fences the
+        // producer that held it before.
+        static INSTANCES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let instance = INSTANCES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Transactions {
             cluster: cluster.into(),
-            prefix: format!("parsley-gateway-{host}-{}", std::process::id()),
+            prefix: format!("parsley-gateway-{host}-{}-{instance}", std::process::id()),
             produce_timeout_ms,
             slots: (0..TRANSACTIONAL_PRODUCERS).map(|_| Mutex::new(None)).collect(),
         }

@@ -1,11 +1,13 @@
-//! Writes whose outcome the request does not see: the produce and the recording of its
+//! Writes whose outcome the request does not see. The produce and the recording of its
 //! outcome run to the end in a task of their own, so a handler dropped mid-write (a client
 //! that hangs up, a response timeout) leaves its `Idempotency-Key` answered, not claimed
-//! forever; a write whose gateway died mid-produce keeps its key pending, then `unknown`
-//! once stale (a retry is `409 idempotency-outcome-unknown`, never a second write — the same
-//! answer as after a produce Kafka did not confirm, whose errors `write.rs` sorts in its unit
-//! tests); a write that surely did not happen gives its key up; a batch dropped mid-transaction does not leave its producer slot in a
-//! transaction. Every partition serves read-your-writes afterwards.
+//! forever. A write whose gateway died mid-produce keeps its key pending, then `unknown`
+//! once stale: a retry is `409 idempotency-outcome-unknown`, never a second write (the
+//! answer a produce error that may have written gets too: `write.rs` sorts the errors in its
+//! unit tests). A write that surely did not happen — refused by librdkafka or by the
+//! broker — gives its key up. A batch dropped mid-transaction does
+//! not leave its producer slot in a transaction. Every partition serves read-your-writes
+//! afterwards.
 
 use std::time::{Duration, Instant};
 
@@ -274,6 +276,52 @@ async fn a_write_whose_gateway_died_mid_produce_is_never_written_twice() {
     // A new key writes.
     let a = post(&s.router, &uri, &unique("fresh"), &token, &body).await;
     assert_eq!(a.status, StatusCode::CREATED, "{}", a.json);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_the_broker_refused_gives_its_key_up() {
+    // The broker refuses the record for what it is (over the topic's max.message.bytes):
+    // surely not written, so the key is free and the retry writes once the topic takes it.
+    use rdkafka::admin::{AlterConfig, ResourceSpecifier};
+    let s = Stack::new("refused", 1, "").await;
+    let set_max_bytes = |n: &'static str| {
+        let topic = s.names.orders.clone();
+        async move {
+            let change = AlterConfig::new(ResourceSpecifier::Topic(&topic)).set("max.message.bytes", n);
+            let admin = parsley_testkit::admin();
+            let altered = admin.alter_configs(&[change], &parsley_testkit::admin_options()).await.unwrap();
+            assert!(altered.iter().all(Result::is_ok), "{altered:?}");
+            // The broker applies the change from its metadata log: wait until it says so.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let described = admin
+                    .describe_configs(&[ResourceSpecifier::Topic(&topic)], &parsley_testkit::admin_options())
+                    .await
+                    .unwrap();
+                let now = described
+                    .into_iter()
+                    .flatten()
+                    .find_map(|r| r.get("max.message.bytes").and_then(|e| e.value.clone()));
+                if now.as_deref() == Some(n) {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "max.message.bytes is still {now:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    };
+    set_max_bytes("200").await;
+    let uri = format!("/v1/topics/{}/records", s.names.orders);
+    let (key, token) = (unique("refused"), session());
+    let body = json!({"key": "k", "value": {"blob": "x".repeat(2000)}});
+    let a = post(&s.router, &uri, &key, &token, &body).await;
+    assert_eq!(a.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", a.json);
+    assert_eq!(claim_state(&s, &key).await, None, "the key is given up");
+
+    set_max_bytes("1048588").await;
+    let a = post(&s.router, &uri, &key, &token, &body).await;
+    assert_eq!((a.status, a.replayed), (StatusCode::CREATED, false), "the retry writes: {}", a.json);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
