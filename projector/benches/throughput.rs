@@ -381,13 +381,11 @@ fn value(i: usize, bytes: usize, patch: bool, rng: &mut Rng) -> String {
     v
 }
 
-/// The partition of `key` among `partitions` (the same for both topics: co-partitioned).
+/// The partition of `key` among `partitions` (the same for both topics: co-partitioned), as
+/// the topics' partitioner (murmur2, the default) places it: the projector refuses a keyed
+/// record anywhere else (`KEY_PARTITION_MISMATCH`).
 fn partition_of(key: &str, partitions: u32) -> u32 {
-    let mut h: u32 = 2_166_136_261;
-    for b in key.bytes() {
-        h = (h ^ b as u32).wrapping_mul(16_777_619);
-    }
-    h % partitions
+    parsley::murmur2::partition_for_key(key.as_bytes(), partitions)
 }
 
 /// What the sampler saw of each server process, by pid: ticks at the start (0 for a
@@ -1061,7 +1059,7 @@ impl Progress {
         let mut at_high: Option<(Instant, i64, f64)> = None;
         let mut first: Option<f64> = None;
         let mut timeline: Vec<(f64, i64)> = Vec::new();
-        loop {
+        for polls in 0u64.. {
             let done = this.done().await;
             if timeline.last().is_none_or(|&(_, d)| d != done) {
                 timeline.push((started.elapsed().as_secs_f64(), done));
@@ -1080,6 +1078,20 @@ impl Progress {
             }
             if started.elapsed() > Duration::from_secs(900) {
                 bail!("{done} of {records} records done after 15 minutes");
+            }
+            // A refused task never finishes: say why at once rather than after the 15 minutes.
+            if polls % 40 == 39 {
+                this.queries += 1;
+                let refused: Option<String> = sqlx::query_scalar(
+                    "SELECT refusal_reason || ': ' || coalesce(refusal_diagnosis, '') FROM parsley.tasks
+                      WHERE status = 'refused' LIMIT 1",
+                )
+                .fetch_optional(&mut this.conn)
+                .await
+                .unwrap_or(None);
+                if let Some(why) = refused {
+                    bail!("{done} of {records} records done: a task refused, {why}");
+                }
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
         }

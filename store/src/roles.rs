@@ -6,8 +6,9 @@
 //! - [`GATEWAY_ROLE`] (no login; granted to the gateway's login role): reads what the gateway
 //!   serves — the models and their topics, the clocks, the documents — and what its admin
 //!   status aggregates (`parsley.tasks`, `parsley.channels`, `parsley.held`), and writes only
-//!   the idempotency keys. Not the dead letters, the skips, the frontier, the members or the
-//!   migrations' bookkeeping ([`GATEWAY_READS`]).
+//!   the idempotency keys; and which migrations are applied (`public._sqlx_migrations`, read
+//!   by its readiness check). Not the dead letters, the skips, the frontier or the members
+//!   ([`GATEWAY_READS`]).
 //! - One read role per model ([`query_role`], no login; granted to [`GATEWAY_ROLE`] so the
 //!   gateway may `SET ROLE` to it): the role a model's named queries run under. It reads the
 //!   gate's rows (`parsley.models`, `parsley.topics`, `parsley.clock`) and the model's own
@@ -87,6 +88,8 @@ pub fn statements(models: &[ModelRoles<'_>], gateway_login: Option<&str>) -> Vec
         format!("ALTER DEFAULT PRIVILEGES IN SCHEMA parsley, projection REVOKE ALL ON TABLES FROM {gw}"),
         format!("GRANT SELECT ON {} TO {gw}", GATEWAY_READS.join(", ")),
         format!("GRANT SELECT, INSERT, UPDATE, DELETE ON parsley.idempotency_keys TO {gw}"),
+        // `/readyz` checks that every migration the gateway knows is applied.
+        format!("GRANT SELECT ON public._sqlx_migrations TO {gw}"),
         "ALTER TABLE projection.documents ENABLE ROW LEVEL SECURITY".to_string(),
         policy("parsley_gateway_reads", GATEWAY_ROLE, "true"),
     ];

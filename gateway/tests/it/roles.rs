@@ -167,6 +167,8 @@ async fn the_gateways_role_reads_what_it_serves_and_not_the_dead_letters() {
         "SELECT count(*) FROM projection.documents",
         "SELECT count(*) FROM parsley.held",
         "DELETE FROM parsley.idempotency_keys WHERE false",
+        // The readiness check's statement.
+        "SELECT version FROM public._sqlx_migrations WHERE success",
     ] {
         assert_eq!(under_gateway_role(allowed).await, Ok(()), "{allowed}");
     }
@@ -175,6 +177,7 @@ async fn the_gateways_role_reads_what_it_serves_and_not_the_dead_letters() {
         "SELECT count(*) FROM parsley.skips",
         "DELETE FROM parsley.clock WHERE false",
         "UPDATE projection.documents SET doc = doc WHERE false",
+        "DELETE FROM public._sqlx_migrations WHERE false",
     ] {
         assert_eq!(under_gateway_role(refused).await, Err(Some("42501".to_string())), "{refused}");
     }
