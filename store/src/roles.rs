@@ -5,10 +5,10 @@
 //!   here.
 //! - [`GATEWAY_ROLE`] (no login; granted to the gateway's login role): reads what the gateway
 //!   serves — the models and their topics, the clocks, the documents — and what its admin
-//!   status aggregates (`parsley.tasks`, `parsley.channels`, `parsley.held`), and writes only
-//!   the idempotency keys; and which migrations are applied (`public._sqlx_migrations`, read
-//!   by its readiness check). Not the dead letters, the skips, the frontier or the members
-//!   ([`GATEWAY_READS`]).
+//!   status aggregates (`parsley.tasks`, `parsley.channels`, `parsley.held`, the projector
+//!   instances in `parsley.members`), and writes only the idempotency keys; and which
+//!   migrations are applied (`public._sqlx_migrations`, read by its readiness check). Not the
+//!   dead letters, the skips or the frontier ([`GATEWAY_READS`]).
 //! - One read role per model ([`query_role`], no login; granted to [`GATEWAY_ROLE`] so the
 //!   gateway may `SET ROLE` to it): the role a model's named queries run under. It reads the
 //!   gate's rows (`parsley.models`, `parsley.topics`, `parsley.clock`) and the model's own
@@ -38,6 +38,7 @@ pub const GATEWAY_READS: &[&str] = &[
     "parsley.tasks",
     "parsley.channels",
     "parsley.held",
+    "parsley.members",
     "projection.documents",
 ];
 

@@ -167,7 +167,8 @@ async fn the_gateways_role_reads_what_it_serves_and_not_the_dead_letters() {
         "SELECT count(*) FROM projection.documents",
         "SELECT count(*) FROM parsley.held",
         "DELETE FROM parsley.idempotency_keys WHERE false",
-        // The readiness check's statement.
+        // The admin status's instances, and the readiness check's statement.
+        "SELECT count(*) FROM parsley.members",
         "SELECT version FROM public._sqlx_migrations WHERE success",
     ] {
         assert_eq!(under_gateway_role(allowed).await, Ok(()), "{allowed}");
