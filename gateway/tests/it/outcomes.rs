@@ -1,13 +1,12 @@
 //! Writes whose outcome the request does not see. The produce and the recording of its
 //! outcome run to the end in a task of their own, so a handler dropped mid-write (a client
 //! that hangs up, a response timeout) leaves its `Idempotency-Key` answered, not claimed
-//! forever. A write whose gateway died mid-produce keeps its key pending, then `unknown`
-//! once stale: a retry is `409 idempotency-outcome-unknown`, never a second write (the
-//! answer a produce error that may have written gets too: `write.rs` sorts the errors in its
-//! unit tests). A write that surely did not happen — refused by librdkafka or by the
-//! broker — gives its key up. A batch dropped mid-transaction does
-//! not leave its producer slot in a transaction. Every partition serves read-your-writes
-//! afterwards.
+//! forever. A write Kafka did not confirm in time (the broker throttling the producer) and
+//! one whose gateway died mid-produce (pending, then stale) keep their key `unknown`: a
+//! retry is `409 idempotency-outcome-unknown`, never a second write. A write that surely did
+//! not happen — refused by librdkafka or by the broker — gives its key up. A batch dropped
+//! mid-transaction does not leave its producer slot in a transaction. Every partition serves
+//! read-your-writes afterwards.
 
 use std::time::{Duration, Instant};
 
@@ -276,6 +275,69 @@ async fn a_write_whose_gateway_died_mid_produce_is_never_written_twice() {
     // A new key writes.
     let a = post(&s.router, &uri, &unique("fresh"), &token, &body).await;
     assert_eq!(a.status, StatusCode::CREATED, "{}", a.json);
+}
+
+/// Sets (or, with `None`, removes) a produce quota of `bytes_per_second` for the Kafka
+/// clients named `client_id`, with the broker's own configuration tool.
+fn produce_quota(client_id: &str, bytes_per_second: Option<u32>) {
+    let libs = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.local/kafka/libs");
+    assert!(libs.is_dir(), "{} is missing: `make services-up` installs the broker", libs.display());
+    let change = match bytes_per_second {
+        Some(rate) => vec!["--add-config".to_string(), format!("producer_byte_rate={rate}")],
+        None => vec!["--delete-config".to_string(), "producer_byte_rate".to_string()],
+    };
+    let out = std::process::Command::new("java")
+        .arg("-cp")
+        .arg(format!("{}/*", libs.display()))
+        .args(["kafka.admin.ConfigCommand", "--bootstrap-server", &bootstrap(), "--alter"])
+        .args(&change)
+        .args(["--entity-type", "clients", "--entity-name", client_id])
+        .output()
+        .expect("running the broker's ConfigCommand (java)");
+    assert!(out.status.success(), "ConfigCommand: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_kafka_did_not_confirm_in_time_keeps_its_key_unknown() {
+    // The broker throttles the gateway's producer (a produce quota of one byte a second on
+    // its client.id): a write after the first waits past the produce timeout, and Kafka
+    // confirms it neither way.
+    let client_id = unique("throttled");
+    let s = Stack::with_config("throttled", 1, "produce_timeout_ms = 1500", |_, c| {
+        c.kafka.properties.insert("client.id".into(), client_id.clone());
+    })
+    .await;
+    let blocking_id = client_id.clone();
+    tokio::task::spawn_blocking(move || produce_quota(&blocking_id, Some(1))).await.unwrap();
+    let uri = format!("/v1/topics/{}/records", s.names.orders);
+    let token = session();
+    let mut unknown = None;
+    for i in 0..6 {
+        let (key, body) =
+            (unique("throttled"), json!({"key": format!("k{i}"), "value": {"n": i, "pad": "x".repeat(500)}}));
+        let a = post(&s.router, &uri, &key, &token, &body).await;
+        if a.status == StatusCode::SERVICE_UNAVAILABLE {
+            assert_eq!(a.json["type"], json!("https://parsley.dev/problems/write-failed"), "{}", a.json);
+            assert_eq!(a.json["outcome"], json!("unknown"), "a write not confirmed in time: {}", a.json);
+            unknown = Some((key, body));
+            break;
+        }
+        assert_eq!(a.status, StatusCode::CREATED, "{}", a.json);
+    }
+    let blocking_id = client_id.clone();
+    tokio::task::spawn_blocking(move || produce_quota(&blocking_id, None)).await.unwrap();
+    let (key, body) = unknown.expect("no write was held past the produce timeout by the quota");
+    assert_eq!(claim_state(&s, &key).await.as_deref(), Some("unknown"));
+
+    // The retry, on this gateway and on an unthrottled one: never written a second time.
+    let (other, _stop) = s.other_gateway("").await;
+    for router in [&s.router, &other] {
+        let a = post(router, &uri, &key, &token, &body).await;
+        assert_eq!(a.status, StatusCode::CONFLICT, "{}", a.json);
+        assert_eq!(a.json["type"], json!("https://parsley.dev/problems/idempotency-outcome-unknown"), "{}", a.json);
+        assert!(a.json["detail"].as_str().unwrap().contains("new key"), "{}", a.json);
+    }
+    assert_eq!(claim_state(&s, &key).await.as_deref(), Some("unknown"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
