@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use axum::http::{Method, StatusCode};
 use parsley::murmur2::partition_for_key;
+use parsley::partitioner::Partitioner;
 use parsley_projector::skip::{skip, SkipRequest};
 use parsley_settings::config::{Config, OnRejected};
 use parsley_testkit::ScratchDir;
@@ -93,32 +94,12 @@ async fn log_ends(topics: &[&str]) -> Vec<i64> {
     .unwrap()
 }
 
-/// A read of `key` with `token`, a 503 waited out (up to 45 s): never a stale answer.
-async fn read_covered(s: &Stack, key: &str, token: &str) -> Reply {
-    let deadline = Instant::now() + Duration::from_secs(45);
-    loop {
-        let r = s.read(key, Some(token)).await;
-        if r.status != StatusCode::SERVICE_UNAVAILABLE || Instant::now() >= deadline {
-            return r;
-        }
-    }
-}
-
 /// Every partition still serves read-your-writes: a valid order on a fresh key of each
 /// partition, then a read of it with the session the write returned (a 503 while a task
 /// catches up, after a skip say, is waited out; never a stale read).
 async fn serves_every_partition(s: &Stack, after: &str) {
-    let base = unique("ryw");
-    for p in 0..PARTITIONS {
-        let key = key_on(&base, p);
-        let value = json!({"order": format!("o-{key}"), "amount": 1, "after": after});
-        let w = s.write(&s.names.orders, &key, value.clone(), None).await;
-        assert_eq!(w.status, StatusCode::CREATED, "after {after}: write on partition {p}: {}", w.json);
-        assert_eq!(w.json["partition"], json!(p));
-        let r = read_covered(s, &key, &w.token()).await;
-        assert_eq!(r.status, StatusCode::OK, "after {after}: read-your-writes on partition {p}: {}", r.json);
-        assert_eq!(r.json["document"], value, "after {after}");
-    }
+    let value = |key: &str| json!({"order": format!("o-{key}"), "amount": 1, "after": after});
+    every_partition_reads_its_writes(s, Partitioner::Murmur2, PARTITIONS, value).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use axum::Router;
+use parsley::partitioner::Partitioner;
 use parsley::CausalPast;
 use serde_json::{json, Value};
 use tower::ServiceExt as _;
@@ -107,31 +108,6 @@ async fn retry_until_settled(
     }
 }
 
-/// Writes and reads back a document on every partition of the orders topic: read-your-writes
-/// everywhere.
-async fn every_partition_reads_its_writes(s: &Stack, partitions: u32) {
-    let mut seen = std::collections::BTreeSet::new();
-    for i in 0.. {
-        if seen.len() == partitions as usize {
-            break;
-        }
-        assert!(i < 200, "no key found for every partition: {seen:?}");
-        let key = format!("probe-{i}");
-        let partition = parsley::murmur2::partition_for_key(key.as_bytes(), partitions);
-        if !seen.insert(partition) {
-            continue;
-        }
-        let w = s.write(&s.names.orders, &key, json!({"probe": i}), None).await;
-        assert_eq!(w.status, StatusCode::CREATED, "{}", w.json);
-        let r = s.read(&key, Some(&w.token())).await;
-        assert_eq!(
-            (r.status, r.json["document"].clone()),
-            (StatusCode::OK, json!({"probe": i})),
-            "partition {partition}"
-        );
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_dropped_mid_produce_is_recorded_and_its_retry_replays_it() {
     // Staleness is twice produce_timeout_ms: 20 s, far beyond the retries below.
@@ -153,7 +129,7 @@ async fn a_write_dropped_mid_produce_is_recorded_and_its_retry_replays_it() {
     // Written once: the document's version is 1.
     let r = s.read("order-1", again.token.as_deref()).await;
     assert_eq!((r.status, r.json["version"].clone()), (StatusCode::OK, json!(1)), "{}", r.json);
-    every_partition_reads_its_writes(&s, 2).await;
+    every_partition_reads_its_writes(&s, Partitioner::Murmur2, 2, |k| json!({"probe": k})).await;
     s.stop_projector().await;
 }
 
@@ -193,7 +169,7 @@ async fn batches_dropped_mid_transaction_run_to_the_end_and_leave_every_slot_usa
         let a = post(&s.router, "/v1/records", &unique("next"), &token, &batch(i)).await;
         assert_eq!((a.status, a.replayed), (StatusCode::CREATED, false), "batch {i}: {}", a.json);
     }
-    every_partition_reads_its_writes(&s, 2).await;
+    every_partition_reads_its_writes(&s, Partitioner::Murmur2, 2, |k| json!({"probe": k})).await;
     s.stop_projector().await;
 }
 

@@ -106,18 +106,6 @@ fn unix_now_plus(seconds: u64) -> u64 {
     parsley_gateway::session::unix_now() + seconds
 }
 
-/// Reads `key` with `token` until the answer is not `503 not-yet-covered` (each read waits
-/// at most `read_wait_ms`), or the test's deadline.
-async fn read_covered(s: &Stack, key: &str, token: &str) -> Reply {
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        let r = s.read(key, Some(token)).await;
-        if r.status != StatusCode::SERVICE_UNAVAILABLE || Instant::now() > deadline {
-            return r;
-        }
-    }
-}
-
 /// The admin status of task `task` once `until` holds of it.
 async fn task_status(s: &Stack, task: u32, until: impl Fn(&Value) -> bool) -> Value {
     let deadline = Instant::now() + TIMEOUT;
@@ -133,21 +121,6 @@ async fn task_status(s: &Stack, task: u32, until: impl Fn(&Value) -> bool) -> Va
         }
         assert!(Instant::now() < deadline, "task {task} never reached the state: {}", st.json);
         tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Writes a key of every partition through the gateway and reads each back with the
-/// write's token: every task serves read-your-writes.
-async fn every_partition_reads_its_writes(s: &Stack, partitioner: Partitioner, base: &str) {
-    let orders = s.names.orders.clone();
-    for p in 0..PARTITIONS {
-        let key = key_on(partitioner, p, base);
-        let w = s.write(&orders, &key, json!({"p": p}), None).await;
-        assert_eq!(w.status, StatusCode::CREATED, "{}", w.json);
-        assert_eq!(w.json["partition"], json!(p), "the gateway places {key:?} by {partitioner}: {}", w.json);
-        let r = read_covered(s, &key, &w.token()).await;
-        assert_eq!(r.status, StatusCode::OK, "partition {p}: {}", r.json);
-        assert_eq!(r.json["document"], json!({"p": p}), "{}", r.json);
     }
 }
 
@@ -205,7 +178,7 @@ async fn a_librdkafka_default_producer_is_read_your_writes_on_crc32_topics() {
     for t in st.json["models"][0]["tasks"].as_array().unwrap() {
         assert_eq!(t["status"], json!("running"), "{}", st.json);
     }
-    every_partition_reads_its_writes(&s, Partitioner::Crc32, "all").await;
+    every_partition_reads_its_writes(&s, Partitioner::Crc32, PARTITIONS, |k| json!({"p": k})).await;
     s.stop_projector().await;
 }
 
@@ -287,7 +260,7 @@ async fn a_librdkafka_default_producer_on_a_murmur2_topic_is_refused_by_name_and
     assert_eq!(w.json["partition"], json!(murmur), "{}", w.json);
     let r = read_covered(&s, &key, &w.token()).await;
     assert_eq!(r.json["document"], json!({"total": 31}), "{}", r.json);
-    every_partition_reads_its_writes(&s, Partitioner::Murmur2, "all").await;
+    every_partition_reads_its_writes(&s, Partitioner::Murmur2, PARTITIONS, |k| json!({"p": k})).await;
     s.stop_projector().await;
 }
 
@@ -322,7 +295,7 @@ async fn a_misplaced_record_is_dead_lettered_by_name_under_dead_letter() {
     assert!(reason.contains(&format!("places it on partition {murmur}")), "{reason}");
     let task = task_status(&s, crc, |t| t["status"] == json!("running")).await;
     assert!(task["refusal"].is_null(), "{task}");
-    every_partition_reads_its_writes(&s, Partitioner::Murmur2, "all").await;
+    every_partition_reads_its_writes(&s, Partitioner::Murmur2, PARTITIONS, |k| json!({"p": k})).await;
     s.stop_projector().await;
 }
 
@@ -341,7 +314,7 @@ async fn keys_of_unrouted_topics_are_not_checked_and_reads_wait_for_every_task()
     assert_eq!(partition, crc);
     // Every task applies a record of its own (the gateway's writes to an unrouted topic are
     // placed by the producer's murmur2).
-    every_partition_reads_its_writes(&s, Partitioner::Murmur2, "all").await;
+    every_partition_reads_its_writes(&s, Partitioner::Murmur2, PARTITIONS, |k| json!({"p": k})).await;
     let saw_order = token_naming(&s, &orders, partition, offset).await;
     let r = read_covered(&s, &key, &saw_order).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.json);
@@ -357,7 +330,7 @@ async fn keys_of_unrouted_topics_are_not_checked_and_reads_wait_for_every_task()
     // The same read on a model routing keys by murmur2 is served by the key's owner alone.
     let mut routed = stack("routed", Partitioner::Murmur2, OnRejected::Refuse).await;
     routed.start_projector().await;
-    every_partition_reads_its_writes(&routed, Partitioner::Murmur2, "all").await;
+    every_partition_reads_its_writes(&routed, Partitioner::Murmur2, PARTITIONS, |k| json!({"p": k})).await;
     let owned = key_on(Partitioner::Murmur2, 1, "owned");
     let w = routed.write(&routed.names.orders.clone(), &owned, json!(1), None).await;
     let r = read_covered(&routed, &owned, &w.token()).await;

@@ -295,3 +295,40 @@ async fn start_gateway(config: &Config) -> (AppState, watch::Sender<bool>) {
     let _ = gateway.spawn_background(shutdown);
     (gateway.state().clone(), stop)
 }
+
+/// Reads `key` with `token`, waiting out `503`s (a task catching up, after a skip say) for at
+/// most 45 s: never a stale read.
+pub async fn read_covered(s: &Stack, key: &str, token: &str) -> Reply {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(45);
+    loop {
+        let r = s.read(key, Some(token)).await;
+        if r.status != StatusCode::SERVICE_UNAVAILABLE || std::time::Instant::now() > deadline {
+            return r;
+        }
+    }
+}
+
+/// Every partition serves read-your-writes: `value(key)` written through the gateway on a
+/// fresh key of each of the `partitions` (placed by `partitioner`), then read back with the
+/// session the write returned.
+pub async fn every_partition_reads_its_writes(
+    s: &Stack,
+    partitioner: parsley::partitioner::Partitioner,
+    partitions: u32,
+    value: impl Fn(&str) -> Value,
+) {
+    let base = unique("ryw");
+    for p in 0..partitions {
+        let key = (0..)
+            .map(|i| format!("{base}-{i}"))
+            .find(|k| partitioner.partition_for_key(k.as_bytes(), partitions) == Some(p))
+            .expect("a key for every partition");
+        let value = value(&key);
+        let w = s.write(&s.names.orders, &key, value.clone(), None).await;
+        assert_eq!(w.status, StatusCode::CREATED, "write on partition {p}: {}", w.json);
+        assert_eq!(w.json["partition"], serde_json::json!(p), "{key:?} placed by {partitioner}: {}", w.json);
+        let r = read_covered(s, &key, &w.token()).await;
+        assert_eq!(r.status, StatusCode::OK, "read-your-writes on partition {p}: {}", r.json);
+        assert_eq!(r.json["document"], value, "partition {p}");
+    }
+}
