@@ -9,8 +9,11 @@
 //! recorded with its checksum (sha256 of its bytes, computed by the server): when the text
 //! of an applied file changes, or an applied file is gone from the folder, [`run`] refuses,
 //! naming it — the schema would no longer be what the files say. Each file's transaction
-//! holds an advisory lock of the model, so two instances starting together apply each file
-//! once.
+//! holds one advisory lock shared by every model of the database, so two instances starting
+//! together apply each file once, and two models never run DDL at the same time: Postgres's
+//! `CREATE ... IF NOT EXISTS` and `CREATE OR REPLACE` are not safe against a concurrent twin
+//! (a unique violation in the catalog, `tuple concurrently updated`), and models may share
+//! objects — a schema, an extension, a view.
 
 use std::path::Path;
 
@@ -74,7 +77,7 @@ pub fn read_folder(dir: &Path) -> Result<Vec<ModelMigration>, StoreError> {
 
 /// Applies the files of `migrations` that `model` has not applied, after checking that every
 /// applied one is still there, unchanged. Each file runs in a transaction of its own that
-/// first takes the model's advisory lock and checks the file is still unapplied (another
+/// first takes the database's migrations lock (every model's) and checks the file is still unapplied (another
 /// instance may have applied it meanwhile). A failing file's error names it; its
 /// transaction rolled back.
 pub async fn run(pool: &PgPool, model: &str, migrations: &[ModelMigration]) -> Result<Applied, StoreError> {
@@ -105,8 +108,8 @@ pub async fn run(pool: &PgPool, model: &str, migrations: &[ModelMigration]) -> R
     let mut done = Applied { applied: Vec::new(), already: recorded.len() };
     for m in migrations.iter().filter(|m| !recorded.iter().any(|(v, _, _)| *v == m.version)) {
         let mut tx = pool.begin().await.with_context(|| format!("model {model}: beginning migration {}", m.file))?;
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('parsley.model_migrations'), hashtext($1))")
-            .bind(model)
+        // One lock for every model: another model's file may create the same objects.
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('parsley.model_migrations'), 0)")
             .execute(&mut *tx)
             .await
             .with_context(|| format!("model {model}: locking its migrations"))?;

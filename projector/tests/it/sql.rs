@@ -491,3 +491,25 @@ async fn two_instances_at_once_apply_each_file_once() {
     applied.sort();
     assert_eq!(applied, ["1_schema.sql", "2_table.sql"], "each file once, by one of them");
 }
+
+/// Two models whose migrations create the same objects (a shared schema and view, with
+/// `IF NOT EXISTS` and `OR REPLACE`), started together: both apply their files. Postgres's
+/// `IF NOT EXISTS` does not hold against a concurrent twin (the second waits on the first's
+/// catalog row, then fails on it), so model migrations take one lock for every model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_models_creating_the_same_objects_at_once_both_apply() {
+    let pool = pool().await;
+    let s = schema("migshared");
+    let file = format!(
+        "CREATE SCHEMA IF NOT EXISTS {s};\nSELECT pg_sleep(0.3);\n\
+         CREATE OR REPLACE VIEW {s}.v AS SELECT 1 AS one;\n"
+    );
+    let dir = migrations_folder(&s, &[("1_shared.sql", file)]);
+    let (first, second) = (unique("migrations-a"), unique("migrations-b"));
+    let (a, b) = tokio::join!(run_folder(&pool, &first, &dir), run_folder(&pool, &second, &dir));
+    for (model, applied) in [(&first, a), (&second, b)] {
+        let applied = applied.unwrap_or_else(|e| panic!("model {model}: {e:#}"));
+        assert_eq!(applied.applied, ["1_shared.sql"], "model {model}");
+    }
+    assert_eq!(count(&pool, &format!("SELECT count(*) FROM {s}.v")).await, 1);
+}
