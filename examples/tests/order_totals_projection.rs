@@ -15,13 +15,19 @@ use parsley_testkit::{bootstrap, create_topics, database_url, produce, producer,
 use sqlx::PgPool;
 use tokio::sync::watch;
 
-/// `(ordered, paid)` of `customer` as text, from the view `customer_total` reads.
+/// `(ordered, paid)` of `customer` as text, from the view `customer_total` reads. `None`
+/// also while the view does not exist yet (the projector applies the example's migrations
+/// at its start); any other error fails the test.
 async fn totals(pool: &PgPool, customer: &str) -> Option<(String, String)> {
-    sqlx::query_as("SELECT ordered::text, paid::text FROM totals.customer_totals WHERE customer = $1")
+    match sqlx::query_as("SELECT ordered::text, paid::text FROM totals.customer_totals WHERE customer = $1")
         .bind(customer)
         .fetch_optional(pool)
         .await
-        .unwrap_or(None)
+    {
+        Ok(row) => row,
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P01") => None,
+        Err(e) => panic!("reading {customer}'s totals: {e}"),
+    }
 }
 
 async fn wait_for(pool: &PgPool, customer: &str, want: Option<(&str, &str)>) {

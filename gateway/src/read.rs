@@ -284,11 +284,11 @@ impl Snapshot for Documents<'_> {
 
     fn keep(&self, state: &AppState, model: &str, generation: u64, shape: &ModelShape, rows: &[ClockRow], data: &Data) {
         let body = match data {
-            Data::One(body) => body.clone(),
-            Data::Page(body) => Some(body.clone()),
+            Data::One(body) => body.as_deref(),
+            Data::Page(body) => Some(&body[..]),
         };
         let (name, owner) = (self.kept_name(), self.served_by(state, model, shape));
-        state.kept.keep(&state.notifier, model, &name, owner, generation, Arc::new(shape.clone()), rows, body);
+        state.kept.keep(&state.notifier, model, &name, owner, generation, shape, rows, body);
     }
 }
 

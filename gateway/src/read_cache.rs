@@ -34,6 +34,15 @@
 //! oldest kept snapshot not served since the hand last passed it; one that can no longer be
 //! served goes whatever it was. A `404` is kept only in room `404`s make: it never evicts a
 //! document. 64 MiB by default; `0` turns keeping off.
+//!
+//! What is counted is what a snapshot holds on the heap ([`charge`]): its key (one shared
+//! `Arc<str>` for the map and the clock's slot), the body (copied to an allocation of its
+//! exact length, so no spare capacity of the answer's buffer is kept), the rows, the entry
+//! itself, and its share of the map's and the rings' tables (sized for their worst load; the
+//! tables are shrunk when they hold far fewer entries than they have room for). The shape is
+//! one per model, shared by its snapshots. A key whose entry went while its slot is still in
+//! a ring is counted until the slot goes. A test measures it all with a counting allocator
+//! (`gateway/tests/kept_bytes.rs`).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -80,13 +89,16 @@ pub struct KeptReads {
 
 #[derive(Debug, Default)]
 struct Model {
+    /// What the entries hold ([`charge`]), and the keys of slots whose entry went.
     bytes: usize,
-    keys: HashMap<String, Entry>,
+    keys: HashMap<Arc<str>, Entry>,
     /// The clock's rings, oldest first: snapshots of documents, and of absent ones. A slot
     /// whose key now holds another entry (or none) is skipped when the hand meets it.
     found: VecDeque<Slot>,
     missing: VecDeque<Slot>,
     next_id: u64,
+    /// The shape the model's snapshots share (a new one when the model's shape changes).
+    shape: Option<Arc<ModelShape>>,
 }
 
 #[derive(Debug)]
@@ -97,16 +109,42 @@ struct Entry {
 
 #[derive(Debug)]
 struct Slot {
-    key: String,
+    key: Arc<str>,
     id: u64,
 }
 
+/// What a key held only by a ring's slot (its entry gone) is counted as.
+fn stale_key(key: &str) -> usize {
+    key.len() + ARC_HEADER
+}
+
 impl Model {
-    /// Removes `key`'s entry, returning its size.
-    fn remove(&mut self, key: &str) -> usize {
-        let gone = self.keys.remove(key).map_or(0, |e| e.kept.size);
-        self.bytes -= gone;
-        gone
+    /// Removes `key`'s entry, whose slot stays in its ring: the key is counted until the slot
+    /// goes.
+    fn remove(&mut self, key: &str) {
+        if let Some(e) = self.keys.remove(key) {
+            self.bytes -= e.kept.size;
+            self.bytes += stale_key(key);
+        }
+    }
+
+    /// A slot left its ring: its key is no longer counted if its entry had gone.
+    fn slot_gone(&mut self, slot: &Slot) {
+        if self.keys.get(&slot.key).is_none_or(|e| e.id != slot.id) {
+            self.bytes -= stale_key(&slot.key);
+        }
+    }
+
+    /// The model's shared shape equal to `shape`, made so if the shape changed.
+    fn shape(&mut self, shape: &ModelShape) -> Arc<ModelShape> {
+        match &self.shape {
+            Some(s) if **s == *shape => Arc::clone(s),
+            _ => {
+                let s = Arc::new(shape.clone());
+                self.shape = Some(Arc::clone(&s));
+                s
+            }
+        }
     }
 
     /// Evicts one snapshot of `ring` by the CLOCK rule: the first in ring order not served
@@ -116,31 +154,74 @@ impl Model {
         loop {
             let ring = if missing { &mut self.missing } else { &mut self.found };
             let Some(slot) = ring.pop_front() else { return false };
-            let Some(entry) = self.keys.get(&slot.key).filter(|e| e.id == slot.id) else { continue };
+            let Some(entry) = self.keys.get(&slot.key).filter(|e| e.id == slot.id) else {
+                self.slot_gone(&slot);
+                continue;
+            };
             if servable(&entry.kept) && entry.kept.referenced.swap(false, Ordering::Relaxed) {
                 ring.push_back(slot);
                 continue;
             }
-            self.remove(&slot.key);
+            let size = self.keys.remove(&slot.key).expect("looked up above").kept.size;
+            self.bytes -= size;
             return true;
         }
     }
 
     /// Drops the slots of entries no longer there once they outnumber the live ones, so the
-    /// rings stay within twice the entries (each insert pays for one slot of the pass).
+    /// rings stay within twice the entries (each insert pays for one slot of the pass), and
+    /// shrinks the map and the rings when they have room for over four times what they
+    /// hold, so that the tables stay within what [`charge`] counts for them.
     fn compact(&mut self) {
         if self.found.len() + self.missing.len() > 2 * self.keys.len() + 64 {
             let keys = &self.keys;
-            let live = |s: &Slot| keys.get(&s.key).is_some_and(|e| e.id == s.id);
-            self.found.retain(live);
-            self.missing.retain(live);
+            let mut stale = 0;
+            let mut live = |s: &Slot| {
+                let live = keys.get(&s.key).is_some_and(|e| e.id == s.id);
+                if !live {
+                    stale += stale_key(&s.key);
+                }
+                live
+            };
+            self.found.retain(&mut live);
+            self.missing.retain(&mut live);
+            self.bytes -= stale;
+        }
+        let len = self.keys.len();
+        if self.keys.capacity() > 4 * len + TABLE_SLACK {
+            self.keys.shrink_to(2 * len);
+        }
+        for ring in [&mut self.found, &mut self.missing] {
+            if ring.capacity() > 4 * ring.len() + TABLE_SLACK {
+                ring.shrink_to(2 * ring.len());
+            }
         }
     }
 }
 
-/// What an entry is counted as besides its key and body: the rows, the map's slot, the
-/// entry's own fields.
-const ENTRY_OVERHEAD: usize = 160;
+/// The reference counts ahead of an `Arc`'s value.
+const ARC_HEADER: usize = 2 * std::mem::size_of::<usize>();
+/// The tables' room beyond 4 per entry that is never shrunk away (what a model's first
+/// entries find).
+const TABLE_SLACK: usize = 64;
+/// What an entry holds besides its key, body and rows: the entry in its `Arc`, the headers
+/// of the key's and the rows' `Arc`s, the body's shared handle once it is served (`Bytes`
+/// makes one on its first clone), and its share of the tables. The map (a `hashbrown`
+/// table: one control byte per bucket, at most 8/7 of its entries after growth, less than
+/// twice that before) is counted at 4 buckets per entry, as [`Model::compact`] keeps it; the
+/// rings (up to two slots per entry, twice that in capacity) at 4 slots.
+const ENTRY_OVERHEAD: usize = std::mem::size_of::<Kept>()
+    + 3 * ARC_HEADER
+    + 4 * std::mem::size_of::<usize>()
+    + 4 * (std::mem::size_of::<(Arc<str>, Entry)>() + 1)
+    + 4 * std::mem::size_of::<Slot>();
+
+/// What a snapshot under a key of `key_len` bytes, with a body of `body_len` bytes and
+/// `rows` clock rows, is counted as (the tables' share included; the key is counted once,
+/// the map and its slot share it).
+pub fn charge(key_len: usize, body_len: usize, rows: usize) -> usize {
+    key_len + body_len + rows * std::mem::size_of::<ClockRow>() + ENTRY_OVERHEAD
+}
 
 impl KeptReads {
     /// Room for `bytes` over the configured `models`, each snapshot served for at most `max_age`.
@@ -177,6 +258,7 @@ impl KeptReads {
             return Some(Arc::clone(kept));
         }
         m.remove(key);
+        m.compact();
         None
     }
 
@@ -190,11 +272,11 @@ impl KeptReads {
         key: &str,
         owner: Option<u32>,
         read_under: u64,
-        shape: Arc<ModelShape>,
+        shape: &ModelShape,
         rows: &[ClockRow],
-        body: Option<Bytes>,
+        body: Option<&[u8]>,
     ) {
-        let size = key.len() + body.as_ref().map_or(0, Bytes::len) + std::mem::size_of_val(rows) + ENTRY_OVERHEAD;
+        let size = charge(key.len(), body.map_or(0, <[u8]>::len), rows.len());
         if size > self.model_bytes || !notifier.may_keep() || generation(notifier, model, owner) != Some(read_under) {
             return;
         }
@@ -217,13 +299,15 @@ impl KeptReads {
             at: Instant::now(),
             size,
             referenced: AtomicBool::new(false),
-            shape,
+            shape: m.shape(shape),
             rows: rows.into(),
-            body,
+            // Exactly the body's bytes, whatever spare room the answer's buffer had.
+            body: body.map(Bytes::copy_from_slice),
         };
-        m.keys.insert(key.to_string(), Entry { id, kept: Arc::new(kept) });
+        let key: Arc<str> = Arc::from(key);
+        m.keys.insert(Arc::clone(&key), Entry { id, kept: Arc::new(kept) });
         m.bytes += size;
-        let slot = Slot { key: key.to_string(), id };
+        let slot = Slot { key, id };
         if missing {
             m.missing.push_back(slot);
         } else {
@@ -249,8 +333,8 @@ mod tests {
 
     use super::*;
 
-    fn shape() -> Arc<ModelShape> {
-        Arc::new(ModelShape { received_topics: BTreeSet::new(), task_count: 4 })
+    fn shape() -> ModelShape {
+        ModelShape { received_topics: BTreeSet::new(), task_count: 4 }
     }
 
     fn listening() -> ClockNotifier {
@@ -260,8 +344,8 @@ mod tests {
         n
     }
 
-    fn keep(k: &KeptReads, n: &ClockNotifier, key: &str, owner: u32, generation: u64, body: &'static str) {
-        k.keep(n, "shop", key, Some(owner), generation, shape(), &[], Some(Bytes::from_static(body.as_bytes())));
+    fn keep(k: &KeptReads, n: &ClockNotifier, key: &str, owner: u32, generation: u64, body: &str) {
+        k.keep(n, "shop", key, Some(owner), generation, &shape(), &[], Some(body.as_bytes()));
     }
 
     fn body(k: &KeptReads, n: &ClockNotifier, key: &str) -> Option<Bytes> {
@@ -281,7 +365,7 @@ mod tests {
         assert!(body(&k, &n, "a").is_some(), "another task's or model's step keeps it");
         n.notified("shop:2");
         assert!(body(&k, &n, "a").is_none(), "its owner's step drops it");
-        assert_eq!(k.bytes("shop"), 0);
+        assert_eq!(k.bytes("shop"), stale_key("a"), "only its key, held by its ring's slot until the hand passes");
         let g = k.before_read(&n, "shop", Some(2)).unwrap();
         keep(&k, &n, "a", 2, g, "{}");
         n.notified("shop");
@@ -328,7 +412,7 @@ mod tests {
     #[test]
     fn a_model_s_share_bounds_what_it_keeps_and_zero_keeps_nothing() {
         let n = listening();
-        let share = 2 * (ENTRY_OVERHEAD + 8);
+        let share = 2 * charge(1, 7, 0);
         let k = KeptReads::new(["shop", "audit"], 2 * share, Duration::from_secs(60));
         let g = k.before_read(&n, "shop", Some(0)).unwrap();
         keep(&k, &n, "a", 0, g, "1234567");
@@ -346,14 +430,14 @@ mod tests {
         keep(&k, &n, "e", 0, g0, "1234567");
         assert!(body(&k, &n, "c").is_some() && body(&k, &n, "e").is_some(), "the servable ones stay");
         assert_eq!(k.bytes("shop"), share);
-        keep(&k, &n, "big", 0, g, "a body larger than the model's whole share of the room........................................................................................................................................................................................................................................................................................................................");
+        keep(&k, &n, "big", 0, g, &"a body larger than the model's whole share of the room".repeat(40));
         assert!(body(&k, &n, "big").is_none());
         let off = KeptReads::new(["shop"], 0, Duration::from_secs(60));
         assert!(!off.on() && off.before_read(&n, "shop", Some(0)).is_none());
     }
 
     fn keep_missing(k: &KeptReads, n: &ClockNotifier, key: &str, owner: u32, generation: u64) {
-        k.keep(n, "shop", key, Some(owner), generation, shape(), &[], None);
+        k.keep(n, "shop", key, Some(owner), generation, &shape(), &[], None);
     }
 
     fn kept(k: &KeptReads, n: &ClockNotifier, key: &str) -> bool {
@@ -363,7 +447,7 @@ mod tests {
     #[test]
     fn room_is_made_one_snapshot_at_a_time_the_oldest_unserved_first() {
         let n = listening();
-        let share = 3 * (ENTRY_OVERHEAD + 8);
+        let share = 3 * charge(1, 7, 0);
         let k = KeptReads::new(["shop"], share, Duration::from_secs(60));
         let g = k.before_read(&n, "shop", Some(0)).unwrap();
         keep(&k, &n, "a", 0, g, "1234567");
@@ -383,7 +467,7 @@ mod tests {
     #[test]
     fn an_absent_document_never_evicts_a_found_one_and_goes_first() {
         let n = listening();
-        let share = 2 * (ENTRY_OVERHEAD + 8);
+        let share = 2 * charge(1, 7, 0);
         let k = KeptReads::new(["shop"], share, Duration::from_secs(60));
         let g = k.before_read(&n, "shop", Some(0)).unwrap();
         keep(&k, &n, "a", 0, g, "1234567");
@@ -415,7 +499,14 @@ mod tests {
         let m = k.models["shop"].lock().unwrap();
         assert_eq!(m.keys.len(), 2);
         assert!(m.found.len() + m.missing.len() <= 2 * m.keys.len() + 65, "{} slots", m.found.len() + m.missing.len());
-        assert_eq!(m.bytes, m.keys.values().map(|e| e.kept.size).sum::<usize>());
+        let stale: usize = m
+            .found
+            .iter()
+            .chain(&m.missing)
+            .filter(|s| m.keys.get(&s.key).is_none_or(|e| e.id != s.id))
+            .map(|s| stale_key(&s.key))
+            .sum();
+        assert_eq!(m.bytes, m.keys.values().map(|e| e.kept.size).sum::<usize>() + stale);
     }
 
     #[test]

@@ -139,8 +139,8 @@ struct Produced {
     workload: Workload,
     partitions: u32,
     topics: Vec<(String, Apply)>,
-    /// Distinct keys in the data (checked against the documents at the end of each run).
-    keys: usize,
+    /// Records per key (checked against each document's version at the end of each run).
+    keys: std::collections::HashMap<String, i64>,
 }
 
 /// One measured run.
@@ -546,7 +546,7 @@ impl Bench {
         // Records written so far per partition of the orders topic: positions start at 0,
         // one per record (a fresh topic, a non-transactional producer).
         let mut orders_written = vec![0i64; partitions as usize];
-        let mut keys = std::collections::HashSet::new();
+        let mut keys = std::collections::HashMap::<String, i64>::new();
         let mut pending = Vec::with_capacity(20_000);
         for i in 0..self.records {
             let key = if workload.keys_divisor == 1 {
@@ -554,7 +554,7 @@ impl Bench {
             } else {
                 format!("order-{:08}", rng.next() as usize % key_space)
             };
-            keys.insert(key.clone());
+            *keys.entry(key.clone()).or_default() += 1;
             let partition = partition_of(&key, partitions);
             let patch = workload.mix && i % 2 == 1;
             let mut pairs: Vec<(ChannelId, i64)> = (0..6u32)
@@ -592,7 +592,7 @@ impl Bench {
             topics.len(),
             started.elapsed().as_secs_f64()
         );
-        Ok(Produced { workload, partitions, topics, keys: keys.len() })
+        Ok(Produced { workload, partitions, topics, keys })
     }
 
     /// Launches `instances` processes of `binary` on the workload and measures them.
@@ -952,19 +952,34 @@ fn stop(child: &mut Child) {
     let _ = child.wait();
 }
 
-/// Every record was applied exactly once: the documents are the distinct keys, and their
-/// versions (records applied; the workloads have no tombstones) sum to the record count.
+/// Every record was applied exactly once: one document per key produced, none other, and
+/// each document's version (the records applied to it; the workloads have no tombstones) is
+/// the number of records produced with its key.
 async fn check(url: &str, model: &str, produced: &Produced, records: usize) -> anyhow::Result<()> {
     let mut conn = PgConnection::connect(url).await?;
-    let (docs, versions): (i64, i64) =
-        sqlx::query_as("SELECT count(*), coalesce(sum(version), 0)::int8 FROM projection.documents WHERE model = $1")
+    let documents: Vec<(String, i64)> =
+        sqlx::query_as("SELECT key, version FROM projection.documents WHERE model = $1")
             .bind(model)
-            .fetch_one(&mut conn)
+            .fetch_all(&mut conn)
             .await?;
+    let mut wrong = Vec::new();
+    for (key, version) in &documents {
+        match produced.keys.get(key) {
+            Some(n) if n == version => {}
+            Some(n) => wrong.push(format!("{key}: version {version}, {n} record(s) produced")),
+            None => wrong.push(format!("{key}: a document for a key never produced")),
+        }
+    }
+    let found: std::collections::HashSet<&str> = documents.iter().map(|(k, _)| k.as_str()).collect();
+    let missing = produced.keys.keys().filter(|k| !found.contains(k.as_str())).count();
+    let applied: i64 = documents.iter().map(|(_, v)| v).sum();
     anyhow::ensure!(
-        docs as usize == produced.keys && versions as usize == records,
-        "{model}: {docs} documents with versions summing to {versions}; expected {} and {records}",
-        produced.keys
+        wrong.is_empty() && missing == 0,
+        "{model}: {} of {} keys applied wrongly, {missing} without a document ({applied} of {records} records applied); \
+         first: {}",
+        wrong.len(),
+        produced.keys.len(),
+        wrong.iter().take(3).cloned().collect::<Vec<_>>().join("; ")
     );
     Ok(())
 }

@@ -210,11 +210,13 @@ async fn a_short_run_under_the_nemesis_finds_no_violation() {
 }
 
 /// Reads served without the gate while the projector applies behind the writes: a session
-/// soon reads a document that lacks its own write (or one it saw), and the judge says so.
+/// soon reads a document that lacks its own write (or one it saw), and the judge says so —
+/// within the run's five seconds, or the test fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn ungated_reads_are_caught_within_thirty_seconds() {
+async fn ungated_reads_are_caught_within_a_five_second_run() {
     let _turn = ONE_AT_A_TIME.lock().await;
-    let (options, gateway) = stack("check-ungated", 1, &[], Duration::from_secs(5)).await;
+    const RUN: Duration = Duration::from_secs(5);
+    let (options, gateway) = stack("check-ungated", 1, &[], RUN).await;
     eprintln!("serving reads without the gate at {}", gateway.address);
     serve_ungated_reads(true);
     let began = Instant::now();
@@ -224,7 +226,10 @@ async fn ungated_reads_are_caught_within_thirty_seconds() {
     told("ungated", &verdict, began.elapsed());
     gateway.stop().await;
 
-    let first = verdict.violations.first().unwrap_or_else(|| panic!("nothing caught: {}", verdict.summary()));
+    let first = verdict
+        .violations
+        .first()
+        .unwrap_or_else(|| panic!("nothing caught in a run of {RUN:?}: {}", verdict.summary()));
     let caught_at = history
         .iter()
         .find_map(|e| match e {
@@ -245,7 +250,7 @@ async fn ungated_reads_are_caught_within_thirty_seconds() {
         first.key,
         first.detail
     );
-    assert!(caught_at < 30_000, "caught only after {caught_at} ms");
+    // The run's length is the bound: a violation is caught within it or the test fails above.
     assert!(
         verdict.violations.iter().all(|v| v.kind != Kind::Inconsistent),
         "stale reads are session-guarantee violations, never inconsistent documents: {}",
