@@ -325,8 +325,9 @@ fn same_seed_same_trace() {
 const SABOTAGE_SEEDS: u64 = 100;
 
 /// Requires the oracle to catch `sabotage` — a violation of one of the `expected` kinds —
-/// on at least `floor` of the `SABOTAGE_SEEDS` seeds swept: a catch margin, measured and
-/// pinned below the measured rate (docs/verification.md). Prints the rate; with
+/// on at least `floor` of the `SABOTAGE_SEEDS` seeds swept: pinned at no less than 0.8 of
+/// the catches measured on seeds 0..100 (the simulator is deterministic: a floor far below
+/// its measure would let most of the catches go unnoticed; docs/verification.md). Prints the rate; with
 /// `SIM_VERBOSE=1` also which seeds caught it and what the oracle reported.
 fn must_catch(sabotage: Sabotage, scenario: &Scenario, floor: u64, expected: &[ViolationKind]) {
     let start = env_u64("SIM_SEED_START").unwrap_or(0);
@@ -403,7 +404,7 @@ fn sabotage_prune_drops_live_cause_is_caught() {
     must_catch(
         Sabotage::PruneDropsLiveCause,
         &Scenario::unread(),
-        3,
+        6,
         &[ViolationKind::CausalOrder, ViolationKind::MonotonicWrites, ViolationKind::WritesFollowReads],
     );
 }
@@ -443,19 +444,19 @@ fn sabotage_token_prunes_received_channels_is_caught() {
     must_catch(
         Sabotage::TokenPrunesReceivedChannels,
         &Scenario::retention(),
-        11,
+        13,
         &[ViolationKind::ReadYourWrites, ViolationKind::MonotonicReads, ViolationKind::StaleRead],
     );
 }
 
 #[test]
 fn sabotage_stale_log_start_is_caught() {
-    must_catch(Sabotage::StaleLogStart, &Scenario::retention(), 10, &[ViolationKind::MissedRefusal]);
+    must_catch(Sabotage::StaleLogStart, &Scenario::retention(), 16, &[ViolationKind::MissedRefusal]);
 }
 
 #[test]
 fn sabotage_read_position_ignored_is_caught() {
-    must_catch(Sabotage::ReadPositionIgnored, &Scenario::retention(), 14, &[ViolationKind::UnexpectedRefusal]);
+    must_catch(Sabotage::ReadPositionIgnored, &Scenario::retention(), 21, &[ViolationKind::UnexpectedRefusal]);
 }
 
 #[test]
@@ -471,7 +472,7 @@ fn sabotage_skip_receipt_merge_is_caught() {
     must_catch(
         Sabotage::SkipReceiptMerge,
         &Scenario::long(),
-        45,
+        52,
         &[ViolationKind::CausalOrder, ViolationKind::MonotonicWrites, ViolationKind::WritesFollowReads],
     );
 }
@@ -515,7 +516,7 @@ fn sabotage_deliver_past_dead_holds_is_caught() {
     must_catch(
         Sabotage::DeliverPastDeadHolds,
         &Scenario::retention(),
-        55,
+        62,
         &[ViolationKind::MissedRefusal, ViolationKind::CausalOrder],
     );
 }
@@ -529,7 +530,7 @@ fn monotonic_writes_check_fails_when_causes_are_ignored() {
 
 #[test]
 fn writes_follow_reads_check_fails_when_causes_are_ignored() {
-    must_catch(Sabotage::IgnoreCauses, &Scenario::soak(), 36, &[ViolationKind::WritesFollowReads]);
+    must_catch(Sabotage::IgnoreCauses, &Scenario::soak(), 40, &[ViolationKind::WritesFollowReads]);
 }
 
 #[test]
@@ -539,12 +540,12 @@ fn read_your_writes_check_fails_when_coverage_skips_unrecorded_channels() {
 
 #[test]
 fn monotonic_reads_check_fails_when_check_and_read_use_different_snapshots() {
-    must_catch(Sabotage::SplitSnapshot, &Scenario::soak(), 28, &[ViolationKind::MonotonicReads]);
+    must_catch(Sabotage::SplitSnapshot, &Scenario::soak(), 37, &[ViolationKind::MonotonicReads]);
 }
 
 #[test]
 fn stale_read_check_fails_when_check_and_read_use_different_snapshots() {
-    must_catch(Sabotage::SplitSnapshot, &Scenario::soak(), 22, &[ViolationKind::StaleRead]);
+    must_catch(Sabotage::SplitSnapshot, &Scenario::soak(), 33, &[ViolationKind::StaleRead]);
 }
 
 #[test]
@@ -609,11 +610,11 @@ fn sabotage_ignore_budget_is_caught() {
 
 // Floors of the sabotage modes of the newer scenarios, pinned below the rates measured in
 // docs/verification.md ("Sabotage").
-const IGNORE_REMOVED_FLOOR: u64 = 35;
+const IGNORE_REMOVED_FLOOR: u64 = 37;
 const IGNORE_RECREATION_FLOOR: u64 = 78;
 const IGNORE_SEED_FLOOR_FLOOR: u64 = 80;
-const ACCEPT_OUT_OF_ORDER_FLOOR: u64 = 45;
-const IGNORE_BUDGET_FLOOR: u64 = 45;
+const ACCEPT_OUT_OF_ORDER_FLOOR: u64 = 47;
+const IGNORE_BUDGET_FLOOR: u64 = 48;
 
 #[test]
 fn every_sabotage_mode_has_a_meta_test() {
