@@ -81,6 +81,10 @@ pub enum EngineSabotage {
     IgnoreSeedFloor,
     /// The metadata budget is ignored: any received value decodes, any frontier stamps.
     IgnoreBudget,
+    /// A refusal that names a received record counts that record as fed: the step that
+    /// persists the refusal persists `fed_up_to` past it, so a restart reads on after the
+    /// record and the refusal does not recur.
+    RefusedRecordCountedFed,
 }
 
 /// A received, undelivered record, with whatever the host keeps of it (`payload`).
@@ -1156,6 +1160,17 @@ impl<P: Clone> Engine<P> {
         if self.refusal.is_none() {
             self.refusal = Some(refusal.clone());
             self.pending.refusal = Some(refusal.clone());
+            #[cfg(feature = "sim")]
+            if self.sabotage == EngineSabotage::RefusedRecordCountedFed {
+                if let (Some(channel), Some(position)) = (refusal.channel, refusal.position) {
+                    if let Some(ch) = self.channels.get_mut(&channel) {
+                        if ch.fed_up_to.is_some_and(|f| f < position) {
+                            ch.fed_up_to = Some(position);
+                            self.pending.fed_up_to.insert(channel);
+                        }
+                    }
+                }
+            }
         }
         refusal
     }

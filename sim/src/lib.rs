@@ -298,10 +298,13 @@ pub enum Sabotage {
     IgnoreSeedFloor,
     /// Engine: the metadata budget is ignored on receipt and on stamping.
     IgnoreBudget,
+    /// Engine: a refusal naming a received record counts the record as fed, so the refusal
+    /// is persisted with `fed_up_to` past it and a restart does not meet it again.
+    RefusedRecordCountedFed,
 }
 
 impl Sabotage {
-    pub const ALL: [Sabotage; 24] = [
+    pub const ALL: [Sabotage; 25] = [
         Sabotage::IgnoreCauses,
         Sabotage::NoFifoHold,
         Sabotage::NoReplayDrop,
@@ -326,6 +329,7 @@ impl Sabotage {
         Sabotage::AcceptOutOfOrderFeed,
         Sabotage::IgnoreSeedFloor,
         Sabotage::IgnoreBudget,
+        Sabotage::RefusedRecordCountedFed,
     ];
 
     fn engine(self) -> EngineSabotage {
@@ -344,6 +348,7 @@ impl Sabotage {
             Sabotage::AcceptOutOfOrderFeed => EngineSabotage::AcceptOutOfOrderFeed,
             Sabotage::IgnoreSeedFloor => EngineSabotage::IgnoreSeedFloor,
             Sabotage::IgnoreBudget => EngineSabotage::IgnoreBudget,
+            Sabotage::RefusedRecordCountedFed => EngineSabotage::RefusedRecordCountedFed,
             _ => EngineSabotage::None,
         }
     }

@@ -608,6 +608,18 @@ fn sabotage_ignore_budget_is_caught() {
     must_catch(Sabotage::IgnoreBudget, &Scenario::budget(), IGNORE_BUDGET_FLOOR, &[ViolationKind::MissedRefusal]);
 }
 
+/// The refusal-recurrence check (`RefusalNotRecurring`, which no honest run fires) fails
+/// when the refused record is persisted as fed.
+#[test]
+fn sabotage_refused_record_counted_fed_is_caught() {
+    must_catch(
+        Sabotage::RefusedRecordCountedFed,
+        &Scenario::corrupt(),
+        REFUSED_RECORD_COUNTED_FED_FLOOR,
+        &[ViolationKind::RefusalNotRecurring],
+    );
+}
+
 // Floors of the sabotage modes of the newer scenarios, pinned below the rates measured in
 // docs/verification.md ("Sabotage").
 const IGNORE_REMOVED_FLOOR: u64 = 37;
@@ -615,6 +627,7 @@ const IGNORE_RECREATION_FLOOR: u64 = 78;
 const IGNORE_SEED_FLOOR_FLOOR: u64 = 80;
 const ACCEPT_OUT_OF_ORDER_FLOOR: u64 = 47;
 const IGNORE_BUDGET_FLOOR: u64 = 48;
+const REFUSED_RECORD_COUNTED_FED_FLOOR: u64 = 5;
 
 #[test]
 fn every_sabotage_mode_has_a_meta_test() {
