@@ -114,7 +114,8 @@ services-reset:
 	@bash scripts/services.sh reset
 
 # The session-guarantee checker for 60 s against the local stack with the nemesis on: it starts
-# 2 projector instances and 2 gateways on config/check.toml (database parsley_check), kills,
+# 2 projector instances and 2 gateways on config/check.toml (database parsley_check; half the
+# single reads through the SQL model check_q's named query), kills,
 # freezes and restarts them, terminates their database connections and restarts the broker,
 # and judges the history (docs/verification.md, "Session-guarantee checker").
 .PHONY: check
@@ -123,5 +124,5 @@ check:
 	  DATABASE_URL=$${DATABASE_URL:-postgres://parsley:parsley@127.0.0.1:5432/parsley} \
 	  PARSLEY_KAFKA_BOOTSTRAP=$${PARSLEY_KAFKA_BOOTSTRAP:-127.0.0.1:9092} \
 	  target/debug/parsley-check run --model check --replace-topic check.replace --merge-topic check.merge \
-	  --duration 60s --sessions 8 --spawn-projectors 2 --spawn-gateways 2 --config config/check.toml \
+	  --query check_q/document --duration 60s --sessions 8 --spawn-projectors 2 --spawn-gateways 2 --config config/check.toml \
 	  --nemesis all --nemesis-interval 4s --history target/check-history.jsonl

@@ -105,7 +105,10 @@ pub enum Event {
         start_ms: u64,
         end_ms: u64,
     },
-    /// A single-document read; `document` is present when `outcome` is `ok`.
+    /// A single-document read; `document` is present when `outcome` is `ok`. With `query`
+    /// (`<model>/<query>`), the read went through that named query of a SQL model applying
+    /// the same topics: its one row's `document` and `version` are the document (no row: no
+    /// document), judged exactly as a document read.
     Read {
         session: u64,
         seq: u64,
@@ -113,6 +116,8 @@ pub enum Event {
         outcome: Outcome,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         document: Option<Observed>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        query: Option<String>,
         gateway: usize,
         start_ms: u64,
         end_ms: u64,
@@ -193,6 +198,7 @@ mod tests {
                     document: Apply::Merge.value(WriteId::new(1, 2)),
                     version: 1,
                 }),
+                query: Some("check_q/document".into()),
                 gateway: 0,
                 start_ms: 6,
                 end_ms: 7,

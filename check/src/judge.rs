@@ -92,6 +92,8 @@ pub struct Verdict {
     pub faults: u64,
     /// Single-document reads (`200` or `404`) and pages (`200`) judged.
     pub judged_reads: u64,
+    /// Of the judged single-document reads, those through a named query.
+    pub judged_query_reads: u64,
     pub judged_collection_reads: u64,
     pub violations: Vec<Violation>,
 }
@@ -113,6 +115,7 @@ impl Verdict {
             "collection_reads": self.collection_reads, "unavailable": self.unavailable,
             "faults": self.faults, "violations": self.violations.len(),
             "failed": self.failed, "judged_reads": self.judged_reads,
+            "judged_query_reads": self.judged_query_reads,
             "judged_collection_reads": self.judged_collection_reads, "by_kind": by_kind,
         })
     }
@@ -175,9 +178,23 @@ struct Look<'a> {
     event: usize,
     session: u64,
     seq: u64,
+    /// The model whose apply order the document shows ([`source`]).
+    source: &'a str,
     key: &'a str,
     doc: Option<Doc>,
     collection: bool,
+}
+
+/// Which model's apply order an operation's documents show: the named query's
+/// (`<model>/<query>`) for a read through one, `""` (the documents model) otherwise. Two
+/// models applying the same topics each deliver causally, but may interleave concurrent
+/// writes differently, so apply indexes and version floors are facts of one model; the
+/// writes a reader must see are the same for every model.
+fn source(e: &Event) -> &str {
+    match e {
+        Event::Read { query: Some(q), .. } => q,
+        _ => "",
+    }
 }
 
 /// Judges `history`. A history that is not well formed (operations out of sequence, a
@@ -314,10 +331,11 @@ pub fn judge(history: &[Event]) -> Result<Verdict, String> {
     }
 
     // Facts about each key's apply order, from every document shown.
-    let mut exact: BTreeMap<WriteId, (i64, usize)> = BTreeMap::new();
-    let mut lower: BTreeMap<WriteId, i64> = BTreeMap::new();
-    // Version floors and writes per (session, key), by seq.
-    let mut floors: BTreeMap<(u64, &str), Vec<(u64, i64)>> = BTreeMap::new();
+    // Per model ([`source`]): each apply order is that model's.
+    let mut exact: BTreeMap<(&str, WriteId), (i64, usize)> = BTreeMap::new();
+    let mut lower: BTreeMap<(&str, WriteId), i64> = BTreeMap::new();
+    // Version floors per (model, session, key), by seq; writes per (session, key).
+    let mut floors: BTreeMap<(&str, u64, &str), Vec<(u64, i64)>> = BTreeMap::new();
     let mut own: BTreeMap<(u64, &str), Vec<u64>> = BTreeMap::new();
     // The first operation of each session that saw each write.
     let mut saw: BTreeMap<u64, BTreeMap<WriteId, u64>> = BTreeMap::new();
@@ -326,16 +344,17 @@ pub fn judge(history: &[Event]) -> Result<Verdict, String> {
         let Some((s, q)) = e.op() else { continue };
         match e {
             Event::Write { key, outcome: Outcome::Ok, .. } => own.entry((s, key.as_str())).or_default().push(q),
-            Event::Read { key, outcome: outcome @ (Outcome::Ok | Outcome::NotFound), document, .. } => {
+            Event::Read { key, outcome: outcome @ (Outcome::Ok | Outcome::NotFound), document, query, .. } => {
                 verdict.judged_reads += 1;
+                verdict.judged_query_reads += u64::from(query.is_some());
                 let doc = if *outcome == Outcome::Ok { document.as_ref().map(Doc::parse) } else { None };
-                looks.push(Look { event: i, session: s, seq: q, key, doc, collection: false });
+                looks.push(Look { event: i, session: s, seq: q, source: source(e), key, doc, collection: false });
             }
             Event::Page { outcome: Outcome::Ok, documents, after, next, .. } => {
                 verdict.judged_collection_reads += 1;
                 for k in keys.iter().filter(|k| k.as_str() > after.as_str() && next.as_ref().is_none_or(|n| *k <= n)) {
                     let doc = documents.iter().find(|d| &d.key == k).map(Doc::parse);
-                    looks.push(Look { event: i, session: s, seq: q, key: k, doc, collection: true });
+                    looks.push(Look { event: i, session: s, seq: q, source: "", key: k, doc, collection: true });
                 }
             }
             _ => {}
@@ -343,7 +362,7 @@ pub fn judge(history: &[Event]) -> Result<Verdict, String> {
         for d in seen(e) {
             let doc = Doc::parse(&d);
             let key = keys.get(&d.key).expect("seen documents are of the run's keys").as_str();
-            let list = floors.entry((s, key)).or_default();
+            let list = floors.entry((source(e), s, key)).or_default();
             let best = list.last().map_or(doc.version, |&(_, v)| v.max(doc.version));
             list.push((q, best));
             for w in doc.names() {
@@ -351,7 +370,7 @@ pub fn judge(history: &[Event]) -> Result<Verdict, String> {
             }
             if let Some(r) = doc.replace {
                 let at = doc.replace_index();
-                match exact.get(&r) {
+                match exact.get(&(source(e), r)) {
                     Some(&(known, first)) if known != at => verdict.violations.push(Violation {
                         kind: Kind::Inconsistent,
                         collection: matches!(e, Event::Page { .. }),
@@ -366,11 +385,11 @@ pub fn judge(history: &[Event]) -> Result<Verdict, String> {
                     }),
                     Some(_) => {}
                     None => {
-                        exact.insert(r, (at, i));
+                        exact.insert((source(e), r), (at, i));
                     }
                 }
                 for m in &doc.merges {
-                    let l = lower.entry(*m).or_insert(at + 1);
+                    let l = lower.entry((source(e), *m)).or_insert(at + 1);
                     *l = (*l).max(at + 1);
                 }
             }
@@ -415,7 +434,7 @@ pub fn judge(history: &[Event]) -> Result<Verdict, String> {
         // The highest version floor the reader knows.
         let mut floor: Option<(i64, u64, u64)> = None;
         for (&y, &upto) in clock {
-            if let Some(list) = floors.get(&(y, look.key)) {
+            if let Some(list) = floors.get(&(look.source, y, look.key)) {
                 let i = list.partition_point(|&(q, _)| q <= upto);
                 if i > 0 && floor.is_none_or(|(v, _, _)| list[i - 1].1 > v) {
                     let v = list[i - 1].1;
@@ -438,8 +457,8 @@ pub fn judge(history: &[Event]) -> Result<Verdict, String> {
                         Some(r) => {
                             let r_ok = writes.get(&r).is_some_and(|i| i.ok);
                             (r_ok && knows(past(w), r))
-                                || exact.get(&w).is_some_and(|&(at, _)| at > doc.replace_index())
-                                || lower.get(&w).is_some_and(|&at| at > doc.replace_index())
+                                || exact.get(&(look.source, w)).is_some_and(|&(at, _)| at > doc.replace_index())
+                                || lower.get(&(look.source, w)).is_some_and(|&at| at > doc.replace_index())
                         }
                     },
                 };
@@ -468,7 +487,11 @@ pub fn judge(history: &[Event]) -> Result<Verdict, String> {
                     detail: format!(
                         "{} of session {} returned {shown}: it lacks write {} ({}), which the session knows and \
                          which was applied after what the document shows",
-                        if look.collection { "a collection page" } else { "a read" },
+                        match &history[look.event] {
+                            Event::Read { query: Some(q), .. } => format!("a read through the named query {q}"),
+                            _ if look.collection => "a collection page".to_string(),
+                            _ => "a read".to_string(),
+                        },
                         look.session,
                         w.name(),
                         match history[writes[&w].event] {
@@ -593,6 +616,7 @@ mod tests {
                 key: key.into(),
                 outcome,
                 document,
+                query: None,
                 gateway: 0,
                 start_ms: 0,
                 end_ms: 0,
@@ -670,6 +694,46 @@ mod tests {
         h.write(1, "k", Apply::Replace);
         h.read(1, "k", None);
         assert_eq!(h.kinds(), [(Kind::ReadYourWrites, false)]);
+    }
+
+    #[test]
+    fn two_models_may_apply_concurrent_writes_in_different_orders() {
+        // Session 1's replace a and session 2's concurrent merge b: the documents model
+        // applied b then a (the replace overwrote it), the query's model a then b.
+        let mut h = H::default();
+        let a = h.write(1, "k", Apply::Replace);
+        let b = h.write(2, "k", Apply::Merge);
+        h.read(3, "k", Some((Some(a), &[], 2)));
+        h.read(3, "k", Some((Some(a), &[b], 2)));
+        if let Some(Event::Read { query, .. }) = h.events.last_mut() {
+            *query = Some("check_q/document".into());
+        }
+        assert_eq!(h.kinds(), [], "each model's apply order is its own");
+        // Within one model, the same two documents are two apply orders.
+        let mut h = H::default();
+        let a = h.write(1, "k", Apply::Replace);
+        let b = h.write(2, "k", Apply::Merge);
+        h.read(3, "k", Some((Some(a), &[], 2)));
+        h.read(3, "k", Some((Some(a), &[b], 2)));
+        assert_eq!(h.kinds(), [(Kind::Inconsistent, false)]);
+    }
+
+    #[test]
+    fn a_named_query_s_answer_is_judged_as_a_document_read() {
+        let mut h = H::default();
+        let a = h.write(1, "k", Apply::Replace);
+        h.read(1, "k", Some((Some(a), &[], 1)));
+        h.write(1, "k", Apply::Merge);
+        h.read(1, "k", Some((Some(a), &[], 1)));
+        if let Some(Event::Read { query, .. }) = h.events.last_mut() {
+            *query = Some("check_q/document".into());
+        }
+        let verdict = judge(&h.events).unwrap();
+        assert_eq!((verdict.judged_reads, verdict.judged_query_reads), (2, 1));
+        let v = &verdict.violations[..];
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert_eq!(v[0].kind, Kind::ReadYourWrites);
+        assert!(v[0].detail.contains("named query check_q/document"), "{}", v[0].detail);
     }
 
     #[test]
@@ -789,6 +853,7 @@ mod tests {
             key: "k".into(),
             outcome: Outcome::Unavailable,
             document: None,
+            query: None,
             gateway: 0,
             start_ms: 0,
             end_ms: 0,

@@ -23,6 +23,11 @@ fn command() -> Command {
                 .about("run a session workload through the gateways and judge its history")
                 .arg(value("gateway", "a gateway's base URL, http://host:port (repeatable)").action(ArgAction::Append))
                 .arg(value("model", "the model to read").required(true))
+                .arg(value(
+                    "query",
+                    "MODEL/QUERY: half the single-key reads through this named query of a SQL model applying \
+                     the same topics (parameter `key`; one row with `document` and `version`)",
+                ))
                 .arg(value("replace-topic", "a topic the model applies with replace").required(true))
                 .arg(value("merge-topic", "a topic the model applies with merge").required(true))
                 .arg(value("duration", "how long to run: 30s, 2m, 500ms").default_value("30s"))
@@ -129,6 +134,13 @@ fn options(m: &ArgMatches) -> anyhow::Result<Options> {
             Some(seed) => seed,
             None => SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64,
         },
+        query: m
+            .get_one::<String>("query")
+            .map(|q| {
+                parsley_check::workload::QueryTarget::parse(q)
+                    .with_context(|| format!("--query {q:?}: expected MODEL/QUERY"))
+            })
+            .transpose()?,
     })
 }
 

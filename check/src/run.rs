@@ -62,6 +62,8 @@ pub struct Options {
     pub spawn: Option<Spawn>,
     pub repo: PathBuf,
     pub seed: u64,
+    /// Half the single-key reads through this named query (`--query MODEL/QUERY`).
+    pub query: Option<workload::QueryTarget>,
 }
 
 /// Runs the workload and judges it; returns the verdict and the history.
@@ -166,6 +168,7 @@ pub async fn run(options: Options) -> anyhow::Result<(Verdict, Vec<Event>)> {
         run: run_id.clone(),
         keys,
         write_percent: options.write_percent,
+        query: options.query.clone(),
     });
     eprintln!(
         "[check] run {run_id}: {} session(s) on {} gateway(s) for {:?}, nemesis: {}",

@@ -86,6 +86,32 @@ pub struct Target {
     /// Of every 100 operations, how many are writes; of the rest, 8 in 11 read one key and
     /// 3 in 11 a page.
     pub write_percent: u64,
+    /// A named query that answers a key's document (see [`QueryTarget`]): with it, half the
+    /// single-key reads go through it.
+    pub query: Option<QueryTarget>,
+}
+
+/// A named query of a SQL model that applies the same topics as the document model (replace
+/// and merge alike), taking the key as its parameter `key` and answering at most one row
+/// with the columns `document` (the document as the documents model would hold it) and
+/// `version` (the records applied to it). `config/check.toml`'s `check_q/document` is one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueryTarget {
+    pub model: String,
+    pub name: String,
+}
+
+impl QueryTarget {
+    /// `<model>/<query>`.
+    pub fn parse(text: &str) -> Option<QueryTarget> {
+        let (model, name) = text.split_once('/')?;
+        (!model.is_empty() && !name.is_empty() && !name.contains('/'))
+            .then(|| QueryTarget { model: model.to_string(), name: name.to_string() })
+    }
+
+    pub fn label(&self) -> String {
+        format!("{}/{}", self.model, self.name)
+    }
 }
 
 /// The run's hot keys, `<run>-kNN`: at least `wanted`, and enough that every partition of
@@ -235,6 +261,9 @@ async fn step(target: &Target, recorder: &Recorder, slot: &mut Slot, rng: &mut R
         outcome
     } else if dice < writes + (100 - writes) * 8 / 11 {
         let key = target.keys[rng.below(target.keys.len() as u64) as usize].clone();
+        if let Some(query) = target.query.as_ref().filter(|_| rng.below(2) == 0) {
+            return query_read(target, recorder, slot, query, key, gateway, start_ms).await;
+        }
         let answer = client.get(&format!("/v1/models/{}/documents/{key}", target.model), &headers).await;
         let mut outcome = outcome(&answer, 200);
         let mut document = None;
@@ -264,6 +293,7 @@ async fn step(target: &Target, recorder: &Recorder, slot: &mut Slot, rng: &mut R
             key,
             outcome,
             document,
+            query: None,
             gateway,
             start_ms,
             end_ms: recorder.now_ms(),
@@ -312,6 +342,67 @@ async fn step(target: &Target, recorder: &Recorder, slot: &mut Slot, rng: &mut R
     }
 }
 
+/// A single-key read through the named query `query`: its one row is the document, no row
+/// is no document (the answer is gated like a document read: coverage proven either way).
+async fn query_read(
+    target: &Target,
+    recorder: &Recorder,
+    slot: &mut Slot,
+    query: &QueryTarget,
+    key: String,
+    gateway: usize,
+    start_ms: u64,
+) -> Outcome {
+    let (session, seq) = (slot.session, slot.seq);
+    let client = &target.gateways[gateway];
+    let token = slot.token.clone();
+    let headers: Vec<(&str, &str)> = token.as_deref().map(|t| vec![(SESSION_HEADER, t)]).unwrap_or_default();
+    let answer = client.get(&format!("/v1/models/{}/queries/{}?key={key}", query.model, query.name), &headers).await;
+    let mut outcome = outcome(&answer, 200);
+    let mut document = None;
+    if let Some(r) = answer.as_ref().ok().filter(|_| outcome == Outcome::Ok) {
+        let rows = r.json().ok().and_then(|v| v.get("rows")?.as_array().cloned());
+        match rows.as_deref() {
+            Some([]) => outcome = Outcome::NotFound,
+            Some([row]) => {
+                document = (|| {
+                    Some(Observed {
+                        key: key.clone(),
+                        document: row.get("document")?.clone(),
+                        version: row.get("version")?.as_i64()?,
+                    })
+                })();
+                if document.is_none() {
+                    outcome = Outcome::Failed;
+                }
+            }
+            _ => outcome = Outcome::Failed,
+        }
+        if outcome == Outcome::Failed {
+            eprintln!(
+                "[check] {} answered what is not one document: {}",
+                query.label(),
+                String::from_utf8_lossy(&r.body)
+            );
+        }
+    }
+    if matches!(outcome, Outcome::Ok | Outcome::NotFound) {
+        adopt(slot, &answer);
+    }
+    recorder.record(Event::Read {
+        session,
+        seq,
+        key,
+        outcome,
+        document,
+        query: Some(query.label()),
+        gateway,
+        start_ms,
+        end_ms: recorder.now_ms(),
+    });
+    outcome
+}
+
 /// `expected`: ok; a 503: unavailable; anything else (no answer included): failed.
 fn outcome(answer: &anyhow::Result<Response>, expected: u16) -> Outcome {
     match answer {
@@ -350,5 +441,14 @@ mod tests {
             assert!(keys.iter().all(|k| k.starts_with("chk1-k")), "{keys:?}");
         }
         assert_eq!(keys_covering("chk1", 3, &[]), ["chk1-k00", "chk1-k01", "chk1-k02"]);
+    }
+
+    #[test]
+    fn a_query_is_named_model_slash_query() {
+        let q = QueryTarget::parse("check_q/document").unwrap();
+        assert_eq!((q.model.as_str(), q.name.as_str(), q.label()), ("check_q", "document", "check_q/document".into()));
+        for bad in ["check_q", "/document", "check_q/", "a/b/c", ""] {
+            assert_eq!(QueryTarget::parse(bad), None, "{bad:?}");
+        }
     }
 }

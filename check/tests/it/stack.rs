@@ -21,6 +21,7 @@ use parsley_check::history::Event;
 use parsley_check::judge::{Kind, Verdict};
 use parsley_check::nemesis::Fault;
 use parsley_check::run::{self, Options, Spawn};
+use parsley_check::workload::QueryTarget;
 use parsley_gateway::gated::ungated::{serve_kept_snapshots_unchecked, serve_ungated_reads};
 use parsley_gateway::token::{KeyRing, SecretKey};
 use parsley_gateway::{Gateway, GatewayConfig};
@@ -49,8 +50,10 @@ fn bin_dir() -> PathBuf {
     dir.to_path_buf()
 }
 
-/// A model of its own (a replace and a merge topic of 4 partitions), as config/check.toml
-/// has it but for the names; the gateway's listener is chosen by the system.
+/// A model of its own (a replace and a merge topic of 4 partitions) and its SQL twin with the
+/// named query `document` (`<model>-q`, over the table `check_q.documents` every run shares;
+/// the keys are the run's own), as config/check.toml has them but for the names; the
+/// gateway's listener is chosen by the system.
 fn config_text(model: &str, replace: &str, merge: &str, gateway: &str) -> String {
     format!(
         r#"
@@ -79,6 +82,35 @@ topics = [
   {{ name = "{merge}", apply = "merge" }},
 ]
 
+[[models]]
+name = "{model}-q"
+projection = "sql"
+migrations = "{migrations}"
+initial_position = "earliest"
+max_step_records = 500
+max_step_ms = 50
+step_linger_ms = 5
+
+[[models.topics]]
+name = "{replace}"
+statements = ["""
+INSERT INTO check_q.documents (key, doc, version) VALUES (:key, :value, 1)
+ON CONFLICT (key) DO UPDATE SET doc = EXCLUDED.doc, version = check_q.documents.version + 1
+"""]
+
+[[models.topics]]
+name = "{merge}"
+statements = ["""
+INSERT INTO check_q.documents (key, doc, version) VALUES (:key, :value, 1)
+ON CONFLICT (key) DO UPDATE SET doc = check_q.documents.doc || EXCLUDED.doc, version = check_q.documents.version + 1
+"""]
+
+[[models.queries]]
+name = "document"
+sql = "SELECT doc AS document, version FROM check_q.documents WHERE key = :key"
+params = {{ key = "text" }}
+key = "key"
+
 [gateway]
 access = "open"
 listen = "127.0.0.1:0"
@@ -89,6 +121,7 @@ retry_after_s = 1
 {gateway}
 "#,
         bootstrap = bootstrap(),
+        migrations = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/check-query").display(),
     )
 }
 
@@ -155,6 +188,7 @@ async fn stack_with(
         spawn: Some(spawn.clone()),
         repo: std::env::current_dir().unwrap(),
         seed: 7,
+        query: Some(QueryTarget { model: format!("{model}-q"), name: "document".into() }),
     };
     // The gateway needs the database and its schema before it serves; the checker prepares
     // both again (it finds them there) when it starts the projectors.
@@ -193,9 +227,13 @@ async fn a_short_run_under_the_nemesis_finds_no_violation() {
 
     for v in verdict.violations.iter().take(5) {
         eprintln!("{} session {} op {} key {}: {}", v.kind.name(), v.session, v.seq, v.key, v.detail);
+        for e in &v.excerpt {
+            eprintln!("    {}", serde_json::to_string(e).unwrap());
+        }
     }
     assert!(verdict.violations.is_empty(), "{}", verdict.summary());
     assert!(verdict.judged_reads > 0 && verdict.judged_collection_reads > 0, "{}", verdict.summary());
+    assert!(verdict.judged_query_reads > 0, "reads through the named query were judged: {}", verdict.summary());
     assert!(verdict.passed());
     let faults: Vec<&str> = history
         .iter()
@@ -251,6 +289,17 @@ async fn ungated_reads_are_caught_within_a_five_second_run() {
         first.detail
     );
     // The run's length is the bound: a violation is caught within it or the test fails above.
+    // The named query's answers are judged too: ungated, some of them are caught.
+    let through_query = |v: &parsley_check::judge::Violation| {
+        v.excerpt.iter().any(
+            |e| matches!(e, Event::Read { session, seq, query: Some(_), .. } if (*session, *seq) == (v.session, v.seq)),
+        )
+    };
+    assert!(
+        verdict.violations.iter().any(through_query),
+        "no violation caught through the named query: {}",
+        verdict.summary()
+    );
     assert!(
         verdict.violations.iter().all(|v| v.kind != Kind::Inconsistent),
         "stale reads are session-guarantee violations, never inconsistent documents: {}",
