@@ -185,6 +185,9 @@ struct Look<'a> {
     collection: bool,
 }
 
+/// A version floor's place: (model, session, key).
+type FloorKey<'a> = (&'a str, u64, &'a str);
+
 /// Which model's apply order an operation's documents show: the named query's
 /// (`<model>/<query>`) for a read through one, `""` (the documents model) otherwise. Two
 /// models applying the same topics each deliver causally, but may interleave concurrent
@@ -335,7 +338,7 @@ pub fn judge(history: &[Event]) -> Result<Verdict, String> {
     let mut exact: BTreeMap<(&str, WriteId), (i64, usize)> = BTreeMap::new();
     let mut lower: BTreeMap<(&str, WriteId), i64> = BTreeMap::new();
     // Version floors per (model, session, key), by seq; writes per (session, key).
-    let mut floors: BTreeMap<(&str, u64, &str), Vec<(u64, i64)>> = BTreeMap::new();
+    let mut floors: BTreeMap<FloorKey<'_>, Vec<(u64, i64)>> = BTreeMap::new();
     let mut own: BTreeMap<(u64, &str), Vec<u64>> = BTreeMap::new();
     // The first operation of each session that saw each write.
     let mut saw: BTreeMap<u64, BTreeMap<WriteId, u64>> = BTreeMap::new();
