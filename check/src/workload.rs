@@ -284,21 +284,8 @@ async fn step(target: &Target, recorder: &Recorder, slot: &mut Slot, rng: &mut R
                 }
             }
         }
-        if matches!(outcome, Outcome::Ok | Outcome::NotFound) {
-            adopt(slot, &answer);
-        }
-        recorder.record(Event::Read {
-            session,
-            seq,
-            key,
-            outcome,
-            document,
-            query: None,
-            gateway,
-            start_ms,
-            end_ms: recorder.now_ms(),
-        });
-        outcome
+        let read = ReadDone { key, outcome, document, query: None };
+        finish_read(recorder, slot, &answer, read, gateway, start_ms)
     } else {
         let after = format!("{}-", target.run);
         let limit = target.keys.len() as u32;
@@ -353,7 +340,6 @@ async fn query_read(
     gateway: usize,
     start_ms: u64,
 ) -> Outcome {
-    let (session, seq) = (slot.session, slot.seq);
     let client = &target.gateways[gateway];
     let token = slot.token.clone();
     let headers: Vec<(&str, &str)> = token.as_deref().map(|t| vec![(SESSION_HEADER, t)]).unwrap_or_default();
@@ -386,21 +372,42 @@ async fn query_read(
             );
         }
     }
-    if matches!(outcome, Outcome::Ok | Outcome::NotFound) {
-        adopt(slot, &answer);
+    let read = ReadDone { key, outcome, document, query: Some(query.label()) };
+    finish_read(recorder, slot, &answer, read, gateway, start_ms)
+}
+
+/// What a single-key read found.
+struct ReadDone {
+    key: String,
+    outcome: Outcome,
+    document: Option<Observed>,
+    query: Option<String>,
+}
+
+/// Records a single-key read (the session goes on with its token if it was answered).
+fn finish_read(
+    recorder: &Recorder,
+    slot: &mut Slot,
+    answer: &anyhow::Result<Response>,
+    read: ReadDone,
+    gateway: usize,
+    start_ms: u64,
+) -> Outcome {
+    if matches!(read.outcome, Outcome::Ok | Outcome::NotFound) {
+        adopt(slot, answer);
     }
     recorder.record(Event::Read {
-        session,
-        seq,
-        key,
-        outcome,
-        document,
-        query: Some(query.label()),
+        session: slot.session,
+        seq: slot.seq,
+        key: read.key,
+        outcome: read.outcome,
+        document: read.document,
+        query: read.query,
         gateway,
         start_ms,
         end_ms: recorder.now_ms(),
     });
-    outcome
+    read.outcome
 }
 
 /// `expected`: ok; a 503: unavailable; anything else (no answer included): failed.
