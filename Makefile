@@ -71,6 +71,13 @@ client-test:
 # latency under load at 1, 16 and 64 connections (reads, pages of 100, writes) against the
 # plain handler and a bare produce. Each takes about a minute with its defaults; the
 # environment variables documented there make them longer.
+# What announcing every change costs (docs/gateway.md, "Kept snapshots"): the clock
+# trigger a step fires, and the listener's barrier statement, with pgbench on a scratch
+# database (ROUNDS=<n>, default 3).
+.PHONY: bench-announce
+bench-announce:
+	@ROUNDS=$(or $(ROUNDS),3) bash scripts/bench-announce.sh
+
 .PHONY: bench-gateway
 bench-gateway:
 	@bash scripts/services.sh up && \
