@@ -215,12 +215,13 @@ pub async fn listen(
         };
         // The backend this LISTEN is on: a barrier answered by another one means the
         // connection was replaced underneath.
-        let mut backend_pid = tokio::select! {
+        // And the announcing triggers' fingerprint: another one means a trigger was touched.
+        let (mut backend_pid, mut triggers) = tokio::select! {
             _ = shutdown.wait_for(|stop| *stop) => return,
             first = barrier(&mut listener) => match first {
                 Ok(first) => {
                     announce(&notifier, &first.unannounced);
-                    first.backend_pid
+                    (first.backend_pid, first.triggers)
                 }
                 Err(e) => {
                     tracing::warn!(error = %format!("{e:#}"), "clock listener failed after LISTEN; reconnecting");
@@ -254,6 +255,10 @@ pub async fn listen(
                                 replaced(&notifier, &metrics, backend_pid, answer.backend_pid);
                                 backend_pid = answer.backend_pid;
                             }
+                            if answer.triggers != triggers {
+                                touched(&notifier);
+                                triggers = answer.triggers;
+                            }
                             announce(&notifier, &answer.unannounced);
                             // Published after a replacement woke everyone, so no read served
                             // past this barrier trusts what the lost connection would have said.
@@ -277,7 +282,7 @@ pub async fn listen(
                     notifier.set_listening(true);
                     match barrier(&mut listener).await {
                         Ok(answer) => {
-                            backend_pid = answer.backend_pid;
+                            (backend_pid, triggers) = (answer.backend_pid, answer.triggers);
                             announce(&notifier, &answer.unannounced);
                         }
                         Err(e) => {
@@ -310,6 +315,17 @@ fn replaced(notifier: &ClockNotifier, metrics: &Metrics, was: i32, now: i32) {
     metrics.add(Metric::ListenerReconnectsTotal, &[], 1.0);
     tracing::warn!(was, now, "clock listener's connection was replaced; re-checking every waiting read");
     notifier.set_listening(true);
+}
+
+/// An announcing trigger was disabled, enabled, dropped or made since the last barrier (its
+/// catalog row changed): a change made meanwhile may have gone unannounced, even if every
+/// trigger is back now, so every model is woken (nothing kept before is served).
+fn touched(notifier: &ClockNotifier) {
+    tracing::warn!(
+        "an announcing trigger was changed since the last barrier (disabled, enabled, dropped or created): \
+         re-checking every waiting read, nothing kept before is served"
+    );
+    notifier.wake_all();
 }
 
 /// Records whether every change is announced, from a barrier's list of the announcing

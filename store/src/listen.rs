@@ -31,6 +31,12 @@ pub struct Barrier {
     /// The [`ANNOUNCING_TRIGGERS`] that are missing or do not fire `ALWAYS` (`table.trigger`),
     /// in the list's order: while any is, a change may go unannounced.
     pub unannounced: Vec<String>,
+    /// The announcing triggers' catalog rows as they are (`oid@xmin` of each, in oid order):
+    /// every `DISABLE`, `ENABLE`, `DROP` or `CREATE` of one writes a new row version, so a
+    /// fingerprint other than the previous barrier's says a trigger was touched in between
+    /// — perhaps switched off, a change made unannounced and switched on again, which the
+    /// `unannounced` list of either barrier cannot see.
+    pub triggers: String,
 }
 
 /// Runs one statement on the listener's own connection: the backend's pid, and which
@@ -44,8 +50,11 @@ pub struct Barrier {
 /// `LISTEN` is never heard: a pid other than the one seen after `LISTEN` says that happened.
 pub async fn barrier(listener: &mut PgListener) -> Result<Barrier, StoreError> {
     let (tables, triggers): (Vec<&str>, Vec<&str>) = ANNOUNCING_TRIGGERS.iter().copied().unzip();
-    let (backend_pid, unannounced): (i32, Vec<String>) = sqlx::query_as(
-        "SELECT pg_backend_pid(), coalesce(array_agg(t.tbl || '.' || t.name ORDER BY t.n), '{}') \
+    let (backend_pid, unannounced, triggers): (i32, Vec<String>, String) = sqlx::query_as(
+        "SELECT pg_backend_pid(), coalesce(array_agg(t.tbl || '.' || t.name ORDER BY t.n), '{}'), \
+                (SELECT coalesce(string_agg(g.oid::text || '@' || g.xmin::text, ',' ORDER BY g.oid), '') \
+                 FROM pg_trigger g JOIN unnest($1::text[], $2::text[]) AS a(tbl, name) \
+                   ON g.tgrelid = to_regclass(a.tbl) AND g.tgname = a.name) \
          FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS t(tbl, name, n) \
          WHERE NOT EXISTS (SELECT 1 FROM pg_trigger g \
                            WHERE g.tgrelid = to_regclass(t.tbl) AND g.tgname = t.name AND g.tgenabled = 'A')",
@@ -55,5 +64,5 @@ pub async fn barrier(listener: &mut PgListener) -> Result<Barrier, StoreError> {
     .fetch_one(listener)
     .await
     .map_err(|e| StoreError::sqlx("the barrier on the clock listener's connection", e))?;
-    Ok(Barrier { backend_pid, unannounced })
+    Ok(Barrier { backend_pid, unannounced, triggers })
 }

@@ -66,6 +66,17 @@ async fn edits_outside_a_step_are_announced_and_a_trigger_not_always_is_named() 
         assert_eq!(barrier(&mut listener).await.unwrap().unannounced, expected, "after {statement}");
     }
 
+    // Switched off and on again between two barriers, ending as it was: the list cannot tell,
+    // the triggers' fingerprint does.
+    let before = barrier(&mut listener).await.unwrap();
+    assert_eq!(barrier(&mut listener).await.unwrap().triggers, before.triggers, "nothing touched, same fingerprint");
+    conn.execute("ALTER TABLE parsley.clock DISABLE TRIGGER clock_truncated").await.unwrap();
+    conn.execute("TRUNCATE parsley.clock").await.unwrap();
+    conn.execute("ALTER TABLE parsley.clock ENABLE ALWAYS TRIGGER clock_truncated").await.unwrap();
+    let after = barrier(&mut listener).await.unwrap();
+    assert_eq!(after.unannounced, before.unannounced, "the same triggers missing as before");
+    assert_ne!(after.triggers, before.triggers, "a trigger touched in between is seen");
+
     drop(conn);
     drop(listener);
     pool.close().await;

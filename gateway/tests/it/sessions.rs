@@ -553,6 +553,26 @@ async fn a_kept_snapshot_serves_the_sessions_it_covers_until_its_owner_steps() {
     heard(&s, before).await;
     let r = s.read("k", Some(&mine.token())).await;
     assert_eq!(r.json["document"], json!({"v": "by hand"}), "a kept snapshot outlived an edit: {}", r.json);
+
+    // An edit made with the announcing trigger switched off and on again around it (one
+    // transaction: nothing is announced, and the trigger is back as it was): the barrier sees
+    // the trigger's catalog row changed, and the very next read sees the edit.
+    let kept = settled_on_a_kept_snapshot(&s, &model, || s.read("k", Some(&mine_token))).await;
+    assert_eq!(kept.json["document"], json!({"v": "by hand"}), "kept before the edit: {}", kept.json);
+    let mut tx = s.pool.begin().await.unwrap();
+    sqlx::query("ALTER TABLE projection.documents DISABLE TRIGGER documents_edited").execute(&mut *tx).await.unwrap();
+    sqlx::query("UPDATE projection.documents SET doc = '{\"v\": \"unannounced\"}' WHERE model = $1 AND key = 'k'")
+        .bind(&model)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query("ALTER TABLE projection.documents ENABLE ALWAYS TRIGGER documents_edited")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let r = s.read("k", Some(&mine.token())).await;
+    assert_eq!(r.json["document"], json!({"v": "unannounced"}), "a kept snapshot outlived a silent edit: {}", r.json);
 }
 
 /// The topic identity `topic` is recorded with for the stack's model.
