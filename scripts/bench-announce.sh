@@ -6,7 +6,8 @@
 #   20 clock upserts per transaction (a step's `parsley.step` mark set, so nothing is
 #   notified), with the trigger on and off in alternating rounds;
 # - the listener's barrier: `pg_backend_pid()` alone against the barrier as it runs
-#   (`store::listen::barrier`: the pid and the announcing triggers that are not `ALWAYS`).
+#   (`store::listen::barrier`: the pid, the announcing triggers that are not `ALWAYS`, and
+#   their catalog rows' versions).
 #
 # Prints the average latency of each, per round (ROUNDS, default 3; RUN_SECONDS per run,
 # default 8). The database is dropped at the end.
@@ -45,7 +46,7 @@ psql "${conn[@]}" -d "$DB" -qc "INSERT INTO parsley.models (model, task_count, f
 echo 'SELECT pg_backend_pid();' >"$work/pid.sql"
 tables="projection.documents,projection.documents,parsley.models,parsley.models,parsley.models,parsley.models,parsley.topics,parsley.topics,parsley.clock,parsley.clock"
 triggers="documents_edited,documents_truncated,models_recorded_or_removed,models_reshaped,models_shape_changed,models_truncated,topics_recorded,topics_changed,clock_edited,clock_truncated"
-echo "SELECT pg_backend_pid(), coalesce(array_agg(t.tbl || '.' || t.name ORDER BY t.n), '{}') FROM unnest('{$tables}'::text[], '{$triggers}'::text[]) WITH ORDINALITY AS t(tbl, name, n) WHERE NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = to_regclass(t.tbl) AND g.tgname = t.name AND g.tgenabled = 'A');" >"$work/barrier.sql"
+echo "SELECT pg_backend_pid(), coalesce(array_agg(t.tbl || '.' || t.name ORDER BY t.n), '{}'), (SELECT coalesce(string_agg(g.oid::text || '@' || g.xmin::text, ',' ORDER BY g.oid), '') FROM pg_trigger g JOIN unnest('{$tables}'::text[], '{$triggers}'::text[]) AS a(tbl, name) ON g.tgrelid = to_regclass(a.tbl) AND g.tgname = a.name) FROM unnest('{$tables}'::text[], '{$triggers}'::text[]) WITH ORDINALITY AS t(tbl, name, n) WHERE NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = to_regclass(t.tbl) AND g.tgname = t.name AND g.tgenabled = 'A');" >"$work/barrier.sql"
 
 latency() { pgbench "${conn[@]}" -n -M prepared -c 1 -T "$SECONDS_PER_RUN" -f "$1" "$DB" | awk '/latency average/ { print $4 }'; }
 for round in $(seq 1 "$ROUNDS"); do
