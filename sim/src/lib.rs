@@ -301,10 +301,14 @@ pub enum Sabotage {
     /// Engine: a refusal naming a received record counts the record as fed, so the refusal
     /// is persisted with `fed_up_to` past it and a restart does not meet it again.
     RefusedRecordCountedFed,
+    /// Host (an upstream process): its steps do not persist the frontier, so a restarted
+    /// sender restores a frontier behind what it knew and stamps its next sends with less
+    /// than their causes.
+    FrontierNotPersisted,
 }
 
 impl Sabotage {
-    pub const ALL: [Sabotage; 25] = [
+    pub const ALL: [Sabotage; 26] = [
         Sabotage::IgnoreCauses,
         Sabotage::NoFifoHold,
         Sabotage::NoReplayDrop,
@@ -330,6 +334,7 @@ impl Sabotage {
         Sabotage::IgnoreSeedFloor,
         Sabotage::IgnoreBudget,
         Sabotage::RefusedRecordCountedFed,
+        Sabotage::FrontierNotPersisted,
     ];
 
     fn engine(self) -> EngineSabotage {

@@ -620,6 +620,18 @@ fn sabotage_refused_record_counted_fed_is_caught() {
     );
 }
 
+/// A sender's restore: an upstream process whose steps never persist the frontier restores
+/// one behind what it knew, and its next sends under-express their causes.
+#[test]
+fn sabotage_frontier_not_persisted_is_caught() {
+    must_catch(
+        Sabotage::FrontierNotPersisted,
+        &Scenario::crashes(),
+        FRONTIER_NOT_PERSISTED_FLOOR,
+        &[ViolationKind::CausalOrder, ViolationKind::MonotonicWrites, ViolationKind::WritesFollowReads],
+    );
+}
+
 // Floors of the sabotage modes of the newer scenarios, pinned below the rates measured in
 // docs/verification.md ("Sabotage").
 const IGNORE_REMOVED_FLOOR: u64 = 37;
@@ -628,6 +640,7 @@ const IGNORE_SEED_FLOOR_FLOOR: u64 = 80;
 const ACCEPT_OUT_OF_ORDER_FLOOR: u64 = 47;
 const IGNORE_BUDGET_FLOOR: u64 = 48;
 const REFUSED_RECORD_COUNTED_FED_FLOOR: u64 = 5;
+const FRONTIER_NOT_PERSISTED_FLOOR: u64 = 77;
 
 #[test]
 fn every_sabotage_mode_has_a_meta_test() {

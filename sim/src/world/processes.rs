@@ -146,9 +146,14 @@ impl World {
     /// Commits what each process's engine changed in the action just performed to its
     /// durable rows, as a host commits its ordering state with the step that changed it.
     pub(super) fn persist_processes(&mut self) {
+        let forget_frontier = self.sabotage == Sabotage::FrontierNotPersisted;
         for proc in &mut self.processes {
-            let changes = proc.engine.take_changes();
+            let mut changes = proc.engine.take_changes();
             if !changes.is_empty() {
+                if forget_frontier {
+                    changes.frontier_upserts.clear();
+                    changes.frontier_removed.clear();
+                }
                 proc.rows.commit(changes, &[], true);
             }
         }
