@@ -89,6 +89,12 @@ pub struct Scenario {
     /// budget are refused `METADATA_BUDGET_EXCEEDED`: on receipt by tasks and processes,
     /// and on a process's stamp.
     pub small_budgets: bool,
+    /// Several projector instances share the tasks through leases: an owner freezes (its
+    /// lease runs out, and it may wake later with a step's commit still in flight), another
+    /// instance takes the task at a new epoch, and the old owner's late commit must be
+    /// fenced; commits fail transiently, lose their answers (the outcome unknown to the
+    /// host), and the projection rejects a record now and then (`PROJECTION_REJECTED`).
+    pub ha: bool,
 }
 
 impl Scenario {
@@ -119,6 +125,7 @@ impl Scenario {
             scope_changes: false,
             out_of_order_feeds: false,
             small_budgets: false,
+            ha: false,
         }
     }
 
@@ -206,6 +213,12 @@ impl Scenario {
         Scenario { name: "budget", small_budgets: true, recreate_weight: 0, work_steps: 700, ..Scenario::soak() }
     }
 
+    /// High availability: leases, takeovers, zombies with late commits, failing and
+    /// rejected steps (see [`Scenario::ha`] the field).
+    pub fn ha() -> Scenario {
+        Scenario { name: "ha", ha: true, crash_weight: 1, work_steps: 800, ..Scenario::soak() }
+    }
+
     /// A known limit, not a default sweep: a process that receives both an upstream
     /// channel and a topic session clients write to. A client that read an effect of an
     /// upstream record `u` learns `u`, but the refreshed token carries `u`'s channel only
@@ -228,6 +241,7 @@ impl Scenario {
             Scenario::scopes(),
             Scenario::hostile_host(),
             Scenario::budget(),
+            Scenario::ha(),
         ]
     }
 }
@@ -305,10 +319,21 @@ pub enum Sabotage {
     /// sender restores a frontier behind what it knew and stamps its next sends with less
     /// than their causes.
     FrontierNotPersisted,
+    /// Host (the step transaction): the epoch is checked when the step is sent, not under
+    /// the task's row lock when it commits, so a commit in flight while its owner froze
+    /// and another instance took the task is applied over the new owner's work.
+    EpochCheckedBeforeLock,
+    /// Host (the step transaction): a step commits in two transactions, the projection's
+    /// rows first and the ordering state (held records, `fed_up_to`, frontier, clock)
+    /// second, so a crash between them leaves rows the restored engine delivers again.
+    StepInTwoTransactions,
+    /// Host (the step transaction): no epoch is checked at all, so a zombie's step is
+    /// accepted after another instance took its task.
+    ZombieStepAccepted,
 }
 
 impl Sabotage {
-    pub const ALL: [Sabotage; 26] = [
+    pub const ALL: [Sabotage; 29] = [
         Sabotage::IgnoreCauses,
         Sabotage::NoFifoHold,
         Sabotage::NoReplayDrop,
@@ -335,6 +360,9 @@ impl Sabotage {
         Sabotage::IgnoreBudget,
         Sabotage::RefusedRecordCountedFed,
         Sabotage::FrontierNotPersisted,
+        Sabotage::EpochCheckedBeforeLock,
+        Sabotage::StepInTwoTransactions,
+        Sabotage::ZombieStepAccepted,
     ];
 
     fn engine(self) -> EngineSabotage {
@@ -470,6 +498,38 @@ pub struct Stats {
     pub budget_refusals_on_receipt: u64,
     /// `METADATA_BUDGET_EXCEEDED` refusals on a process's stamp.
     pub budget_refusals_on_stamp: u64,
+    /// Owners frozen (a pause past their lease), and of those, frozen with a step's
+    /// commit in flight.
+    pub freezes: u64,
+    pub freezes_mid_commit: u64,
+    /// Tasks taken by an instance at a new epoch while the previous owner's execution was
+    /// frozen.
+    pub takeovers_of_frozen: u64,
+    /// Frozen owners that woke before anyone took their task, and went on.
+    pub thaws_resumed: u64,
+    /// Frozen owners that woke after a takeover, with a commit in flight or a step to
+    /// commit, and were fenced (no statement of theirs applied); and those fenced by their
+    /// lease renewal with nothing to commit.
+    pub zombie_commits_fenced: u64,
+    pub zombie_renewals_fenced: u64,
+    /// Step commits that failed (nothing applied) and were retried from a restore.
+    pub transient_failures: u64,
+    /// Step commits whose answer was lost: applied, or not, unknown to the host.
+    pub lost_answers_applied: u64,
+    pub lost_answers_not_applied: u64,
+    /// Processes that died in the middle of a step's transaction.
+    pub crashes_mid_commit: u64,
+    /// Failures recorded in the task's row (`failing`), and steps that wrote it back to
+    /// `running`.
+    pub failures_recorded: u64,
+    pub recoveries_recorded: u64,
+    /// Step commits that carried `careful` (one record per projection call).
+    pub careful_commits: u64,
+    /// Batches the projection rejected without naming a record (a careful retry follows).
+    pub batch_rejections: u64,
+    /// `PROJECTION_REJECTED` refusals: first, and met again after a restart.
+    pub rejections: u64,
+    pub rejections_recurred: u64,
 }
 
 /// The outcome of one run.

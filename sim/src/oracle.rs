@@ -189,6 +189,9 @@ struct Receiver {
     floor: BTreeMap<ChannelId, usize>,
     /// Its metadata budget (bytes), when it has one worth judging.
     budget: Option<usize>,
+    /// What its database rows hold: the records applied by commits that got through,
+    /// whichever execution sent them.
+    db_applied: RecordSet,
 }
 
 #[derive(Debug, Default)]
@@ -216,6 +219,8 @@ pub struct Oracle {
     deleted_topics: BTreeSet<TopicId>,
     /// Per channel, how far retention has moved its log start.
     log_start: BTreeMap<ChannelId, Position>,
+    /// Records whose value the projection rejects for good.
+    poison: RecordSet,
     committed: RecordSet,
     model_topics: BTreeSet<TopicId>,
     model_records: RecordSet,
@@ -244,6 +249,7 @@ impl Oracle {
             deleted: RecordSet::new(),
             deleted_topics: BTreeSet::new(),
             log_start: BTreeMap::new(),
+            poison: RecordSet::new(),
             committed: RecordSet::new(),
             model_topics: model_topics.into_iter().collect(),
             model_records: RecordSet::new(),
@@ -324,6 +330,7 @@ impl Oracle {
             fed: BTreeMap::new(),
             floor: BTreeMap::new(),
             budget: None,
+            db_applied: RecordSet::new(),
         });
         self.receivers.len() - 1
     }
@@ -557,6 +564,53 @@ impl Oracle {
             rc.staged_receipts.union_with(hist);
         }
         rc.staged_receipt_ids.push(id);
+    }
+
+    /// Record `id`'s value is one the projection rejects for good: a task must refuse
+    /// `PROJECTION_REJECTED` there, and its rows must never show it.
+    pub fn poison(&mut self, id: RecordId) {
+        self.poison.insert(id);
+    }
+
+    pub fn is_poison(&self, id: RecordId) -> bool {
+        self.poison.contains(id)
+    }
+
+    /// The database applied `ids` to `receiver`'s rows, in this order, in one commit —
+    /// whichever execution sent it (the owner, or a zombie whose late step got through).
+    /// Judged on what the rows hold, not on any execution's deliveries: each record is
+    /// applied once, after every stamped cause on a received channel, and never a record
+    /// the projection rejects.
+    pub fn applied(&mut self, receiver: usize, ids: &[RecordId]) {
+        let name = self.receivers[receiver].name.clone();
+        for &id in ids {
+            let mut found = Vec::new();
+            if self.receivers[receiver].db_applied.contains(id) {
+                found.push((
+                    ViolationKind::Duplicate,
+                    format!("the rows of {name} got {} applied a second time", self.describe(id)),
+                ));
+            }
+            if self.poison.contains(id) {
+                found.push((
+                    ViolationKind::MissedRefusal,
+                    format!("the rows of {name} show {}, which its projection rejects", self.describe(id)),
+                ));
+            }
+            let rc = &self.receivers[receiver];
+            for a in self.records[id as usize].stamped.missing(&rc.relevant, &rc.db_applied).into_iter().take(3) {
+                let detail = format!(
+                    "the rows of {name} got {} applied before its cause {}",
+                    self.describe(id),
+                    self.describe(a)
+                );
+                found.push((ViolationKind::CausalOrder, detail));
+            }
+            for (kind, detail) in found {
+                self.violate(kind, detail);
+            }
+            self.receivers[receiver].db_applied.insert(id);
+        }
     }
 
     /// The receiver's step committed: its deliveries and receipts stand.

@@ -27,6 +27,13 @@ pub struct TaskRows {
     pub refusal: Option<Refusal>,
     /// The document projection: per key, the ids of the records applied to it, in order.
     pub docs: BTreeMap<u16, Vec<u32>>,
+    /// The lease: the epoch every step checks under the row lock (raised by each
+    /// takeover), the instance holding it, and the scheduler step it runs out at.
+    pub epoch: u64,
+    pub owner: Option<u32>,
+    pub lease_until: u64,
+    /// The row says `failing`: a step failed since the last one that committed.
+    pub failing: bool,
 }
 
 /// The simulated database: one set of rows per task.
@@ -50,6 +57,20 @@ impl TaskRows {
     /// Commits one step: the engine's state changes and the projection writes of its
     /// deliveries, atomically. `persist_held: false` is the `HeldNotPersisted` sabotage.
     pub fn commit(&mut self, changes: StepChanges<Payload>, applied: &[Payload], persist_held: bool) {
+        self.apply_rows(applied);
+        self.apply_state(changes, persist_held);
+    }
+
+    /// The projection's writes of a step.
+    pub fn apply_rows(&mut self, applied: &[Payload]) {
+        for d in applied {
+            self.docs.entry(d.key).or_default().push(d.id);
+        }
+    }
+
+    /// The ordering state a step changed: held records, `fed_up_to`, frontier, clock,
+    /// refusal.
+    pub fn apply_state(&mut self, changes: StepChanges<Payload>, persist_held: bool) {
         if persist_held {
             for r in changes.held_inserted {
                 self.held.insert((r.channel, r.position), r);
@@ -78,9 +99,6 @@ impl TaskRows {
         }
         if let Some(r) = changes.refusal {
             self.refusal = Some(r);
-        }
-        for d in applied {
-            self.docs.entry(d.key).or_default().push(d.id);
         }
     }
 }

@@ -120,7 +120,7 @@ fn check_floors(scenario: &str, reports: &[RunReport], floors: &[Floor]) {
 type Metric = (&'static str, fn(&Stats) -> u64);
 
 fn print_totals(scenario: &str, reports: &[RunReport]) {
-    let rows: [Metric; 54] = [
+    let rows: [Metric; 70] = [
         ("steps", |s| s.steps),
         ("records", |s| s.records),
         ("deliveries (committed, tasks)", |s| s.deliveries),
@@ -175,6 +175,22 @@ fn print_totals(scenario: &str, reports: &[RunReport]) {
         ("  refused OUT_OF_ORDER_FEED", |s| s.out_of_order_refusals),
         ("budget refusals on receipt", |s| s.budget_refusals_on_receipt),
         ("budget refusals on a stamp", |s| s.budget_refusals_on_stamp),
+        ("owners frozen past their lease", |s| s.freezes),
+        ("  with a commit in flight", |s| s.freezes_mid_commit),
+        ("takeovers from a frozen owner", |s| s.takeovers_of_frozen),
+        ("frozen owners that went on", |s| s.thaws_resumed),
+        ("zombie commits fenced", |s| s.zombie_commits_fenced),
+        ("zombie renewals fenced", |s| s.zombie_renewals_fenced),
+        ("commits failed, retried", |s| s.transient_failures),
+        ("commit answers lost, applied", |s| s.lost_answers_applied),
+        ("commit answers lost, not applied", |s| s.lost_answers_not_applied),
+        ("processes dead mid-commit", |s| s.crashes_mid_commit),
+        ("failures recorded (failing)", |s| s.failures_recorded),
+        ("  recovered (running)", |s| s.recoveries_recorded),
+        ("careful commits", |s| s.careful_commits),
+        ("batches the projection rejected", |s| s.batch_rejections),
+        ("records rejected (refused)", |s| s.rejections),
+        ("  rejected again after a restart", |s| s.rejections_recurred),
     ];
     let mut out = format!("scenario {scenario}: {} seeds\n", reports.len());
     for (what, metric) in rows {
@@ -266,6 +282,32 @@ fn corrupt_sweep() {
         floor("records held at a task's gate", |s| s.held, 80),
     ];
     check_floors("corrupt", &reports, &floors);
+}
+
+#[test]
+fn ha_sweep() {
+    let reports = sweep("ha_sweep", &Scenario::ha(), 500);
+    let mut floors = common_floors();
+    // Its faults restart tasks in other ways than crashes, and it reads the replica less.
+    floors.retain(|f| f.what != "crashes while records were held" && f.what != "reads served by a lagging replica");
+    floors.extend([
+        floor("owners frozen past their lease", |s| s.freezes, 80),
+        floor("owners frozen with a commit in flight", |s| s.freezes_mid_commit, 40),
+        floor("tasks taken over from a frozen owner", |s| s.takeovers_of_frozen, 50),
+        floor("frozen owners that woke before a takeover and went on", |s| s.thaws_resumed, 40),
+        floor("zombie commits fenced", |s| s.zombie_commits_fenced, 30),
+        floor("zombie renewals fenced", |s| s.zombie_renewals_fenced, 30),
+        floor("commits that failed and were retried", |s| s.transient_failures, 60),
+        floor("lost commit answers, the commit applied", |s| s.lost_answers_applied, 40),
+        floor("lost commit answers, the commit not applied", |s| s.lost_answers_not_applied, 40),
+        floor("processes dead mid-commit", |s| s.crashes_mid_commit, 50),
+        floor("failures recorded, then recovered", |s| s.failures_recorded.min(s.recoveries_recorded), 50),
+        floor("careful commits", |s| s.careful_commits, 60),
+        floor("batches the projection rejected", |s| s.batch_rejections, 20),
+        floor("records the projection rejected (refused)", |s| s.rejections, 20),
+        floor("rejections met again after a restart", |s| s.rejections_recurred, 1),
+    ]);
+    check_floors("ha", &reports, &floors);
 }
 
 /// Characterizes a known limit of the design (see `Scenario::audit`): the only
@@ -365,6 +407,31 @@ fn must_catch(sabotage: Sabotage, scenario: &Scenario, floor: u64, expected: &[V
         caught.len(),
         start + count
     );
+}
+
+/// What a zombie's step applied over its successor's shows as: records applied again,
+/// out of order, before their causes, or never (state written back under a new owner).
+const HA_KINDS: [ViolationKind; 5] = [
+    ViolationKind::Duplicate,
+    ViolationKind::Fifo,
+    ViolationKind::CausalOrder,
+    ViolationKind::RestartOrder,
+    ViolationKind::Incomplete,
+];
+
+#[test]
+fn sabotage_epoch_checked_before_lock_is_caught() {
+    must_catch(Sabotage::EpochCheckedBeforeLock, &Scenario::ha(), 27, &HA_KINDS);
+}
+
+#[test]
+fn sabotage_step_in_two_transactions_is_caught() {
+    must_catch(Sabotage::StepInTwoTransactions, &Scenario::ha(), 52, &[ViolationKind::Duplicate]);
+}
+
+#[test]
+fn sabotage_zombie_step_accepted_is_caught() {
+    must_catch(Sabotage::ZombieStepAccepted, &Scenario::ha(), 63, &HA_KINDS);
 }
 
 #[test]

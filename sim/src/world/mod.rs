@@ -23,7 +23,7 @@ use crate::{RunReport, Sabotage, Scenario, Stats};
 use parsley::channel::{ChannelId, Position, TopicId};
 use parsley::engine::{ChannelFact, Engine, EngineConfig, Receipt};
 use parsley::gate::{self, ModelShape, Verdict};
-use parsley::host::{ChannelStart, LogStartCheck, Next, Observed, TaskHost, TaskStatus};
+use parsley::host::{ChannelStart, Failure, LogStartCheck, Next, Observed, StepCommit, TaskHost, TaskStatus};
 use parsley::murmur2::partition_for_key;
 use parsley::past::CausalPast;
 use parsley::refusal::{Refusal, RefusalReason};
@@ -94,6 +94,16 @@ fn topology_cycles(processes: &[Process]) -> u64 {
         })
         .count() as u64
 }
+
+/// Where the scenario has leases (`ha`): how many scheduler steps a lease lasts past its
+/// last renewal, how many projector instances share the tasks, and the odds of each fault
+/// a step's commit may meet (one in this many).
+const LEASE_STEPS: u64 = 30;
+const INSTANCES: u32 = 3;
+const FREEZE_MID_COMMIT_ODDS: u64 = 14;
+const TRANSIENT_FAILURE_ODDS: u64 = 14;
+const LOST_ANSWER_ODDS: u64 = 14;
+const CRASH_MID_COMMIT_ODDS: u64 = 14;
 
 /// In a scenario whose retention may outrun readers, one retention advance in this many
 /// may pass a position a receiver has not read.
@@ -172,6 +182,29 @@ struct Running {
     /// Per channel, the consumer's position: past the last record fed and past the
     /// markers and aborted runs after it.
     read_to: BTreeMap<ChannelId, Position>,
+    /// The epoch this execution took the task at, and its instance.
+    epoch: u64,
+    instance: u32,
+    /// Records fed in the step in progress (a careful step that fed one names a rejection).
+    fed_in_step: usize,
+}
+
+/// A step's commit sent but not yet arrived at the database (its owner froze meanwhile).
+struct InFlight {
+    commit: StepCommit<Payload>,
+    applied: Vec<Payload>,
+    read_to: BTreeMap<ChannelId, Position>,
+    /// The epoch as the row said when the step was sent (what `EpochCheckedBeforeLock`
+    /// goes by).
+    epoch_when_sent: u64,
+}
+
+/// An owner's execution, paused past its lease: it may wake before anyone took its task
+/// (and go on), or after (a zombie, whose commit must be fenced).
+struct Frozen {
+    task: usize,
+    run: Box<Running>,
+    in_flight: Option<InFlight>,
 }
 
 impl Running {
@@ -228,6 +261,10 @@ enum Action {
     TaskCheckLogStart(usize),
     TaskAbort(usize),
     TaskCrash(usize),
+    /// An owner pauses past its lease (a stop-the-world pause, a partition).
+    TaskFreeze(usize),
+    /// A frozen execution (by index into `frozen`) wakes.
+    TaskThaw(usize),
     ProcCrash(usize),
     Retention,
     RecreateExt,
@@ -268,6 +305,11 @@ pub(crate) struct World {
     step: u64,
     stats: Stats,
     trace: Vec<String>,
+    /// Owners' executions frozen past their leases.
+    frozen: Vec<Frozen>,
+    /// From this step on, the next client write carries a value the projection rejects
+    /// (where the scenario has leases, on some seeds).
+    poison_at: Option<u64>,
 }
 
 /// A receiver's engine configuration: a small metadata budget where the scenario has them
@@ -418,6 +460,10 @@ impl World {
         let edges = (0..scenario.edges).map(|i| producer(Actor::Edge(i))).collect();
         let clients = (0..scenario.clients).map(|i| producer(Actor::Client(i))).collect();
         let rogue = scenario.corrupt.then(|| producer(Actor::Edge(scenario.edges)));
+        // Early enough that the refused task is often restarted (and must refuse again)
+        // before the drain.
+        let work = scenario.work_steps as i64;
+        let poison_at = (scenario.ha && rng.chance(1, 2)).then(|| rng.range(work / 8, work / 2) as u64);
 
         World {
             scenario: scenario.clone(),
@@ -446,6 +492,8 @@ impl World {
             step: 0,
             stats: Stats { tasks: n, self_channels, process_cycles, ..Stats::default() },
             trace: Vec::new(),
+            frozen: Vec::new(),
+            poison_at,
         }
     }
 
@@ -462,7 +510,7 @@ impl World {
             }
             let enabled = self.enabled();
             if enabled.is_empty() {
-                if self.phase == Phase::Drain {
+                if self.phase == Phase::Drain && !self.awaiting_lease() {
                     drained = true;
                     break;
                 }
@@ -605,7 +653,8 @@ impl World {
         }
         for (i, t) in self.tasks.iter().enumerate() {
             match &t.state {
-                TaskState::Down => push(Action::TaskStart(i), 3),
+                TaskState::Down if self.claimable(i) => push(Action::TaskStart(i), 3),
+                TaskState::Down => {}
                 TaskState::Up(run) => {
                     if !t.refused {
                         for &c in &t.received {
@@ -639,9 +688,15 @@ impl World {
                         let holding = run.engine().held_count() > 0;
                         let w = if t.refused { 1 } else { s.crash_weight * if holding { 2 } else { 1 } };
                         push(Action::TaskCrash(i), w);
+                        if self.may_freeze(i) {
+                            push(Action::TaskFreeze(i), 1);
+                        }
                     }
                 }
             }
+        }
+        for z in 0..self.frozen.len() {
+            push(Action::TaskThaw(z), 1);
         }
         if self.replica.is_some() && self.replica_version < self.db_version {
             push(Action::ReplicaSync, if work { 2 } else { 3 });
@@ -834,6 +889,8 @@ impl World {
                 self.task_start(t);
             }
             Action::TaskCrash(t) => self.task_crash(t),
+            Action::TaskFreeze(t) => self.task_freeze(t, None),
+            Action::TaskThaw(z) => self.task_thaw(z),
             Action::Retention => {
                 let candidates = self.retention_candidates();
                 if candidates.is_empty() {

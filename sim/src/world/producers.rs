@@ -95,7 +95,15 @@ impl World {
         let author = self.clients[c].actor;
         let (position, id) = self.produce_stamped(author, &token, channel, key, false);
         self.clients[c].token = token.merge(channel, position);
-        self.trace.push(format!("{} C{c} write #{id} {}@{position} k{key}", self.step, self.name(&channel)));
+        let poison = self.poison_at.is_some_and(|at| self.step >= at);
+        if poison {
+            // A value the projection rejects for good (say, one its table's constraint
+            // refuses): its task must refuse there.
+            self.poison_at = None;
+            self.oracle.poison(id);
+        }
+        let what = if poison { " (a value the projection rejects)" } else { "" };
+        self.trace.push(format!("{} C{c} write #{id} {}@{position} k{key}{what}", self.step, self.name(&channel)));
     }
 
     /// A gated read: fetch every clock row in one snapshot (of the primary or of the

@@ -19,10 +19,56 @@ impl World {
         }
     }
 
-    /// Takes the task: a new machine, which restores from the stored rows (and seeds,
-    /// checks log starts, commits the start, resumes each channel's fetch).
+    /// Whether an instance may take task `t` now: always without leases; with them, once
+    /// the last owner's lease ran out (a live owner renews in time; a crashed or frozen one
+    /// does not).
+    pub(super) fn claimable(&self, t: usize) -> bool {
+        let rows = &self.db.tasks[t];
+        !self.scenario.ha || rows.owner.is_none() || rows.lease_until <= self.step
+    }
+
+    /// Whether task `t`'s owner may pause: a paused instance runs nothing else, so one
+    /// instance must be left to take the task over.
+    pub(super) fn may_freeze(&self, t: usize) -> bool {
+        self.scenario.ha && self.frozen.iter().filter(|f| f.task == t).count() + 1 < INSTANCES as usize
+    }
+
+    /// A task is down and its lease has not run out yet: time must pass before the world
+    /// is quiet.
+    pub(super) fn awaiting_lease(&self) -> bool {
+        (0..self.tasks.len()).any(|t| matches!(self.tasks[t].state, TaskState::Down) && !self.claimable(t))
+    }
+
+    /// Takes the task: an instance claims it at a new epoch (fencing every execution
+    /// before), and a new machine restores from the stored rows (and seeds, checks log
+    /// starts, commits the start, resumes each channel's fetch).
     pub(super) fn task_start(&mut self, t: usize) {
-        let recorded = if self.db.tasks[t].refusal.is_some() { TaskStatus::Refused } else { TaskStatus::Running };
+        let frozen: Vec<u32> = self.frozen.iter().filter(|f| f.task == t).map(|f| f.run.instance).collect();
+        let free: Vec<u32> = (0..INSTANCES).filter(|i| !frozen.contains(i)).collect();
+        let instance = *self.rng.pick(&free);
+        if !frozen.is_empty() {
+            self.stats.takeovers_of_frozen += 1;
+        }
+        let rows = &mut self.db.tasks[t];
+        rows.epoch += 1;
+        rows.owner = Some(instance);
+        rows.lease_until = u64::MAX;
+        let epoch = rows.epoch;
+        if self.tasks[t].started_once {
+            // Whatever the last execution delivered and did not commit is gone.
+            self.oracle.discard(self.tasks[t].receiver);
+        }
+        if self.scenario.ha {
+            self.trace.push(format!("{} task{t} taken by instance {instance} at epoch {epoch}", self.step));
+        }
+        let rows = &self.db.tasks[t];
+        let recorded = if rows.refusal.is_some() {
+            TaskStatus::Refused
+        } else if rows.failing {
+            TaskStatus::Failing
+        } else {
+            TaskStatus::Running
+        };
         let received = self.tasks[t].received.clone();
         let config = self.tasks[t].config.clone();
         let host = TaskHost::new(config, received, recorded).with_sabotage(self.sabotage.engine());
@@ -35,6 +81,9 @@ impl World {
             log_start_checked: BTreeMap::new(),
             log_start_at_start: BTreeMap::new(),
             read_to: BTreeMap::new(),
+            epoch,
+            instance,
+            fed_in_step: 0,
         };
         self.tasks[t].state = TaskState::Up(Box::new(run));
         self.task_drive(t);
@@ -46,6 +95,10 @@ impl World {
     /// stopped.
     pub(super) fn task_drive(&mut self, t: usize) -> Next {
         loop {
+            if !matches!(self.tasks[t].state, TaskState::Up(_)) {
+                // The step's commit froze or crashed its owner.
+                return Next::Fenced;
+            }
             let next = self.running(t).host.next_action();
             match next {
                 Next::Restore => self.task_restore(t),
@@ -246,6 +299,7 @@ impl World {
             let run = self.running(t);
             run.next_fetch.insert(c, f.position + 1);
             let payload = Payload { id: f.id, key: f.key };
+            run.fed_in_step += 1;
             let receipt = run.host.receive(c, f.position, &header_values(&f.headers), payload);
             if receipt.is_ok() && self.oracle.over_budget(receiver, f.id) {
                 let detail = format!("task{t} accepted #{}, whose causes value is over its metadata budget", f.id);
@@ -289,7 +343,13 @@ impl World {
             self.task_refused(t, refusal, Some(id));
         }
         self.running(t).host.batch_done();
-        self.task_drive(t);
+        let careful = self.running(t).host.careful();
+        // A careful step is one batch, as the projector's runner steps (its poll bounded
+        // by the machine), so a rejection in one record's step names that record.
+        if matches!(self.task_drive(t), Next::Poll { .. }) && careful && self.running(t).host.step_open() {
+            self.task_commit(t);
+            self.task_drive(t);
+        }
     }
 
     /// A refusal, judged: it is expected only on a damaged record (`UNDECODABLE_METADATA`),
@@ -389,30 +449,238 @@ impl World {
         }
     }
 
-    /// Ends the step as the machine says: nothing when it is idle, else one commit of the
-    /// engine's changes with the projection writes.
+    /// Ends the step as the machine says: nothing when it is idle, else one transaction
+    /// of the engine's changes with the projection writes — which the projection may
+    /// reject, and which (where the scenario has leases) may fail, lose its answer, die
+    /// with its process, or be in flight when its owner freezes.
     pub(super) fn task_commit(&mut self, t: usize) {
         let Some(commit) = self.running(t).host.end_step() else {
             self.trace.push(format!("{} task{t} step idle", self.step));
             return;
         };
-        if commit.write_running {
-            self.db.tasks[t].refusal = None;
+        if commit.careful {
+            self.stats.careful_commits += 1;
         }
         let run = self.running(t);
         let applied = std::mem::take(&mut run.applied);
         let read_to = run.read_to.clone();
-        self.committed_read.extend(read_to);
-        let n = applied.len();
-        let persist_held = self.sabotage != Sabotage::HeldNotPersisted;
-        self.db.commit(t as u32, commit.changes, &applied, persist_held);
-        self.db_version += 1;
-        self.changes += 1;
+        let fed = std::mem::take(&mut run.fed_in_step);
+        let epoch_when_sent = self.db.tasks[t].epoch;
+        // The projection rejects a value for good: one record per call (careful) names it;
+        // a batch cannot, and is retried carefully.
+        if let Some(&rejected) = applied.iter().find(|p| self.oracle.is_poison(p.id)) {
+            if commit.careful && fed <= 1 {
+                return self.task_rejected(t, rejected.id);
+            }
+            self.stats.batch_rejections += 1;
+            self.trace.push(format!("{} task{t} projection rejects a batch holding #{}", self.step, rejected.id));
+            return self.task_failed(t, Failure::BatchRejected);
+        }
+        let in_flight = InFlight { commit, applied, read_to, epoch_when_sent };
+        if self.scenario.ha && self.phase == Phase::Work {
+            if self.may_freeze(t) && self.rng.chance(1, FREEZE_MID_COMMIT_ODDS) {
+                return self.task_freeze(t, Some(in_flight));
+            }
+            if self.rng.chance(1, CRASH_MID_COMMIT_ODDS) {
+                self.stats.crashes_mid_commit += 1;
+                if self.sabotage == Sabotage::StepInTwoTransactions {
+                    // The rows' transaction committed; the ordering state's never will.
+                    self.db.tasks[t].apply_rows(&in_flight.applied);
+                    let ids: Vec<RecordId> = in_flight.applied.iter().map(|p| p.id).collect();
+                    self.oracle.applied(self.tasks[t].receiver, &ids);
+                    self.db_version += 1;
+                    self.changes += 1;
+                }
+                self.trace.push(format!("{} task{t} dies mid-commit", self.step));
+                return self.task_crash(t);
+            }
+            if self.rng.chance(1, TRANSIENT_FAILURE_ODDS) {
+                self.stats.transient_failures += 1;
+                self.trace.push(format!("{} task{t} commit fails", self.step));
+                return self.task_failed(t, Failure::Error);
+            }
+            if self.rng.chance(1, LOST_ANSWER_ODDS) {
+                let epoch = self.running(t).epoch;
+                let arrived = self.rng.chance(1, 2) && self.task_db_commit(t, &in_flight, epoch);
+                if arrived {
+                    self.oracle.commit(self.tasks[t].receiver);
+                    self.stats.lost_answers_applied += 1;
+                } else {
+                    self.stats.lost_answers_not_applied += 1;
+                }
+                self.trace.push(format!("{} task{t} commit answer lost (applied: {arrived})", self.step));
+                return self.task_failed(t, Failure::Error);
+            }
+        }
+        self.task_arrives(t, in_flight);
+    }
+
+    /// The owner's step transaction reaches the database: applied (the epoch holds), or
+    /// fenced.
+    pub(super) fn task_arrives(&mut self, t: usize, in_flight: InFlight) {
+        let epoch = self.running(t).epoch;
+        if !self.task_db_commit(t, &in_flight, epoch) {
+            self.trace.push(format!("{} task{t} fenced at commit", self.step));
+            self.running(t).host.fenced();
+            return;
+        }
+        let n = in_flight.applied.len();
         self.oracle.commit(self.tasks[t].receiver);
         self.stats.deliveries += n as u64;
         self.stats.commits += 1;
+        if in_flight.commit.write_running && self.scenario.ha {
+            self.stats.recoveries_recorded += 1;
+        }
         self.trace.push(format!("{} task{t} commit ({n} applied)", self.step));
         self.running(t).host.committed();
+    }
+
+    /// The database's side of a step's transaction sent at `epoch`: the row lock and the
+    /// epoch check, the projection's rows, the ordering state, one commit. Returns whether
+    /// it was applied (false: another owner's epoch, nothing written).
+    /// `EpochCheckedBeforeLock` goes by the epoch the row said when the step was sent;
+    /// `ZombieStepAccepted` checks none.
+    pub(super) fn task_db_commit(&mut self, t: usize, in_flight: &InFlight, epoch: u64) -> bool {
+        let accepted = match self.sabotage {
+            Sabotage::ZombieStepAccepted => true,
+            Sabotage::EpochCheckedBeforeLock => in_flight.epoch_when_sent == epoch,
+            _ => self.db.tasks[t].epoch == epoch,
+        };
+        if !accepted {
+            return false;
+        }
+        if in_flight.commit.write_running {
+            self.db.tasks[t].refusal = None;
+            self.db.tasks[t].failing = false;
+        }
+        self.committed_read.extend(in_flight.read_to.clone());
+        let persist_held = self.sabotage != Sabotage::HeldNotPersisted;
+        self.db.commit(t as u32, in_flight.commit.changes.clone(), &in_flight.applied, persist_held);
+        let ids: Vec<RecordId> = in_flight.applied.iter().map(|p| p.id).collect();
+        self.oracle.applied(self.tasks[t].receiver, &ids);
+        self.db_version += 1;
+        self.changes += 1;
+        true
+    }
+
+    /// The step (nothing of it applied, as far as the host knows) failed: the machine
+    /// restores before anything is fed again, and the failure is recorded in the row (its
+    /// own transaction, epoch checked).
+    pub(super) fn task_failed(&mut self, t: usize, failure: Failure) {
+        let receiver = self.tasks[t].receiver;
+        self.oracle.discard(receiver);
+        let run = self.running(t);
+        run.applied.clear();
+        run.read_to.clear();
+        run.fed_in_step = 0;
+        run.host.failed(failure);
+        let epoch = run.epoch;
+        if self.db.tasks[t].epoch == epoch {
+            self.db.tasks[t].failing = true;
+            self.stats.failures_recorded += 1;
+            self.running(t).host.failure_recorded();
+        } else {
+            self.running(t).host.fenced();
+            return;
+        }
+        self.task_drive(t);
+    }
+
+    /// The projection rejected record `id` alone, in a careful step: the step rolls back,
+    /// and the refusal is recorded on its own (epoch checked). A restart must meet it again.
+    pub(super) fn task_rejected(&mut self, t: usize, id: RecordId) {
+        let receiver = self.tasks[t].receiver;
+        self.oracle.discard(receiver);
+        let (channel, position) = (self.oracle.record(id).channel, self.oracle.record(id).position);
+        let run = self.running(t);
+        run.applied.clear();
+        run.read_to.clear();
+        run.fed_in_step = 0;
+        run.host.rejected(channel, position, format!("the projection rejected record #{id}"));
+        let Next::PersistRefusal(refusal) = self.running(t).host.next_action() else {
+            panic!("a rejection is persisted next");
+        };
+        if self.db.tasks[t].epoch != self.running(t).epoch {
+            self.running(t).host.fenced();
+            return;
+        }
+        self.db.tasks[t].refusal = Some(refusal.clone());
+        self.db_version += 1;
+        self.changes += 1;
+        self.running(t).host.refusal_persisted();
+        self.tasks[t].refused = true;
+        self.stats.refusals += 1;
+        self.trace.push(format!("{} task{t} refused {}: {}", self.step, refusal.reason, refusal.diagnosis));
+        if !self.oracle.is_poison(id) {
+            let detail = format!("task{t} refused: {refusal} (its projection accepts the value)");
+            self.oracle.report(ViolationKind::UnexpectedRefusal, detail);
+        }
+        match self.tasks[t].expect_refusal.take() {
+            Some(before) if before == refusal => self.stats.rejections_recurred += 1,
+            Some(before) => {
+                let detail = format!("task{t} refused {before} before its restart, but {refusal} after");
+                self.oracle.report(ViolationKind::RefusalNotRecurring, detail);
+            }
+            None => self.stats.rejections += 1,
+        }
+    }
+
+    /// The owner pauses past its lease (with its step's commit in flight, or between
+    /// steps): it stops renewing, and the task is free once the lease runs out.
+    pub(super) fn task_freeze(&mut self, t: usize, in_flight: Option<InFlight>) {
+        let TaskState::Up(run) = std::mem::replace(&mut self.tasks[t].state, TaskState::Down) else { return };
+        self.db.tasks[t].lease_until = self.step + LEASE_STEPS;
+        self.stats.freezes += 1;
+        if in_flight.is_some() {
+            self.stats.freezes_mid_commit += 1;
+        }
+        let what = if in_flight.is_some() { "with a commit in flight" } else { "between steps" };
+        self.trace.push(format!("{} task{t} owner (epoch {}) freezes {what}", self.step, run.epoch));
+        self.frozen.push(Frozen { task: t, run, in_flight });
+    }
+
+    /// A frozen execution wakes. Before a takeover it goes on (its commit in flight
+    /// arrives). After one it is a zombie: its commit (in flight, or of the step it had
+    /// open) or its lease renewal finds another epoch, and it stops there.
+    pub(super) fn task_thaw(&mut self, z: usize) {
+        let Frozen { task: t, mut run, in_flight } = self.frozen.remove(z);
+        let epoch = run.epoch;
+        if self.db.tasks[t].epoch == epoch {
+            debug_assert!(matches!(self.tasks[t].state, TaskState::Down), "a claim raises the epoch");
+            self.db.tasks[t].lease_until = u64::MAX;
+            self.stats.thaws_resumed += 1;
+            self.trace.push(format!("{} task{t} owner (epoch {epoch}) wakes and goes on", self.step));
+            self.tasks[t].state = TaskState::Up(run);
+            if let Some(in_flight) = in_flight {
+                self.task_arrives(t, in_flight);
+                self.task_drive(t);
+            }
+            return;
+        }
+        let in_flight = in_flight.or_else(|| {
+            let commit = if run.host.step_open() { run.host.end_step() } else { None }?;
+            let applied = std::mem::take(&mut run.applied);
+            Some(InFlight { commit, applied, read_to: run.read_to.clone(), epoch_when_sent: self.db.tasks[t].epoch })
+        });
+        let Some(in_flight) = in_flight else {
+            // Its renewal names its old epoch.
+            if self.sabotage != Sabotage::ZombieStepAccepted {
+                self.stats.zombie_renewals_fenced += 1;
+                run.host.fenced();
+            }
+            self.trace.push(format!("{} zombie of task{t} (epoch {epoch}) wakes, renews, stops", self.step));
+            return;
+        };
+        // A value the projection rejects rolls the zombie's step back whatever the epoch.
+        let rejected = in_flight.applied.iter().any(|p| self.oracle.is_poison(p.id));
+        if !rejected && self.task_db_commit(t, &in_flight, epoch) {
+            self.trace.push(format!("{} zombie of task{t} (epoch {epoch}) commits late", self.step));
+            run.host.committed();
+        } else {
+            self.stats.zombie_commits_fenced += 1;
+            self.trace.push(format!("{} zombie of task{t} (epoch {epoch}) fenced at commit", self.step));
+            run.host.fenced();
+        }
     }
 
     /// The engine and the step in progress are gone; only committed rows remain.
@@ -420,6 +688,8 @@ impl World {
         let receiver = self.tasks[t].receiver;
         self.oracle.discard(receiver);
         self.tasks[t].state = TaskState::Down;
+        // Its lease is renewed no more.
+        self.db.tasks[t].lease_until = self.step + LEASE_STEPS;
     }
 
     pub(super) fn task_crash(&mut self, t: usize) {
