@@ -5,6 +5,7 @@
 
 mod causal;
 mod clock;
+mod conformance;
 mod create_topics;
 mod fencing;
 mod fold;
