@@ -95,6 +95,9 @@ pub struct Scenario {
     /// fenced; commits fail transiently, lose their answers (the outcome unknown to the
     /// host), and the projection rejects a record now and then (`PROJECTION_REJECTED`).
     pub ha: bool,
+    /// The model's topic count is drawn from these (each topic co-partitioned into the
+    /// model's tasks); a single choice draws nothing, so the seed's world is unchanged.
+    pub model_topic_counts: &'static [usize],
 }
 
 impl Scenario {
@@ -126,6 +129,7 @@ impl Scenario {
             out_of_order_feeds: false,
             small_budgets: false,
             ha: false,
+            model_topic_counts: &[2],
         }
     }
 
@@ -189,9 +193,9 @@ impl Scenario {
 
     /// Randomized topologies: 2–4 upstream processes over `raw`, `mid` and 1–3 more
     /// upstream topics of 1–3 partitions, with random receive and send sets — cycles and
-    /// self-channels included — under everything `soak` does.
+    /// self-channels included — and 1–3 model topics, under everything `soak` does.
     pub fn random() -> Scenario {
-        Scenario { name: "random", random_topology: true, ..Scenario::soak() }
+        Scenario { name: "random", random_topology: true, model_topic_counts: &[1, 2, 3], ..Scenario::soak() }
     }
 
     /// Scope changes at upstream processes' restarts (channels leaving and joining, the seed
@@ -530,6 +534,11 @@ pub struct Stats {
     /// `PROJECTION_REJECTED` refusals: first, and met again after a restart.
     pub rejections: u64,
     pub rejections_recurred: u64,
+    /// The model's topic count in this world (each co-partitioned into its tasks).
+    pub model_topics: u64,
+    /// Receipts that left a task holding records on two channels at once (both waiting on
+    /// a third: only with three model topics).
+    pub held_on_two_channels: u64,
 }
 
 /// The outcome of one run.

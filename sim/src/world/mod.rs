@@ -29,7 +29,8 @@ use parsley::past::CausalPast;
 use parsley::refusal::{Refusal, RefusalReason};
 use parsley::startup::{check_topic_identity, ResolvedTopic};
 
-const MODEL_TOPICS: [&str; 2] = ["orders", "payments"];
+/// The model's topics: a prefix of these (two unless the scenario draws the count).
+const MODEL_TOPICS: [&str; 3] = ["orders", "payments", "refunds"];
 
 /// The weight of an idle task's periodic log-start check once it is due (a task that
 /// commits checks right after, before its next step).
@@ -43,8 +44,8 @@ const UPSTREAM_TOPICS: [&str; 3] = ["u0", "u1", "u2"];
 /// Nothing keeps a process from sending to a channel it receives (a self-channel) or to a
 /// channel whose receiver sends back to it (a cycle): happened-before stays acyclic, so
 /// the engine must deliver through both without waiting forever. Every process sends to
-/// the model, so its causes reach the tasks.
-fn random_shapes(rng: &mut SimRng, upstream: &[ChannelId]) -> Vec<(Vec<ChannelId>, Vec<Dest>)> {
+/// the model (one or two of its `models` topics), so its causes reach the tasks.
+fn random_shapes(rng: &mut SimRng, upstream: &[ChannelId], models: usize) -> Vec<(Vec<ChannelId>, Vec<Dest>)> {
     let count = rng.range(2, 4);
     let subset = |rng: &mut SimRng| -> Vec<ChannelId> {
         let mut picked: Vec<ChannelId> = upstream.iter().copied().filter(|_| rng.chance(1, 3)).collect();
@@ -57,9 +58,9 @@ fn random_shapes(rng: &mut SimRng, upstream: &[ChannelId]) -> Vec<(Vec<ChannelId
         .map(|_| {
             let received = subset(rng);
             let mut outputs: Vec<Dest> = subset(rng).into_iter().map(Dest::Channel).collect();
-            outputs.push(Dest::Model(rng.below(2) as usize));
+            outputs.push(Dest::Model(rng.below(models as u64) as usize));
             if rng.chance(1, 2) {
-                outputs.push(Dest::Model(rng.below(2) as usize));
+                outputs.push(Dest::Model(rng.below(models as u64) as usize));
             }
             (received, outputs)
         })
@@ -353,7 +354,12 @@ impl World {
         let raw = create(&mut kafka, &mut rng, "raw", 2);
         let mid = create(&mut kafka, &mut rng, "mid", 1);
         create(&mut kafka, &mut rng, "ext", 1);
-        let model_topics: Vec<TopicId> = MODEL_TOPICS.iter().map(|t| create(&mut kafka, &mut rng, t, n)).collect();
+        let models = match scenario.model_topic_counts {
+            [only] => *only,
+            counts => *rng.pick(counts),
+        };
+        let model_topics: Vec<TopicId> =
+            MODEL_TOPICS[..models].iter().map(|t| create(&mut kafka, &mut rng, t, n)).collect();
         // A random topology adds upstream topics only processes write to, of 1–3 partitions.
         let mut upstream: Vec<ChannelId> = Vec::new();
         if scenario.random_topology {
@@ -395,21 +401,21 @@ impl World {
         let raw1 = ChannelId::new(raw, 1);
         let mid0 = ChannelId::new(mid, 0);
         let mut shapes: Vec<(Vec<ChannelId>, Vec<Dest>)> = vec![
-            (vec![raw0, raw1], vec![Dest::Channel(mid0), Dest::Model(0), Dest::Model(1)]),
-            (vec![mid0, raw1], vec![Dest::Model(0), Dest::Model(1)]),
+            (vec![raw0, raw1], [Dest::Channel(mid0)].into_iter().chain((0..models).map(Dest::Model)).collect()),
+            (vec![mid0, raw1], (0..models).map(Dest::Model).collect()),
         ];
         if scenario.random_topology {
-            shapes = random_shapes(&mut rng, &upstream);
+            shapes = random_shapes(&mut rng, &upstream, models);
         }
         if scenario.retention_passes_unread {
             // A second slow reader: P2 receives mid and lags on raw/0, which P0 reads too.
-            shapes.push((vec![mid0, raw0], vec![Dest::Model(1)]));
+            shapes.push((vec![mid0, raw0], vec![Dest::Model(models - 1)]));
         }
         if scenario.audit {
             // An auditor downstream of the gateway: it receives an upstream channel and
             // every partition of a topic session clients write to, and sends nothing.
             let mut received = vec![raw0];
-            received.extend((0..n).map(|p| ChannelId::new(model_topics[1], p)));
+            received.extend((0..n).map(|p| ChannelId::new(model_topics[models - 1], p)));
             shapes.push((received, Vec::new()));
         }
         let processes: Vec<Process> = shapes
@@ -490,7 +496,7 @@ impl World {
             committed_read: BTreeMap::new(),
             phase: Phase::Work,
             step: 0,
-            stats: Stats { tasks: n, self_channels, process_cycles, ..Stats::default() },
+            stats: Stats { tasks: n, self_channels, process_cycles, model_topics: models as u64, ..Stats::default() },
             trace: Vec::new(),
             frozen: Vec::new(),
             poison_at,
@@ -818,7 +824,7 @@ impl World {
 
     fn retention_candidates(&self) -> Vec<ChannelId> {
         let mut channels = Vec::new();
-        let names = ["raw", "mid", "ext", MODEL_TOPICS[0], MODEL_TOPICS[1]].into_iter().chain(UPSTREAM_TOPICS);
+        let names = ["raw", "mid", "ext"].into_iter().chain(MODEL_TOPICS).chain(UPSTREAM_TOPICS);
         for name in names {
             let Some(id) = self.kafka.resolve(name) else { continue };
             let parts = self.kafka.topic(&id).map_or(0, |t| t.partitions.len() as u32);

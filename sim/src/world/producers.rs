@@ -51,7 +51,7 @@ impl World {
         let taken = std::mem::take(&mut self.edges[e].token);
         let token = self.prune_token(taken);
         let key = self.rng.below(u64::from(self.scenario.keys)) as u16;
-        let channel = match self.rng.below(5) {
+        let channel = match self.rng.below(3 + self.model_topics.len() as u64) {
             0 => ChannelId::new(self.raw, 0),
             1 => ChannelId::new(self.raw, 1),
             2 => ChannelId::new(self.kafka.resolve("ext").expect("ext exists"), 0),
@@ -69,14 +69,14 @@ impl World {
         let mut rogue = self.rogue.take().expect("rogue present");
         let k1 = self.rng.below(u64::from(self.scenario.keys)) as u16;
         let first = {
-            let topic = self.rng.below(2) as usize;
+            let topic = self.rng.below(self.model_topics.len() as u64) as usize;
             self.model_channel(topic, k1)
         };
         let (p1, _) = self.produce_stamped(rogue.actor, &rogue.token, first, k1, false);
         rogue.token = rogue.token.merge(first, p1);
         let k2 = self.rng.below(u64::from(self.scenario.keys)) as u16;
         let channel = {
-            let topic = self.rng.below(2) as usize;
+            let topic = self.rng.below(self.model_topics.len() as u64) as usize;
             self.model_channel(topic, k2)
         };
         let (position, id) = self.produce_stamped(rogue.actor, &rogue.token, channel, k2, true);
@@ -89,7 +89,7 @@ impl World {
         let token = self.prune_token(taken);
         let key = self.rng.below(u64::from(self.scenario.keys)) as u16;
         let channel = {
-            let topic = self.rng.below(2) as usize;
+            let topic = self.rng.below(self.model_topics.len() as u64) as usize;
             self.model_channel(topic, key)
         };
         let author = self.clients[c].actor;

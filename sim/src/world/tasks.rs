@@ -314,6 +314,9 @@ impl World {
                     let held = !deliveries.iter().any(|d| d.channel == c && d.position == f.position);
                     if held {
                         self.stats.held += 1;
+                        if self.running(t).engine().channels_holding().nth(1).is_some() {
+                            self.stats.held_on_two_channels += 1;
+                        }
                     }
                     line.push_str(&format!(" @{}:{}", f.position, if held { "held" } else { "ok" }));
                     for d in &deliveries {
