@@ -217,6 +217,13 @@ impl Scenario {
         Scenario { name: "budget", small_budgets: true, recreate_weight: 0, work_steps: 700, ..Scenario::soak() }
     }
 
+    /// Budget pressure in random graphs: `budget`'s small metadata budgets over `random`'s
+    /// topologies and 1–3 model topics, so what a stamp names grows with the graph. No
+    /// topic is recreated, as in `budget`: a frontier names exactly what its process knows.
+    pub fn random_budget() -> Scenario {
+        Scenario { name: "random_budget", random_topology: true, model_topic_counts: &[1, 2, 3], ..Scenario::budget() }
+    }
+
     /// High availability: leases, takeovers, zombies with late commits, failing and
     /// rejected steps (see [`Scenario::ha`] the field).
     pub fn ha() -> Scenario {
@@ -246,6 +253,7 @@ impl Scenario {
             Scenario::hostile_host(),
             Scenario::budget(),
             Scenario::ha(),
+            Scenario::random_budget(),
         ]
     }
 }

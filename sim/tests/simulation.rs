@@ -823,3 +823,33 @@ fn budget_sweep() {
     ];
     check_floors("budget", &reports, &floors);
 }
+
+#[test]
+fn random_budget_sweep() {
+    let reports = sweep("random_budget_sweep", &Scenario::random_budget(), 200);
+    print_model_totals("random_budget", &reports);
+    let mut floors = vec![
+        floor("a budget refusal on receipt", |s| s.budget_refusals_on_receipt, 50),
+        floor("a budget refusal on a stamp", |s| s.budget_refusals_on_stamp, 38),
+        floor("a process receiving a channel it sends to", |s| s.self_channels, 75),
+        floor("a cycle among processes", |s| s.process_cycles, 54),
+    ];
+    floors.extend(model_topic_floors());
+    check_floors("random_budget", &reports, &floors);
+    let multi = with_model_topics(&reports, 2);
+    check_floors("random_budget, 2-3 model topics", &multi, &[floor("records held at a task's gate", |s| s.held, 78)]);
+}
+
+/// Budgets in random graphs: stamps naming more topics and channels than the fixed graph's.
+#[test]
+fn sabotage_ignore_budget_is_caught_in_random_graphs() {
+    must_catch(
+        Sabotage::IgnoreBudget,
+        &Scenario::random_budget(),
+        IGNORE_BUDGET_RANDOM_FLOOR,
+        &[ViolationKind::MissedRefusal],
+    );
+}
+
+// Pinned below the rate measured in docs/verification.md ("Sabotage").
+const IGNORE_BUDGET_RANDOM_FLOOR: u64 = 64;
