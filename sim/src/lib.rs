@@ -547,6 +547,8 @@ pub struct Stats {
     /// Receipts that left a task holding records on two channels at once (both waiting on
     /// a third: only with three model topics).
     pub held_on_two_channels: u64,
+    /// `OUT_OF_ORDER_FEED` refusals by projector tasks (of `out_of_order_refusals`).
+    pub task_out_of_order_refusals: u64,
 }
 
 /// The outcome of one run.

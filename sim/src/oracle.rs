@@ -832,6 +832,12 @@ impl Oracle {
         out_of_order
     }
 
+    /// The receiver's engine was restored (a new execution): what it fed before may be fed
+    /// again (a replay the engine drops), so no position counts as fed any more.
+    pub fn restored(&mut self, receiver: usize) {
+        self.receivers[receiver].fed.clear();
+    }
+
     /// The first record on `channel` the receiver received in a committed step and has not
     /// delivered: while one exists, a declaration without the channel must be refused
     /// `CHANNEL_REMOVED_WITH_HELD_MESSAGES`.

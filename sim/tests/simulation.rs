@@ -704,7 +704,7 @@ fn sabotage_frontier_not_persisted_is_caught() {
 const IGNORE_REMOVED_FLOOR: u64 = 37;
 const IGNORE_RECREATION_FLOOR: u64 = 78;
 const IGNORE_SEED_FLOOR_FLOOR: u64 = 80;
-const ACCEPT_OUT_OF_ORDER_FLOOR: u64 = 47;
+const ACCEPT_OUT_OF_ORDER_FLOOR: u64 = 67;
 const IGNORE_BUDGET_FLOOR: u64 = 48;
 const REFUSED_RECORD_COUNTED_FED_FLOOR: u64 = 5;
 const FRONTIER_NOT_PERSISTED_FLOOR: u64 = 77;
@@ -784,8 +784,13 @@ fn print_model_totals(scenario: &str, reports: &[RunReport]) {
         ("held at a task's gate (1 topic)", |s| if s.model_topics == 1 { s.held } else { 0 }),
         ("task holding on two channels", |s| s.held_on_two_channels),
     ];
-    let mut out = format!("scenario {scenario}, by model topics:\n");
-    for (what, metric) in rows {
+    print_more_totals(&format!("scenario {scenario}, by model topics"), reports, &rows);
+}
+
+/// Totals of `rows` over `reports`, under `title`.
+fn print_more_totals(title: &str, reports: &[RunReport], rows: &[Metric]) {
+    let mut out = format!("{title}:\n");
+    for &(what, metric) in rows {
         let total: u64 = reports.iter().map(|r| metric(&r.stats)).sum();
         let seeds = reports.iter().filter(|r| metric(&r.stats) > 0).count();
         out.push_str(&format!("  {what:32} {total:>8} total, reached in {seeds:>4} seeds\n"));
@@ -809,7 +814,14 @@ fn scopes_sweep() {
 fn hostile_host_sweep() {
     let reports = sweep("hostile_host_sweep", &Scenario::hostile_host(), 200);
     let mut floors = common_floors();
-    floors.push(floor("an out-of-order feed refused", |s| s.out_of_order_refusals, 40));
+    let rows: [Metric; 2] = [
+        ("OUT_OF_ORDER_FEED at a task", |s| s.task_out_of_order_refusals),
+        ("OUT_OF_ORDER_FEED at a process", |s| s.out_of_order_refusals - s.task_out_of_order_refusals),
+    ];
+    print_more_totals("scenario hostile_host, by receiver", &reports, &rows);
+    floors.push(floor("an out-of-order feed refused", |s| s.out_of_order_refusals, 70));
+    floors.push(floor("an out-of-order feed refused at a task", |s| s.task_out_of_order_refusals, 60));
+    floors.push(floor("... at a process", |s| s.out_of_order_refusals - s.task_out_of_order_refusals, 40));
     check_floors("hostile_host", &reports, &floors);
 }
 

@@ -188,6 +188,9 @@ struct Running {
     instance: u32,
     /// Records fed in the step in progress (a careful step that fed one names a rejection).
     fed_in_step: usize,
+    /// Per channel, where this execution started reading (its assigned position): an
+    /// out-of-order feed rewinds no further.
+    exec_start: BTreeMap<ChannelId, Position>,
 }
 
 /// A step's commit sent but not yet arrived at the database (its owner froze meanwhile).

@@ -84,6 +84,7 @@ impl World {
             epoch,
             instance,
             fed_in_step: 0,
+            exec_start: BTreeMap::new(),
         };
         self.tasks[t].state = TaskState::Up(Box::new(run));
         self.task_drive(t);
@@ -172,6 +173,7 @@ impl World {
             self.stats.restores_with_held += 1;
         }
         self.trace.push(format!("{} task{t} restore ({held} held)", self.step));
+        self.oracle.restored(self.tasks[t].receiver);
         self.running(t).host.restored(persisted, BTreeSet::new());
     }
 
@@ -211,6 +213,7 @@ impl World {
         let resume: Vec<String> = next_fetch.iter().map(|(c, p)| format!("{}@{p}", self.name(c))).collect();
         self.trace.push(format!("{} task{t} resume {}", self.step, resume.join(" ")));
         let run = self.running(t);
+        run.exec_start = next_fetch.clone();
         run.next_fetch = next_fetch;
         run.host.assigned();
     }
@@ -267,6 +270,9 @@ impl World {
         let max = self.rng.range(1, self.scenario.max_batch) as usize;
         let Next::Poll { max_records } = self.running(t).host.next_action() else { return };
         let max = max_records.map_or(max, |m| m.min(max));
+        if self.scenario.out_of_order_feeds && self.rng.chance(1, OUT_OF_ORDER_ODDS) {
+            self.task_rewind(t, c);
+        }
         let from = self.running(t).next_fetch[&c];
         let (records, next) = match self.kafka.fetch_to(&c, from, max) {
             Ok(r) => r,
@@ -291,6 +297,7 @@ impl World {
         let mut previous = from;
         let mut line = format!("{} task{t} feed {}", self.step, self.name(&c));
         let mut refused = None;
+        let mut out_of_order_refused = None;
         for f in records {
             if self.kafka.aborted_between(&c, previous, f.position) {
                 self.stats.aborted_runs_crossed += 1;
@@ -305,6 +312,7 @@ impl World {
                 let detail = format!("task{t} accepted #{}, whose causes value is over its metadata budget", f.id);
                 self.oracle.report(ViolationKind::MissedRefusal, detail);
             }
+            let out_of_order = self.task_fed(t, c, f.position, receipt.is_ok());
             match receipt {
                 Ok(Receipt::Duplicate) => {
                     self.stats.replays_dropped += 1;
@@ -326,6 +334,10 @@ impl World {
                     let run = self.running(t);
                     run.applied.extend(deliveries.iter().map(|d| d.payload));
                 }
+                Err(refusal) if out_of_order && self.out_of_order_refusal_due(&refusal, c, f.position) => {
+                    out_of_order_refused = Some(refusal);
+                    break;
+                }
                 Err(refusal) => {
                     refused = Some((refusal, f.id));
                     break;
@@ -345,6 +357,12 @@ impl World {
         if let Some((refusal, id)) = refused {
             self.task_refused(t, refusal, Some(id));
         }
+        if let Some(refusal) = &out_of_order_refused {
+            self.stats.refusals += 1;
+            self.stats.out_of_order_refusals += 1;
+            self.stats.task_out_of_order_refusals += 1;
+            self.trace.push(format!("{} task{t} refused {}: {}", self.step, refusal.reason, refusal.diagnosis));
+        }
         self.running(t).host.batch_done();
         let careful = self.running(t).host.careful();
         // A careful step is one batch, as the projector's runner steps (its poll bounded
@@ -353,6 +371,59 @@ impl World {
             self.task_commit(t);
             self.task_drive(t);
         }
+        if out_of_order_refused.is_some() {
+            self.task_restart_fixed(t);
+        }
+    }
+
+    /// The injected host bug (where the scenario has it): the consumer of channel `c`
+    /// rewinds by one to three positions, never below where this execution started reading
+    /// nor below the log start, so the next feed repeats positions already fed.
+    fn task_rewind(&mut self, t: usize, c: ChannelId) {
+        let log_start = self.kafka.log_start(&c);
+        let back = self.rng.range(1, 3);
+        let run = self.running(t);
+        let next = run.next_fetch[&c];
+        let to = (next - back).max(run.exec_start.get(&c).copied().unwrap_or(next)).max(log_start);
+        if to < next {
+            run.next_fetch.insert(c, to);
+            self.trace.push(format!("{} task{t} host bug: rewinds {} to {to}", self.step, self.name(&c)));
+        }
+    }
+
+    /// Tells the oracle task `t`'s host fed `position` on `c` (the engine `accepted` it, or
+    /// not): returns whether it was fed already in this execution, which the engine must
+    /// refuse `OUT_OF_ORDER_FEED` — accepting it is a missed refusal.
+    fn task_fed(&mut self, t: usize, c: ChannelId, position: Position, accepted: bool) -> bool {
+        let out_of_order = self.oracle.fed(self.tasks[t].receiver, c, position);
+        if out_of_order {
+            self.stats.out_of_order_feeds += 1;
+            if accepted {
+                let detail = format!("task{t} accepted {}@{position}, an out-of-order feed", self.name(&c));
+                self.oracle.report(ViolationKind::MissedRefusal, detail);
+            }
+        }
+        out_of_order
+    }
+
+    /// Whether `refusal` is the `OUT_OF_ORDER_FEED` due for feeding `position` on `c` again.
+    fn out_of_order_refusal_due(&self, refusal: &Refusal, c: ChannelId, position: Position) -> bool {
+        refusal.reason == RefusalReason::OutOfOrderFeed
+            && refusal.channel == Some(c)
+            && refusal.position == Some(position)
+    }
+
+    /// After a judged `OUT_OF_ORDER_FEED`, the operator fixes the host, clears the refusal
+    /// and restarts the task: it restores from its rows (what it fed again was never
+    /// committed) and must go on as if the bug had never been.
+    fn task_restart_fixed(&mut self, t: usize) {
+        if !self.tasks[t].refused || !matches!(self.tasks[t].state, TaskState::Up(_)) {
+            return;
+        }
+        self.db.tasks[t].refusal = None;
+        self.trace.push(format!("{} task{t} restarted by the operator, its host fixed", self.step));
+        self.task_down(t);
+        self.task_start(t);
     }
 
     /// A refusal, judged: it is expected only on a damaged record (`UNDECODABLE_METADATA`),
