@@ -344,7 +344,7 @@ impl World {
                 }
             }
         }
-        if refused.is_none() {
+        if refused.is_none() && out_of_order_refused.is_none() {
             // Every record below the consumer's position was fed.
             let run = self.running(t);
             run.next_fetch.insert(c, next);
