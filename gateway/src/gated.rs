@@ -78,6 +78,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use parsley::gate::{gate, refresh, ClockRow, GateGap, ModelShape, Verdict};
+use parsley::kept::{Consult, KeptRules, KeptView};
 use parsley::{CausalPast, ChannelId, TopicId};
 use parsley_settings::config::ModelConfig;
 use parsley_store::documents::{ClockScope, GateInputs, GatedSnapshot, RecordedModel};
@@ -475,17 +476,31 @@ async fn attempt<S: Snapshot>(
     // barrier on the listener's connection, shared by the reads that ask meanwhile): so a
     // change committed before the read arrived — a step, or an edit by hand — is never
     // hidden by a snapshot taken before it.
-    let covering = |kept: &KeptSnapshot<S::Data>| {
-        let served = served_tasks(model, scope, &kept.shape);
-        (unchecked || gate(demand, &kept.shape, &kept.rows, &served).is_covered()).then_some(served)
+    // The rules are the core's (`parsley::kept`): what is kept is servable (`reader.kept`
+    // answers only with a snapshot whose generation is current and that is young enough).
+    let consult = |kept: Option<&KeptSnapshot<S::Data>>, barrier_passed: bool| {
+        let served = kept.map(|k| served_tasks(model, scope, &k.shape)).unwrap_or_default();
+        let view = kept.map(|k| KeptView { servable: true, shape: &k.shape, rows: &k.rows, served: &served });
+        let may_keep = state.notifier.may_keep();
+        if unchecked {
+            // The checker's sabotage: what is kept serves without its gate (after the barrier).
+            return match kept {
+                Some(_) if may_keep && !barrier_passed => Consult::Barrier,
+                Some(k) if may_keep => Consult::Serve { refreshed: refresh(token, &k.shape, &k.rows, &served) },
+                _ => Consult::Read,
+            };
+        }
+        KeptRules::SHIPPED.consult(view, may_keep, barrier_passed, demand, token)
     };
-    if keeping
-        && reader.kept(state, &model.name).is_some_and(|kept| covering(&kept).is_some())
-        && state.notifier.caught_up(KEPT_BARRIER_WAIT).await
-    {
-        if let Some((kept, served)) = reader.kept(state, &model.name).and_then(|k| covering(&k).map(|s| (k, s))) {
+    if keeping {
+        let mut kept = reader.kept(state, &model.name);
+        let mut verdict = consult(kept.as_ref(), false);
+        if verdict == Consult::Barrier && state.notifier.caught_up(KEPT_BARRIER_WAIT).await {
+            kept = reader.kept(state, &model.name);
+            verdict = consult(kept.as_ref(), true);
+        }
+        if let (Consult::Serve { refreshed }, Some(kept)) = (verdict, kept) {
             state.metrics.add(Metric::ReadCacheTotal, &[("model", &model.name), ("result", "hit")], 1.0);
-            let refreshed = refresh(token, &kept.shape, &kept.rows, &served);
             return Ok(Ok(Served { data: kept.data, refreshed }));
         }
     }

@@ -31,6 +31,7 @@ mod world;
 pub use oracle::{Violation, ViolationKind};
 use parsley::engine::EngineSabotage;
 use parsley::gate::GateSabotage;
+use parsley::kept::KeptSabotage;
 
 /// The shape and mix of one family of runs.
 #[derive(Clone, Debug)]
@@ -95,6 +96,11 @@ pub struct Scenario {
     /// fenced; commits fail transiently, lose their answers (the outcome unknown to the
     /// host), and the projection rejects a record now and then (`PROJECTION_REJECTED`).
     pub ha: bool,
+    /// Two gateways keep covered snapshots in memory, each with a listener whose
+    /// notifications the scheduler delays, loses (the connection drops) and delivers; a
+    /// read's statement spans scheduler steps, and every read must be fresh: it reflects
+    /// every change its serving tasks committed before it arrived.
+    pub kept: bool,
 }
 
 impl Scenario {
@@ -126,6 +132,7 @@ impl Scenario {
             out_of_order_feeds: false,
             small_budgets: false,
             ha: false,
+            kept: false,
         }
     }
 
@@ -219,6 +226,22 @@ impl Scenario {
         Scenario { name: "ha", ha: true, crash_weight: 1, work_steps: 800, ..Scenario::soak() }
     }
 
+    /// Kept snapshots at two gateways (see [`Scenario::kept`] the field), on models of 2–4
+    /// tasks so that pages are served by several; no replica (its reads are stale by
+    /// design, and nothing read from it is kept).
+    pub fn kept() -> Scenario {
+        Scenario {
+            name: "kept",
+            kept: true,
+            replica: false,
+            task_counts: &[2, 3, 4],
+            keys: 4,
+            clients: 4,
+            work_steps: 700,
+            ..Scenario::soak()
+        }
+    }
+
     /// A known limit, not a default sweep: a process that receives both an upstream
     /// channel and a topic session clients write to. A client that read an effect of an
     /// upstream record `u` learns `u`, but the refreshed token carries `u`'s channel only
@@ -242,6 +265,7 @@ impl Scenario {
             Scenario::hostile_host(),
             Scenario::budget(),
             Scenario::ha(),
+            Scenario::kept(),
         ]
     }
 }
@@ -330,10 +354,23 @@ pub enum Sabotage {
     /// Host (the step transaction): no epoch is checked at all, so a zombie's step is
     /// accepted after another instance took its task.
     ZombieStepAccepted,
+    /// Kept snapshots (`parsley::kept`): a kept snapshot serves a read without the
+    /// listener's barrier, so a change committed before the read but not yet heard is
+    /// missed.
+    KeptNoBarrier,
+    /// Kept snapshots: the listener's reconnect changes no generation, so what was kept
+    /// before notifications were lost is served after.
+    KeptAcrossReconnect,
+    /// Kept snapshots: kept under the generation read after the statement, so a change
+    /// heard while it ran is hidden.
+    KeptGenerationAfterStatement,
+    /// Kept snapshots: a page is kept under its first task's generation only, so another
+    /// task's step does not drop it.
+    KeptPageUnderOwner,
 }
 
 impl Sabotage {
-    pub const ALL: [Sabotage; 29] = [
+    pub const ALL: [Sabotage; 33] = [
         Sabotage::IgnoreCauses,
         Sabotage::NoFifoHold,
         Sabotage::NoReplayDrop,
@@ -363,6 +400,10 @@ impl Sabotage {
         Sabotage::EpochCheckedBeforeLock,
         Sabotage::StepInTwoTransactions,
         Sabotage::ZombieStepAccepted,
+        Sabotage::KeptNoBarrier,
+        Sabotage::KeptAcrossReconnect,
+        Sabotage::KeptGenerationAfterStatement,
+        Sabotage::KeptPageUnderOwner,
     ];
 
     fn engine(self) -> EngineSabotage {
@@ -383,6 +424,16 @@ impl Sabotage {
             Sabotage::IgnoreBudget => EngineSabotage::IgnoreBudget,
             Sabotage::RefusedRecordCountedFed => EngineSabotage::RefusedRecordCountedFed,
             _ => EngineSabotage::None,
+        }
+    }
+
+    fn kept(self) -> KeptSabotage {
+        match self {
+            Sabotage::KeptNoBarrier => KeptSabotage::NoBarrier,
+            Sabotage::KeptAcrossReconnect => KeptSabotage::KeptAcrossReconnect,
+            Sabotage::KeptGenerationAfterStatement => KeptSabotage::GenerationAfterStatement,
+            Sabotage::KeptPageUnderOwner => KeptSabotage::PageUnderOwner,
+            _ => KeptSabotage::None,
         }
     }
 
@@ -530,6 +581,25 @@ pub struct Stats {
     /// `PROJECTION_REJECTED` refusals: first, and met again after a restart.
     pub rejections: u64,
     pub rejections_recurred: u64,
+    /// Reads served from a kept snapshot, and of those, pages.
+    pub kept_served: u64,
+    pub kept_pages_served: u64,
+    /// Barriers run for a read a kept snapshot covered, and notifications they made the
+    /// listener hear first.
+    pub kept_barriers: u64,
+    pub barrier_heard: u64,
+    /// Snapshots kept, and covered reads whose snapshot was not kept because a
+    /// notification was heard while their statement ran.
+    pub kept_stored: u64,
+    pub kept_refused_heard: u64,
+    /// Kept snapshots found no longer servable (their generation moved, or too old).
+    pub kept_dropped: u64,
+    /// Notifications heard on their own, and lost with a dropped connection.
+    pub notifications_heard: u64,
+    pub notifications_lost: u64,
+    pub listener_drops: u64,
+    /// Served reads judged for freshness.
+    pub fresh_reads_judged: u64,
 }
 
 /// The outcome of one run.

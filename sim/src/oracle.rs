@@ -107,6 +107,8 @@ pub enum ViolationKind {
     /// a receiver delivered a record it had already delivered, or did not resume a channel
     /// at the record after its last committed delivery there.
     RestartOrder,
+    /// A read served without a change its served tasks committed before it arrived.
+    NotFresh,
     /// On a channel that joined its scope, a receiver delivered a record its delivered past
     /// already accounted for (itself, or a cause of something it delivered): at or below
     /// the seed floor, so a cause delivered after its effect.
@@ -133,6 +135,7 @@ impl ViolationKind {
             ViolationKind::RefusalNotRecurring => "refusal-not-recurring",
             ViolationKind::MissedRefusal => "missed-refusal",
             ViolationKind::RestartOrder => "restart-order",
+            ViolationKind::NotFresh => "not-fresh",
             ViolationKind::BehindSeedFloor => "behind-seed-floor",
         }
     }
@@ -610,6 +613,41 @@ impl Oracle {
                 self.violate(kind, detail);
             }
             self.receivers[receiver].db_applied.insert(id);
+        }
+    }
+
+    /// What a read arriving now must show, whoever asks: every record the rows of
+    /// `receivers` (the tasks serving it) hold, of `key` only if it reads one key.
+    pub fn fresh_floor(&self, receivers: &[usize], key: Option<u16>) -> RecordSet {
+        let mut floor = RecordSet::new();
+        for &r in receivers {
+            floor.union_with(&self.receivers[r].db_applied);
+        }
+        match key {
+            Some(k) => match self.by_key.get(&k) {
+                Some(of_key) => floor.minus(&floor.minus(of_key)),
+                None => RecordSet::new(),
+            },
+            None => floor,
+        }
+    }
+
+    /// Judges a served read's freshness: `observed` must hold every record of `floor`
+    /// ([`Oracle::fresh_floor`] when the read arrived).
+    pub fn judge_fresh(&mut self, floor: &RecordSet, observed: &[RecordId], what: &str) {
+        let mut seen = RecordSet::new();
+        for &id in observed {
+            seen.insert(id);
+        }
+        let missing = floor.minus(&seen);
+        let first = missing.iter().next();
+        if let Some(m) = first {
+            let detail = format!(
+                "{what} lacks {} ({} record(s) in all), committed before the read arrived",
+                self.describe(m),
+                missing.len()
+            );
+            self.violate(ViolationKind::NotFresh, detail);
         }
     }
 

@@ -120,7 +120,7 @@ fn check_floors(scenario: &str, reports: &[RunReport], floors: &[Floor]) {
 type Metric = (&'static str, fn(&Stats) -> u64);
 
 fn print_totals(scenario: &str, reports: &[RunReport]) {
-    let rows: [Metric; 70] = [
+    let rows: [Metric; 82] = [
         ("steps", |s| s.steps),
         ("records", |s| s.records),
         ("deliveries (committed, tasks)", |s| s.deliveries),
@@ -191,6 +191,18 @@ fn print_totals(scenario: &str, reports: &[RunReport]) {
         ("batches the projection rejected", |s| s.batch_rejections),
         ("records rejected (refused)", |s| s.rejections),
         ("  rejected again after a restart", |s| s.rejections_recurred),
+        ("reads served from a kept snapshot", |s| s.kept_served),
+        ("  pages", |s| s.kept_pages_served),
+        ("barriers before a kept snapshot", |s| s.kept_barriers),
+        ("  notifications they heard first", |s| s.barrier_heard),
+        ("snapshots kept", |s| s.kept_stored),
+        ("  not kept: heard while read", |s| s.kept_refused_heard),
+        ("kept snapshots dropped (stale)", |s| s.kept_dropped),
+        ("notifications heard on their own", |s| s.notifications_heard),
+        ("notifications lost", |s| s.notifications_lost),
+        ("listener drops", |s| s.listener_drops),
+        ("reads judged for freshness", |s| s.fresh_reads_judged),
+        ("reads served (all)", |s| s.reads_served),
     ];
     let mut out = format!("scenario {scenario}: {} seeds\n", reports.len());
     for (what, metric) in rows {
@@ -286,7 +298,7 @@ fn corrupt_sweep() {
 
 #[test]
 fn ha_sweep() {
-    let reports = sweep("ha_sweep", &Scenario::ha(), 500);
+    let reports = sweep("ha_sweep", &Scenario::ha(), 300);
     let mut floors = common_floors();
     // Its faults restart tasks in other ways than crashes, and it reads the replica less.
     floors.retain(|f| f.what != "crashes while records were held" && f.what != "reads served by a lagging replica");
@@ -308,6 +320,22 @@ fn ha_sweep() {
         floor("rejections met again after a restart", |s| s.rejections_recurred, 1),
     ]);
     check_floors("ha", &reports, &floors);
+}
+
+#[test]
+fn kept_sweep() {
+    let reports = sweep("kept_sweep", &Scenario::kept(), 300);
+    let mut floors = common_floors();
+    floors.retain(|f| f.what != "reads served by a lagging replica");
+    floors.extend([
+        floor("reads served from a kept snapshot", |s| s.kept_served, 90),
+        floor("pages served from a kept snapshot", |s| s.kept_pages_served, 50),
+        floor("barriers that heard a queued notification first", |s| s.barrier_heard, 50),
+        floor("snapshots not kept: a notification heard while read", |s| s.kept_refused_heard, 40),
+        floor("kept snapshots dropped as stale", |s| s.kept_dropped, 80),
+        floor("notifications lost with a dropped connection", |s| s.notifications_lost, 50),
+    ]);
+    check_floors("kept", &reports, &floors);
 }
 
 /// Characterizes a known limit of the design (see `Scenario::audit`): the only
@@ -432,6 +460,26 @@ fn sabotage_step_in_two_transactions_is_caught() {
 #[test]
 fn sabotage_zombie_step_accepted_is_caught() {
     must_catch(Sabotage::ZombieStepAccepted, &Scenario::ha(), 63, &HA_KINDS);
+}
+
+#[test]
+fn sabotage_kept_no_barrier_is_caught() {
+    must_catch(Sabotage::KeptNoBarrier, &Scenario::kept(), 78, &[ViolationKind::NotFresh]);
+}
+
+#[test]
+fn sabotage_kept_across_reconnect_is_caught() {
+    must_catch(Sabotage::KeptAcrossReconnect, &Scenario::kept(), 19, &[ViolationKind::NotFresh]);
+}
+
+#[test]
+fn sabotage_kept_generation_after_statement_is_caught() {
+    must_catch(Sabotage::KeptGenerationAfterStatement, &Scenario::kept(), 53, &[ViolationKind::NotFresh]);
+}
+
+#[test]
+fn sabotage_kept_page_under_owner_is_caught() {
+    must_catch(Sabotage::KeptPageUnderOwner, &Scenario::kept(), 70, &[ViolationKind::NotFresh]);
 }
 
 #[test]

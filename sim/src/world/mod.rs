@@ -9,6 +9,7 @@
 //! kind of actor has its own file: [`producers`] (edge producers, session clients and their
 //! reads), [`processes`] (upstream processes), [`tasks`] (projector tasks).
 
+mod gateway;
 mod processes;
 mod producers;
 mod tasks;
@@ -24,6 +25,7 @@ use parsley::channel::{ChannelId, Position, TopicId};
 use parsley::engine::{ChannelFact, Engine, EngineConfig, Receipt};
 use parsley::gate::{self, ModelShape, Verdict};
 use parsley::host::{ChannelStart, Failure, LogStartCheck, Next, Observed, StepCommit, TaskHost, TaskStatus};
+use parsley::kept::KeptRules;
 use parsley::murmur2::partition_for_key;
 use parsley::past::CausalPast;
 use parsley::refusal::{Refusal, RefusalReason};
@@ -150,7 +152,7 @@ struct Process {
     exec_start: BTreeMap<ChannelId, Position>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum ReadKind {
     Key(u16),
     Collection,
@@ -265,6 +267,16 @@ enum Action {
     TaskFreeze(usize),
     /// A frozen execution (by index into `frozen`) wakes.
     TaskThaw(usize),
+    /// A gateway's listener hears its oldest queued notification; drops its connection;
+    /// connects again.
+    GatewayHear(usize),
+    GatewayDrop(usize),
+    GatewayConnect(usize),
+    /// A client's (or visitor's) read whose statement ran finishes (it is served, and
+    /// maybe kept).
+    ClientFinish(usize),
+    /// A visitor (a reader without a session) reads at a gateway.
+    VisitorRead(usize, ReadKind),
     ProcCrash(usize),
     Retention,
     RecreateExt,
@@ -310,6 +322,11 @@ pub(crate) struct World {
     /// From this step on, the next client write carries a value the projection rejects
     /// (where the scenario has leases, on some seeds).
     poison_at: Option<u64>,
+    /// The gateways that keep snapshots (the `kept` scenario), the core's rules they keep
+    /// them by, and the clients' reads whose statement ran and which finish later.
+    gateways: Vec<gateway::Gateway>,
+    kept_rules: KeptRules,
+    reads_in_flight: BTreeMap<usize, gateway::InFlightRead>,
 }
 
 /// A receiver's engine configuration: a small metadata budget where the scenario has them
@@ -494,6 +511,13 @@ impl World {
             trace: Vec::new(),
             frozen: Vec::new(),
             poison_at,
+            gateways: if scenario.kept {
+                (0..gateway::GATEWAYS).map(|_| gateway::Gateway::new()).collect()
+            } else {
+                Vec::new()
+            },
+            kept_rules: KeptRules::sabotaged(sabotage.kept()),
+            reads_in_flight: BTreeMap::new(),
         }
     }
 
@@ -606,14 +630,21 @@ impl World {
             }
         }
         for (i, c) in self.clients.iter().enumerate() {
+            if self.reads_in_flight.contains_key(&i) {
+                push(Action::ClientFinish(i), 3);
+                continue;
+            }
             match c.pending_read {
                 Some(_) if self.changes > c.last_attempt => push(Action::ClientRetry(i), 4),
                 Some(_) => {}
                 None if work => {
-                    push(Action::ClientWrite(i), 3);
+                    // Where gateways keep snapshots, sessions read more than they write, so
+                    // reads meet what earlier reads kept.
+                    let (write, key, page) = if s.kept { (1, 6, 2) } else { (3, 3, 1) };
+                    push(Action::ClientWrite(i), write);
                     // The key is drawn when the read is performed.
-                    push(Action::ClientRead(i, ReadKind::Key(0)), 3);
-                    push(Action::ClientRead(i, ReadKind::Collection), 1);
+                    push(Action::ClientRead(i, ReadKind::Key(0)), key);
+                    push(Action::ClientRead(i, ReadKind::Collection), page);
                 }
                 None => {}
             }
@@ -698,6 +729,7 @@ impl World {
         for z in 0..self.frozen.len() {
             push(Action::TaskThaw(z), 1);
         }
+        self.gateway_actions(&mut push);
         if self.replica.is_some() && self.replica_version < self.db_version {
             push(Action::ReplicaSync, if work { 2 } else { 3 });
         }
@@ -842,14 +874,31 @@ impl World {
                     ReadKind::Key(_) => ReadKind::Key(self.rng.below(u64::from(self.scenario.keys)) as u16),
                     k => k,
                 };
+                if self.scenario.kept {
+                    return self.gateway_read(c, kind);
+                }
                 let from_replica = self.replica.is_some() && self.rng.chance(1, 2);
                 self.client_read(c, kind, false, from_replica);
             }
             Action::ClientRetry(c) => {
                 let kind = self.clients[c].pending_read.expect("a pending read");
+                if self.scenario.kept {
+                    return self.gateway_read(c, kind);
+                }
                 let from_replica = self.replica.is_some() && self.rng.chance(1, 2);
                 self.client_read(c, kind, false, from_replica);
             }
+            Action::ClientFinish(c) => self.gateway_read_finish(c),
+            Action::VisitorRead(v, kind) => {
+                let kind = match kind {
+                    ReadKind::Key(_) => ReadKind::Key(self.rng.below(u64::from(self.scenario.keys)) as u16),
+                    k => k,
+                };
+                self.gateway_read(self.clients.len() + v, kind);
+            }
+            Action::GatewayHear(g) => self.gateway_hear_one(g),
+            Action::GatewayDrop(g) => self.gateway_drop(g),
+            Action::GatewayConnect(g) => self.gateway_connect(g),
             Action::ReplicaSync => {
                 self.replica = Some(self.db.clone());
                 self.replica_version = self.db_version;

@@ -554,6 +554,11 @@ impl World {
             self.db.tasks[t].failing = false;
         }
         self.committed_read.extend(in_flight.read_to.clone());
+        // The step's NOTIFY: its clock changed, or its status did.
+        let changes = &in_flight.commit.changes;
+        if in_flight.commit.notify || !changes.clock_upserts.is_empty() || !changes.clock_removed.is_empty() {
+            self.notify_gateways(t);
+        }
         let persist_held = self.sabotage != Sabotage::HeldNotPersisted;
         self.db.commit(t as u32, in_flight.commit.changes.clone(), &in_flight.applied, persist_held);
         let ids: Vec<RecordId> = in_flight.applied.iter().map(|p| p.id).collect();
