@@ -85,6 +85,18 @@ pub enum EngineSabotage {
     /// persists the refusal persists `fed_up_to` past it, so a restart reads on after the
     /// record and the refusal does not recur.
     RefusedRecordCountedFed,
+    /// Host machine ([`crate::host::TaskHost`]): a step's and a start's changes are handed
+    /// over without the records they leave held, so the host never persists them.
+    HostHeldNotHandedOver,
+    /// Host machine: every log start it is told is taken as the first one it was told for
+    /// that channel in this execution, so retention that passes a held record while the
+    /// task runs goes unnoticed until the next start.
+    HostStaleLogStart,
+    /// Host machine: every log start it is told is taken two positions further on.
+    HostLogStartAhead,
+    /// Host machine: the consumer's read positions are ignored, so `fed_up_to` stops at the
+    /// last record fed and retention past a trailing transaction marker refuses.
+    HostReadPositionIgnored,
 }
 
 /// A received, undelivered record, with whatever the host keeps of it (`payload`).

@@ -423,6 +423,10 @@ impl Sabotage {
             Sabotage::IgnoreSeedFloor => EngineSabotage::IgnoreSeedFloor,
             Sabotage::IgnoreBudget => EngineSabotage::IgnoreBudget,
             Sabotage::RefusedRecordCountedFed => EngineSabotage::RefusedRecordCountedFed,
+            Sabotage::HeldNotPersisted => EngineSabotage::HostHeldNotHandedOver,
+            Sabotage::StaleLogStart => EngineSabotage::HostStaleLogStart,
+            Sabotage::LogStartAhead => EngineSabotage::HostLogStartAhead,
+            Sabotage::ReadPositionIgnored => EngineSabotage::HostReadPositionIgnored,
             _ => EngineSabotage::None,
         }
     }

@@ -566,12 +566,12 @@ fn sabotage_token_prunes_received_channels_is_caught() {
 
 #[test]
 fn sabotage_stale_log_start_is_caught() {
-    must_catch(Sabotage::StaleLogStart, &Scenario::retention(), 16, &[ViolationKind::MissedRefusal]);
+    must_catch(Sabotage::StaleLogStart, &Scenario::retention(), 17, &[ViolationKind::MissedRefusal]);
 }
 
 #[test]
 fn sabotage_read_position_ignored_is_caught() {
-    must_catch(Sabotage::ReadPositionIgnored, &Scenario::retention(), 21, &[ViolationKind::UnexpectedRefusal]);
+    must_catch(Sabotage::ReadPositionIgnored, &Scenario::retention(), 32, &[ViolationKind::UnexpectedRefusal]);
 }
 
 #[test]

@@ -29,7 +29,7 @@ use parsley::kept::KeptRules;
 use parsley::murmur2::partition_for_key;
 use parsley::past::CausalPast;
 use parsley::refusal::{Refusal, RefusalReason};
-use parsley::startup::{check_topic_identity, ResolvedTopic};
+use parsley::startup::{check_topic_identity_sabotaged, ResolvedTopic};
 
 const MODEL_TOPICS: [&str; 2] = ["orders", "payments"];
 
@@ -178,9 +178,6 @@ struct Running {
     /// Per channel, the log start the host last checked with the engine: the periodic
     /// check is due once retention moved a holding channel's log start past it.
     log_start_checked: BTreeMap<ChannelId, Position>,
-    /// Per channel, the log start read at this start (what `StaleLogStart` keeps telling
-    /// the engine).
-    log_start_at_start: BTreeMap<ChannelId, Position>,
     /// Per channel, the consumer's position: past the last record fed and past the
     /// markers and aborted runs after it.
     read_to: BTreeMap<ChannelId, Position>,
