@@ -449,7 +449,7 @@ const HA_KINDS: [ViolationKind; 5] = [
 
 #[test]
 fn sabotage_epoch_checked_before_lock_is_caught() {
-    must_catch(Sabotage::EpochCheckedBeforeLock, &Scenario::ha(), 27, &HA_KINDS);
+    must_catch(Sabotage::EpochCheckedBeforeLock, &Scenario::ha(), 28, &HA_KINDS);
 }
 
 #[test]
@@ -459,7 +459,7 @@ fn sabotage_step_in_two_transactions_is_caught() {
 
 #[test]
 fn sabotage_zombie_step_accepted_is_caught() {
-    must_catch(Sabotage::ZombieStepAccepted, &Scenario::ha(), 63, &HA_KINDS);
+    must_catch(Sabotage::ZombieStepAccepted, &Scenario::ha(), 64, &HA_KINDS);
 }
 
 #[test]
@@ -519,7 +519,7 @@ fn sabotage_prune_drops_live_cause_is_caught() {
     must_catch(
         Sabotage::PruneDropsLiveCause,
         &Scenario::unread(),
-        6,
+        7,
         &[ViolationKind::CausalOrder, ViolationKind::MonotonicWrites, ViolationKind::WritesFollowReads],
     );
 }
@@ -541,7 +541,7 @@ fn sabotage_refresh_full_clock_is_caught() {
 
 #[test]
 fn sabotage_gate_served_task_only_is_caught() {
-    must_catch(Sabotage::GateServedTaskOnly, &Scenario::soak(), 65, &[ViolationKind::ReadNeverCovered]);
+    must_catch(Sabotage::GateServedTaskOnly, &Scenario::soak(), 66, &[ViolationKind::ReadNeverCovered]);
 }
 
 #[test]
@@ -549,7 +549,7 @@ fn sabotage_split_snapshot_is_caught() {
     must_catch(
         Sabotage::SplitSnapshot,
         &Scenario::soak(),
-        75,
+        78,
         &[ViolationKind::MonotonicReads, ViolationKind::ReadYourWrites, ViolationKind::StaleRead],
     );
 }
@@ -559,7 +559,7 @@ fn sabotage_token_prunes_received_channels_is_caught() {
     must_catch(
         Sabotage::TokenPrunesReceivedChannels,
         &Scenario::retention(),
-        13,
+        26,
         &[ViolationKind::ReadYourWrites, ViolationKind::MonotonicReads, ViolationKind::StaleRead],
     );
 }
@@ -587,7 +587,7 @@ fn sabotage_skip_receipt_merge_is_caught() {
     must_catch(
         Sabotage::SkipReceiptMerge,
         &Scenario::long(),
-        52,
+        54,
         &[ViolationKind::CausalOrder, ViolationKind::MonotonicWrites, ViolationKind::WritesFollowReads],
     );
 }
@@ -640,12 +640,12 @@ fn sabotage_deliver_past_dead_holds_is_caught() {
 
 #[test]
 fn monotonic_writes_check_fails_when_causes_are_ignored() {
-    must_catch(Sabotage::IgnoreCauses, &Scenario::soak(), 70, &[ViolationKind::MonotonicWrites]);
+    must_catch(Sabotage::IgnoreCauses, &Scenario::soak(), 73, &[ViolationKind::MonotonicWrites]);
 }
 
 #[test]
 fn writes_follow_reads_check_fails_when_causes_are_ignored() {
-    must_catch(Sabotage::IgnoreCauses, &Scenario::soak(), 40, &[ViolationKind::WritesFollowReads]);
+    must_catch(Sabotage::IgnoreCauses, &Scenario::soak(), 44, &[ViolationKind::WritesFollowReads]);
 }
 
 #[test]
@@ -655,7 +655,7 @@ fn read_your_writes_check_fails_when_coverage_skips_unrecorded_channels() {
 
 #[test]
 fn monotonic_reads_check_fails_when_check_and_read_use_different_snapshots() {
-    must_catch(Sabotage::SplitSnapshot, &Scenario::soak(), 37, &[ViolationKind::MonotonicReads]);
+    must_catch(Sabotage::SplitSnapshot, &Scenario::soak(), 40, &[ViolationKind::MonotonicReads]);
 }
 
 #[test]
@@ -755,7 +755,7 @@ const IGNORE_SEED_FLOOR_FLOOR: u64 = 80;
 const ACCEPT_OUT_OF_ORDER_FLOOR: u64 = 47;
 const IGNORE_BUDGET_FLOOR: u64 = 48;
 const REFUSED_RECORD_COUNTED_FED_FLOOR: u64 = 5;
-const FRONTIER_NOT_PERSISTED_FLOOR: u64 = 77;
+const FRONTIER_NOT_PERSISTED_FLOOR: u64 = 79;
 
 #[test]
 fn every_sabotage_mode_has_a_meta_test() {
