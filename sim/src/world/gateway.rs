@@ -168,7 +168,7 @@ impl World {
                 let owner = self.owner_of_key[k as usize];
                 ([owner].into(), Some(owner), Some(k))
             }
-            ReadKind::Collection => ((0..self.model.task_count).collect(), None, None),
+            ReadKind::Collection | ReadKind::Query => ((0..self.model.task_count).collect(), None, None),
         };
         let receivers = served.iter().map(|&t| self.tasks[t as usize].receiver).collect();
         (served, key_owner, receivers, key)
@@ -191,6 +191,7 @@ impl World {
         let what = match kind {
             ReadKind::Key(k) => format!("{who}'s read of k{k} at gateway{g}"),
             ReadKind::Collection => format!("{who}'s collection read at gateway{g}"),
+            ReadKind::Query => format!("{who}'s named query at gateway{g}"),
         };
         // What it must show: every change committed before it arrived.
         let fresh = self.oracle.fresh_floor(&receivers, key);
@@ -199,7 +200,8 @@ impl World {
             let gw = &self.gateways[g];
             let may_keep = gw.connected;
             let now = gw.generation(owner);
-            let kept = gw.kept.get(&kind);
+            // A named query's answer is never kept, nor looked up.
+            let kept = gw.kept.get(&kind).filter(|_| kind != ReadKind::Query);
             let servable = kept.is_some_and(|k| {
                 rules.servable(k.generation, Some(now), steps(self.step - k.at), steps(MAX_AGE_STEPS))
             });
@@ -238,7 +240,8 @@ impl World {
             }
         }
         // The statement: the generation first, then one snapshot of rows and data.
-        let before = self.gateways[g].connected.then(|| self.gateways[g].generation(owner));
+        let before =
+            (self.gateways[g].connected && kind != ReadKind::Query).then(|| self.gateways[g].generation(owner));
         let rows = self.db.clock_rows();
         let verdict = gate::gate(&demand, &self.model, &rows, &served);
         if !verdict.is_covered() {
@@ -255,7 +258,9 @@ impl World {
         }
         let observed: Vec<RecordId> = match kind {
             ReadKind::Key(k) => self.db.doc(self.owner_of_key[k as usize], k).to_vec(),
-            ReadKind::Collection => self.db.tasks.iter().flat_map(|t| t.docs.values().flatten().copied()).collect(),
+            ReadKind::Collection | ReadKind::Query => {
+                self.db.tasks.iter().flat_map(|t| t.docs.values().flatten().copied()).collect()
+            }
         };
         let refreshed = gate::refresh(&token, &self.model, &rows, &served);
         if !visitor {
@@ -273,7 +278,7 @@ impl World {
         let rules = self.kept_rules;
         let key = match read.kind {
             ReadKind::Key(k) => Some(k),
-            ReadKind::Collection => None,
+            ReadKind::Collection | ReadKind::Query => None,
         };
         if c < self.clients.len() {
             self.oracle.read(c as u32, key, &read.observed, &read.what);
@@ -283,7 +288,7 @@ impl World {
         let gw = &self.gateways[read.gateway];
         let after = gw.connected.then(|| gw.generation(read.owner));
         match rules.keep_under(read.before, after) {
-            Some(generation) if gw.connected => {
+            Some(generation) if gw.connected && read.kind != ReadKind::Query => {
                 let snapshot = Snapshot { generation, at: self.step, rows: read.rows, observed: read.observed };
                 self.gateways[read.gateway].kept.insert(read.kind, snapshot);
                 self.stats.kept_stored += 1;

@@ -156,6 +156,9 @@ struct Process {
 enum ReadKind {
     Key(u16),
     Collection,
+    /// A named query over the model's table, answered by every task: the gateway never
+    /// keeps its answers (the `kept` scenario; elsewhere it reads as a collection).
+    Query,
 }
 
 /// An edge producer or a session client: a token, stamped onto every write.
@@ -642,6 +645,9 @@ impl World {
                     // The key is drawn when the read is performed.
                     push(Action::ClientRead(i, ReadKind::Key(0)), key);
                     push(Action::ClientRead(i, ReadKind::Collection), page);
+                    if s.kept {
+                        push(Action::ClientRead(i, ReadKind::Query), 1);
+                    }
                 }
                 None => {}
             }
