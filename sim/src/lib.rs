@@ -258,8 +258,9 @@ pub enum Sabotage {
     /// Host: the gate checks the primary's clock rows but the data comes from a lagging
     /// replica — check and read not in one snapshot.
     SplitSnapshot,
-    /// Gateway: token pairs on the model's own channels are pruned below the log start
-    /// too, though the owner may still hold the record there.
+    /// Token hygiene (the core's `gate::keeps_pair`, which the gateway and the simulator
+    /// call): token pairs on the model's own channels are pruned below the log start too,
+    /// though the owner may still hold the record there.
     TokenPrunesReceivedChannels,
     /// Host: a running task's log-start checks use the log start it read at its start, so
     /// retention passing a held record goes unnoticed until the next restart.
@@ -363,6 +364,7 @@ impl Sabotage {
             Sabotage::CoverageSkipsUnrecorded => GateSabotage::SkipUnrecorded,
             Sabotage::RefreshFullClock => GateSabotage::RefreshFullClock,
             Sabotage::GateServedTaskOnly => GateSabotage::ServedTaskOnly,
+            Sabotage::TokenPrunesReceivedChannels => GateSabotage::PruneReceivedBelowLogStart,
             _ => GateSabotage::None,
         }
     }

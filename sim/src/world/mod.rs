@@ -22,7 +22,7 @@ use crate::store::{Payload, SimDb, TaskRows};
 use crate::{RunReport, Sabotage, Scenario, Stats};
 use parsley::channel::{ChannelId, Position, TopicId};
 use parsley::engine::{ChannelFact, Engine, EngineConfig, Receipt};
-use parsley::gate::{self, ModelShape, Verdict};
+use parsley::gate::{self, ModelShape, PairFact, Verdict};
 use parsley::host::{ChannelStart, LogStartCheck, Next, Observed, TaskHost, TaskStatus};
 use parsley::murmur2::partition_for_key;
 use parsley::past::CausalPast;
@@ -514,30 +514,33 @@ impl World {
         self.kafka.fact(c)
     }
 
-    /// The gateway's token pruning: pairs on topics that are gone, and pairs on upstream
-    /// channels below the log start. Pairs on the model's own channels are kept, as the
-    /// clock rows that would cover them are: retention may pass a record its owner still
-    /// holds, and dropping the pair would let a read skip it.
-    /// The gateway's token hygiene: a pair is dropped only when its topic is gone — never
-    /// for its log start, since the token is stamped on the session's writes.
-    /// `TokenPrunesReceivedChannels` drops the model's own pairs below the log start too.
-    fn prune_token(&self, token: CausalPast) -> CausalPast {
-        let prune_received = self.sabotage == Sabotage::TokenPrunesReceivedChannels;
-        token.retain(|c, p| match self.fact(&c) {
-            ChannelFact::TopicGone => false,
-            ChannelFact::Live { log_start } => !(prune_received && self.is_model(&c) && p < log_start),
-            ChannelFact::Unknown => true,
-        })
+    /// What the gateway knows of a token pair's channel: whether its topic is gone, whether
+    /// the model receives it, and its log start.
+    fn pair_fact(&self, c: &ChannelId) -> PairFact {
+        match self.fact(c) {
+            ChannelFact::TopicGone => PairFact::TopicGone,
+            ChannelFact::Live { log_start } => {
+                PairFact::Live { received: self.is_model(c), log_start: Some(log_start) }
+            }
+            ChannelFact::Unknown => PairFact::Live { received: self.is_model(c), log_start: None },
+        }
     }
 
-    /// What a read demands of the token: the gateway stops demanding a pair below its log
-    /// start on a channel the model does not receive (clocks prune those entries), while the
-    /// token keeps it.
+    /// The gateway's token hygiene, the core's own rule ([`gate::prune_token`]): a pair is
+    /// dropped only when its topic is gone, never for its log start. The
+    /// `TokenPrunesReceivedChannels` sabotage breaks that rule inside the core.
+    fn prune_token(&self, token: CausalPast) -> CausalPast {
+        match self.sabotage.gate() {
+            gate::GateSabotage::None => gate::prune_token(token, |c| self.pair_fact(c)),
+            g => gate::prune_token_sabotaged(token, |c| self.pair_fact(c), g),
+        }
+    }
+
+    /// What a read demands of the token, the core's own rule ([`gate::read_demand`]): a pair
+    /// below its log start on a channel the model does not receive is no longer demanded
+    /// (clocks prune those entries), while the token keeps it.
     fn read_demand(&self, token: &CausalPast) -> CausalPast {
-        token.clone().retain(|c, p| match self.fact(&c) {
-            ChannelFact::Live { log_start } => self.is_model(&c) || p >= log_start,
-            _ => true,
-        })
+        gate::read_demand(token, |c| self.pair_fact(c))
     }
 
     fn enabled(&self) -> Vec<(Action, u32)> {
