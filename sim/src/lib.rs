@@ -89,6 +89,10 @@ pub struct Scenario {
     /// budget are refused `METADATA_BUDGET_EXCEEDED`: on receipt by tasks and processes,
     /// and on a process's stamp.
     pub small_budgets: bool,
+    /// Weight of a retention that outruns a lagging upstream reader at the moment it holds
+    /// nothing: up to exactly what the fastest reader of the channel read (0: none). Used
+    /// with `retention_passes_unread`.
+    pub outrun_weight: u32,
 }
 
 impl Scenario {
@@ -119,6 +123,7 @@ impl Scenario {
             scope_changes: false,
             out_of_order_feeds: false,
             small_budgets: false,
+            outrun_weight: 0,
         }
     }
 
@@ -169,13 +174,16 @@ impl Scenario {
     /// lag on a channel the first one reads too. A cause a sender delivered and a receiver
     /// never read is still stamped on the sender's effects, so the receiver holds the
     /// effect and refuses at the cause's channel instead of delivering it first (what a
-    /// sender pruning its frontier by the log start, `PruneDropsLiveCause`, breaks).
+    /// sender pruning its frontier by the log start, `PruneDropsLiveCause`, breaks). Besides
+    /// the usual retention, a second kind outruns a lagging process when it holds nothing and
+    /// has read everything else it receives: up to exactly what the fastest reader read.
     pub fn unread() -> Scenario {
         Scenario {
             name: "unread",
             retention_weight: 3,
             retention_passes_held: true,
             retention_passes_unread: true,
+            outrun_weight: 1,
             ..Scenario::soak()
         }
     }
