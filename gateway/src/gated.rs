@@ -77,7 +77,7 @@ use axum::extract::{FromRef, FromRequestParts};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
-use parsley::gate::{gate, refresh, ClockRow, GateGap, ModelShape, Verdict};
+use parsley::gate::{gate, read_stops_demanding, refresh, ClockRow, GateGap, ModelShape, Verdict};
 use parsley::kept::{Consult, KeptRules, KeptView};
 use parsley::{CausalPast, ChannelId, TopicId};
 use parsley_settings::config::ModelConfig;
@@ -620,7 +620,7 @@ async fn known_demand(state: &AppState, token: &CausalPast) -> CausalPast {
             continue;
         }
         if let Ok(Some(name)) = state.facts.topic_name(&channel.topic).await {
-            if session::read_stops_demanding(state.receives(&name), position, Some(log_start)) {
+            if read_stops_demanding(state.receives(&name), position, Some(log_start)) {
                 passed.push(channel);
             }
         }
@@ -640,7 +640,7 @@ struct Discarded {
 
 /// Upstream gap channels (ones this model does not receive) whose pair nobody can deliver
 /// any more: the topic no longer resolves (the token drops the pair too), or the pair is
-/// below the log start ([`session::read_stops_demanding`]: clocks prune such entries, so the
+/// below the log start ([`read_stops_demanding`]: clocks prune such entries, so the
 /// read stops demanding it — the token keeps it, since it is stamped on the session's writes
 /// and a receiver that has not read the position must still wait for it). The log start is
 /// the cached one when that already proves the pair passed (log starts only grow), else
@@ -662,12 +662,12 @@ async fn discarded(state: &AppState, uncovered: &Uncovered) -> Vec<Discarded> {
         };
         let received = state.receives(&name);
         let cached = state.facts.cached_offsets(&gap.channel).and_then(|o| o.log_start);
-        let passed = if session::read_stops_demanding(received, gap.required, cached) {
+        let passed = if read_stops_demanding(received, gap.required, cached) {
             true
         } else {
             // Still in the log, or not known: keep demanding it (a 503 names the gap).
             match state.facts.refresh_offsets(gap.channel, &name).await {
-                Ok(offsets) => session::read_stops_demanding(received, gap.required, offsets.log_start),
+                Ok(offsets) => read_stops_demanding(received, gap.required, offsets.log_start),
                 Err(_) => false,
             }
         };

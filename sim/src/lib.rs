@@ -101,6 +101,10 @@ pub struct Scenario {
     /// read's statement spans scheduler steps, and every read must be fresh: it reflects
     /// every change its serving tasks committed before it arrived.
     pub kept: bool,
+    /// Weight of a retention that outruns a lagging upstream reader at the moment it holds
+    /// nothing: up to exactly what the fastest reader of the channel read (0: none). Used
+    /// with `retention_passes_unread`.
+    pub outrun_weight: u32,
 }
 
 impl Scenario {
@@ -133,6 +137,7 @@ impl Scenario {
             small_budgets: false,
             ha: false,
             kept: false,
+            outrun_weight: 0,
         }
     }
 
@@ -183,13 +188,16 @@ impl Scenario {
     /// lag on a channel the first one reads too. A cause a sender delivered and a receiver
     /// never read is still stamped on the sender's effects, so the receiver holds the
     /// effect and refuses at the cause's channel instead of delivering it first (what a
-    /// sender pruning its frontier by the log start, `PruneDropsLiveCause`, breaks).
+    /// sender pruning its frontier by the log start, `PruneDropsLiveCause`, breaks). Besides
+    /// the usual retention, a second kind outruns a lagging process when it holds nothing and
+    /// has read everything else it receives: up to exactly what the fastest reader read.
     pub fn unread() -> Scenario {
         Scenario {
             name: "unread",
             retention_weight: 3,
             retention_passes_held: true,
             retention_passes_unread: true,
+            outrun_weight: 2,
             ..Scenario::soak()
         }
     }
@@ -296,8 +304,9 @@ pub enum Sabotage {
     /// Host: the gate checks the primary's clock rows but the data comes from a lagging
     /// replica — check and read not in one snapshot.
     SplitSnapshot,
-    /// Gateway: token pairs on the model's own channels are pruned below the log start
-    /// too, though the owner may still hold the record there.
+    /// Token hygiene (the core's `gate::keeps_pair`, which the gateway and the simulator
+    /// call): token pairs on the model's own channels are pruned below the log start too,
+    /// though the owner may still hold the record there.
     TokenPrunesReceivedChannels,
     /// Host: a running task's log-start checks use the log start it read at its start, so
     /// retention passing a held record goes unnoticed until the next restart.
@@ -446,6 +455,7 @@ impl Sabotage {
             Sabotage::CoverageSkipsUnrecorded => GateSabotage::SkipUnrecorded,
             Sabotage::RefreshFullClock => GateSabotage::RefreshFullClock,
             Sabotage::GateServedTaskOnly => GateSabotage::ServedTaskOnly,
+            Sabotage::TokenPrunesReceivedChannels => GateSabotage::PruneReceivedBelowLogStart,
             _ => GateSabotage::None,
         }
     }

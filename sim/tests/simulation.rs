@@ -513,13 +513,14 @@ fn sabotage_held_not_persisted_is_caught() {
 }
 
 /// Only a receiver that never read a cause retention discarded can tell a pruned stamp
-/// from an honest one: the `unread` scenario makes retention outrun slow readers.
+/// from an honest one: the `unread` scenario makes retention outrun slow readers, and
+/// outrun them up to what the sender read while they hold nothing.
 #[test]
 fn sabotage_prune_drops_live_cause_is_caught() {
     must_catch(
         Sabotage::PruneDropsLiveCause,
         &Scenario::unread(),
-        7,
+        29,
         &[ViolationKind::CausalOrder, ViolationKind::MonotonicWrites, ViolationKind::WritesFollowReads],
     );
 }

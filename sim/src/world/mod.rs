@@ -23,7 +23,7 @@ use crate::store::{Payload, SimDb, TaskRows};
 use crate::{RunReport, Sabotage, Scenario, Stats};
 use parsley::channel::{ChannelId, Position, TopicId};
 use parsley::engine::{ChannelFact, Engine, EngineConfig, Receipt};
-use parsley::gate::{self, ModelShape, Verdict};
+use parsley::gate::{self, ModelShape, PairFact, Verdict};
 use parsley::host::{ChannelStart, Failure, LogStartCheck, Next, Observed, StepCommit, TaskHost, TaskStatus};
 use parsley::kept::KeptRules;
 use parsley::murmur2::partition_for_key;
@@ -279,6 +279,7 @@ enum Action {
     VisitorRead(usize, ReadKind),
     ProcCrash(usize),
     Retention,
+    RetentionOutrun,
     RecreateExt,
 }
 
@@ -452,6 +453,7 @@ impl World {
                 let slow = match i {
                     1 if scenario.retention_passes_unread => [raw1].into(),
                     2 if scenario.retention_passes_unread => [raw0].into(),
+
                     _ => BTreeSet::new(),
                 };
                 let rows = TaskRows::default();
@@ -586,30 +588,33 @@ impl World {
         self.kafka.fact(c)
     }
 
-    /// The gateway's token pruning: pairs on topics that are gone, and pairs on upstream
-    /// channels below the log start. Pairs on the model's own channels are kept, as the
-    /// clock rows that would cover them are: retention may pass a record its owner still
-    /// holds, and dropping the pair would let a read skip it.
-    /// The gateway's token hygiene: a pair is dropped only when its topic is gone — never
-    /// for its log start, since the token is stamped on the session's writes.
-    /// `TokenPrunesReceivedChannels` drops the model's own pairs below the log start too.
-    fn prune_token(&self, token: CausalPast) -> CausalPast {
-        let prune_received = self.sabotage == Sabotage::TokenPrunesReceivedChannels;
-        token.retain(|c, p| match self.fact(&c) {
-            ChannelFact::TopicGone => false,
-            ChannelFact::Live { log_start } => !(prune_received && self.is_model(&c) && p < log_start),
-            ChannelFact::Unknown => true,
-        })
+    /// What the gateway knows of a token pair's channel: whether its topic is gone, whether
+    /// the model receives it, and its log start.
+    fn pair_fact(&self, c: &ChannelId) -> PairFact {
+        match self.fact(c) {
+            ChannelFact::TopicGone => PairFact::TopicGone,
+            ChannelFact::Live { log_start } => {
+                PairFact::Live { received: self.is_model(c), log_start: Some(log_start) }
+            }
+            ChannelFact::Unknown => PairFact::Live { received: self.is_model(c), log_start: None },
+        }
     }
 
-    /// What a read demands of the token: the gateway stops demanding a pair below its log
-    /// start on a channel the model does not receive (clocks prune those entries), while the
-    /// token keeps it.
+    /// The gateway's token hygiene, the core's own rule ([`gate::prune_token`]): a pair is
+    /// dropped only when its topic is gone, never for its log start. The
+    /// `TokenPrunesReceivedChannels` sabotage breaks that rule inside the core.
+    fn prune_token(&self, token: CausalPast) -> CausalPast {
+        match self.sabotage.gate() {
+            gate::GateSabotage::None => gate::prune_token(token, |c| self.pair_fact(c)),
+            g => gate::prune_token_sabotaged(token, |c| self.pair_fact(c), g),
+        }
+    }
+
+    /// What a read demands of the token, the core's own rule ([`gate::read_demand`]): a pair
+    /// below its log start on a channel the model does not receive is no longer demanded
+    /// (clocks prune those entries), while the token keeps it.
     fn read_demand(&self, token: &CausalPast) -> CausalPast {
-        token.clone().retain(|c, p| match self.fact(&c) {
-            ChannelFact::Live { log_start } => self.is_model(&c) || p >= log_start,
-            _ => true,
-        })
+        gate::read_demand(token, |c| self.pair_fact(c))
     }
 
     fn enabled(&self) -> Vec<(Action, u32)> {
@@ -739,6 +744,9 @@ impl World {
         if work && s.retention_weight > 0 {
             // Which channels can move is worked out when it is drawn (it may be none).
             push(Action::Retention, s.retention_weight);
+            if s.outrun_weight > 0 && !self.outrun_candidates().is_empty() {
+                push(Action::RetentionOutrun, s.outrun_weight);
+            }
         }
         if work && s.recreate_weight > 0 && self.recreations < 2 && self.step > s.work_steps / 3 {
             push(Action::RecreateExt, s.recreate_weight);
@@ -849,6 +857,58 @@ impl World {
         }
         let passes = self.read_positions(c).iter().any(|&r| r < to);
         (to, passes)
+    }
+
+    /// Upstream channels a process lags on ([`Process::slow`]) where it holds nothing and has
+    /// read everything else it receives, while another process (neither refused) has read
+    /// further there; with how far the fastest one read. Retention up to there passes
+    /// records the fastest reader delivered and the laggard never read, and the next thing
+    /// the fastest one sends the laggard meets at the head of its channel: honestly stamped,
+    /// it holds it and refuses at the passed channel; with the cause pruned from the stamp,
+    /// it delivers it first (`PruneDropsLiveCause`).
+    fn outrun_candidates(&self) -> Vec<(ChannelId, Position)> {
+        let mut out = Vec::new();
+        let mut channels: Vec<ChannelId> = self.processes.iter().flat_map(|p| p.received.iter().copied()).collect();
+        channels.sort();
+        channels.dedup();
+        for c in channels {
+            let running = || self.processes.iter().filter(|p| p.received.contains(&c) && p.engine.refusal().is_none());
+            let read = |p: &Process| p.engine.fed_up_to(&c).map_or(0, |f| f + 1);
+            let Some(fastest) = running().map(read).max() else { continue };
+            // A lagging reader with nothing held or left to read elsewhere: whatever the fastest
+            // reader's sends carry next reaches it at the head of its channel.
+            let idle = |p: &Process| {
+                p.engine.held_count() == 0
+                    && (p.received.iter()).all(|d| *d == c || p.next_fetch[d] >= self.kafka.partition(d).last_stable())
+            };
+            let idle_behind = running().any(|p| p.slow.contains(&c) && idle(p) && read(p) < fastest);
+            if idle_behind && fastest > self.kafka.log_start(&c) {
+                out.push((c, fastest));
+            }
+        }
+        out
+    }
+
+    /// Moves `c`'s log start to `to` (`passes_unread`: past a position a receiver had not
+    /// read), told to the oracle and counted.
+    fn retain(&mut self, c: ChannelId, to: Position, passes_unread: bool) {
+        if passes_unread {
+            self.trace.push(format!("{} retention outruns a reader of {}", self.step, self.name(&c)));
+            self.stats.retention_passed_unread += 1;
+            if self.processes.iter().any(|p| p.received.contains(&c)) {
+                self.stats.retention_passed_unread_upstream += 1;
+            }
+        }
+        self.kafka.advance_log_start(&c, to);
+        self.oracle.log_start_advanced(c, to);
+        self.stats.retention_advances += 1;
+        if self.is_model(&c) && self.db.undelivered_from(c.partition, &c) < to {
+            self.stats.retention_passed_held += 1;
+        }
+        if self.is_model(&c) && self.kafka.is_control_or_aborted(&c, to - 1) {
+            self.stats.retention_past_control_records += 1;
+        }
+        self.trace.push(format!("{} retention {} log start {to}", self.step, self.name(&c)));
     }
 
     fn retention_candidates(&self) -> Vec<ChannelId> {
@@ -967,25 +1027,25 @@ impl World {
                     if cut < from {
                         return;
                     }
-                    to = cut;
-                    if passes_unread {
-                        self.trace.push(format!("{} retention outruns a reader of {}", self.step, self.name(&c)));
-                        self.stats.retention_passed_unread += 1;
-                        if self.processes.iter().any(|p| p.received.contains(&c)) {
-                            self.stats.retention_passed_unread_upstream += 1;
-                        }
-                    }
+                    self.retain(c, cut, passes_unread);
+                } else {
+                    self.retain(c, to, false);
                 }
-                self.kafka.advance_log_start(&c, to);
-                self.oracle.log_start_advanced(c, to);
-                self.stats.retention_advances += 1;
-                if self.is_model(&c) && self.db.undelivered_from(c.partition, &c) < to {
-                    self.stats.retention_passed_held += 1;
+            }
+            // Where the scenario has it: retention right up to what the fastest reader of an
+            // upstream channel read, while a lagging reader holds nothing.
+            Action::RetentionOutrun => {
+                let candidates = self.outrun_candidates();
+                if candidates.is_empty() {
+                    return;
                 }
-                if self.is_model(&c) && self.kafka.is_control_or_aborted(&c, to - 1) {
-                    self.stats.retention_past_control_records += 1;
+                let (c, fastest) = *self.rng.pick(&candidates);
+                let to = fastest.min(self.retention_bound(&c));
+                let (cut, passes_unread) = self.cut_past_unread(&c, to);
+                if cut <= self.kafka.log_start(&c) || !passes_unread {
+                    return;
                 }
-                self.trace.push(format!("{} retention {} log start {to}", self.step, self.name(&c)));
+                self.retain(c, cut, true);
             }
             Action::RecreateExt => {
                 let old = self.kafka.delete_topic("ext").expect("ext exists");
