@@ -51,7 +51,7 @@ fuzz:
 	@CASES=$(or $(CASES),100000) FUZZ_SECONDS=$(or $(FUZZ_SECONDS),600) bash scripts/fuzz.sh
 
 # A long simulator sweep: SEEDS=<n> seeds per scenario (default 20000), every scenario's
-# `*_sweep` (eleven scenarios), in release mode (see docs/verification.md).
+# `*_sweep` (thirteen scenarios), in release mode (see docs/verification.md).
 soak:
 	@SIM_SEEDS=$(or $(SEEDS),20000) cargo test --release -p parsley-sim --test simulation -- _sweep --nocapture
 

@@ -85,6 +85,18 @@ pub enum EngineSabotage {
     /// persists the refusal persists `fed_up_to` past it, so a restart reads on after the
     /// record and the refusal does not recur.
     RefusedRecordCountedFed,
+    /// Host machine ([`crate::host::TaskHost`]): a step's and a start's changes are handed
+    /// over without the records they leave held, so the host never persists them.
+    HostHeldNotHandedOver,
+    /// Host machine: every log start it is told is taken as the first one it was told for
+    /// that channel in this execution, so retention that passes a held record while the
+    /// task runs goes unnoticed until the next start.
+    HostStaleLogStart,
+    /// Host machine: every log start it is told is taken two positions further on.
+    HostLogStartAhead,
+    /// Host machine: the consumer's read positions are ignored, so `fed_up_to` stops at the
+    /// last record fed and retention past a trailing transaction marker refuses.
+    HostReadPositionIgnored,
 }
 
 /// A received, undelivered record, with whatever the host keeps of it (`payload`).
@@ -932,17 +944,14 @@ impl<P: Clone> Engine<P> {
             }
             _ => {}
         }
-        #[cfg(feature = "sim")]
-        let direct = self.sabotage == EngineSabotage::None;
-        #[cfg(not(feature = "sim"))]
-        let direct = true;
         // Nothing held on any channel: the drain would offer this record alone, and no other
         // head exists for it to release. Decided here, a deliverable record never enters the
         // queue (nor the step's held rows, nor the held weight) — the drain's outcome,
         // without its queueing. Its own channel's cause is below `position` (checked above),
         // so the channel's settled position cannot block it.
-        if direct
-            && self.held_records == 0
+        // (Sabotaged runs take it too: every sabotage acts before it or on the queue's path,
+        // which a record it does not deliver takes, so what they break is what ships.)
+        if self.held_records == 0
             && decide(&causes, &self.received, |c| self.channels.get(c).and_then(|s| s.settled())).is_deliverable()
         {
             // Receipt raises the frontier by the causes, delivery by the own pair; the

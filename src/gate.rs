@@ -17,6 +17,17 @@
 //!   the owner delivers every position on its channel. Never a task's full clock: an
 //!   upstream entry one task happens to hold would raise the client's future demands on
 //!   tasks that may never hold it.
+//!
+//! Before the gate, a token's pairs are checked against the log (the gateway on every
+//! request, the simulator the same way), by two more pure rules:
+//! - [`keeps_pair`], the token's hygiene: a pair is dropped only when its topic is gone
+//!   (deleted, or recreated under a new ID), never for its log start, since the token is
+//!   stamped on the session's writes and a receiver that has not read the position must
+//!   hold the write rather than apply it before a cause it never saw.
+//! - [`read_stops_demanding`], what a read demands: a pair on a channel some model receives
+//!   is always demanded (its owner's clock keeps its own channels, so the pair is covered
+//!   or the owner refuses); any other pair stops being demanded once it is below its log
+//!   start (clocks prune such entries, so it could never be covered). The token keeps it.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -96,6 +107,82 @@ pub enum GateSabotage {
     ServedTaskOnly,
     /// Refresh merges each served task's full clock.
     RefreshFullClock,
+    /// The token's hygiene also drops a pair on a channel a model receives once it is below
+    /// the log start, though the owner may still hold the record there.
+    PruneReceivedBelowLogStart,
+}
+
+/// What is known of a token pair's channel when the token is checked against the log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PairFact {
+    /// The pair's topic no longer resolves (deleted, or recreated under a new ID).
+    TopicGone,
+    /// The topic resolves. `received`: some model receives the channel; `log_start`: the
+    /// channel's log start, when known.
+    Live { received: bool, log_start: Option<Position> },
+}
+
+/// Whether a session token keeps its pair at `position` on a channel `fact` describes: a
+/// pair is dropped only when its topic is gone, never for its log start.
+pub fn keeps_pair(fact: PairFact, position: Position) -> bool {
+    keeps_pair_rule(fact, position, false)
+}
+
+/// [`keeps_pair`] with a deliberate flaw (simulator meta-tests only).
+#[cfg(feature = "sim")]
+#[doc(hidden)]
+pub fn keeps_pair_sabotaged(fact: PairFact, position: Position, sabotage: GateSabotage) -> bool {
+    keeps_pair_rule(fact, position, sabotage == GateSabotage::PruneReceivedBelowLogStart)
+}
+
+/// The token's hygiene; `prune_received` is `false` outside the simulator's sabotage
+/// meta-tests.
+fn keeps_pair_rule(fact: PairFact, position: Position, prune_received: bool) -> bool {
+    match fact {
+        PairFact::TopicGone => false,
+        PairFact::Live { received, log_start } => {
+            !(prune_received && received && log_start.is_some_and(|start| position < start))
+        }
+    }
+}
+
+/// `token` less the pairs [`keeps_pair`] drops; `fact` describes each pair's channel.
+pub fn prune_token(token: CausalPast, fact: impl Fn(&ChannelId) -> PairFact) -> CausalPast {
+    token.retain(|c, p| keeps_pair(fact(&c), p))
+}
+
+/// [`prune_token`] with a deliberate flaw (simulator meta-tests only).
+#[cfg(feature = "sim")]
+#[doc(hidden)]
+pub fn prune_token_sabotaged(
+    token: CausalPast,
+    fact: impl Fn(&ChannelId) -> PairFact,
+    sabotage: GateSabotage,
+) -> CausalPast {
+    token.retain(|c, p| keeps_pair_sabotaged(fact(&c), p, sabotage))
+}
+
+/// Whether a read stops demanding a token pair at `position` on a channel whose log start
+/// is `log_start` (`None`: not known); `received`: some model receives the channel. The
+/// token keeps the pair either way ([`keeps_pair`]).
+///
+/// A pair on a channel some model receives is always demanded: the owning task's clock
+/// keeps its own channels, so the pair is eventually covered or the owner refuses
+/// (`POSITIONS_DISCARDED_UNREAD`); retention can pass a record the owner still holds, and a
+/// read served without it would not show the session's own write. Any other pair stops
+/// being demanded once it is below the log start: clocks prune such entries, so it could
+/// never be covered.
+pub fn read_stops_demanding(received: bool, position: Position, log_start: Option<Position>) -> bool {
+    !received && log_start.is_some_and(|start| position < start)
+}
+
+/// What a read of `token` demands: the token less the pairs [`read_stops_demanding`] lets
+/// go, and less pairs whose topic is gone (which [`prune_token`] drops from the token too).
+pub fn read_demand(token: &CausalPast, fact: impl Fn(&ChannelId) -> PairFact) -> CausalPast {
+    token.clone().retain(|c, p| match fact(&c) {
+        PairFact::TopicGone => false,
+        PairFact::Live { received, log_start } => !read_stops_demanding(received, p, log_start),
+    })
 }
 
 /// Decides whether a read served by `served` may be answered for `token`, listing every gap.
@@ -305,6 +392,71 @@ mod tests {
         // Refresh never lowers the token.
         let high = CausalPast::from_pairs([(ch(1, 0), 50)]);
         assert_eq!(refresh(&high, &model(), &rows, &served(&[0])).get(&ch(1, 0)), Some(50));
+    }
+
+    /// `(received, position, log_start, no longer demanded)`.
+    fn check_demand(cases: &[(bool, Position, Option<Position>, bool)]) {
+        for &(received, position, log_start, dropped) in cases {
+            assert_eq!(
+                read_stops_demanding(received, position, log_start),
+                dropped,
+                "received {received}, position {position}, log start {log_start:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn reads_keep_demanding_received_channels_whatever_their_log_start() {
+        check_demand(&[
+            // A received channel: demanded below, at and above the log start, and when unknown.
+            (true, 3, Some(10), false),
+            (true, 0, Some(1), false),
+            (true, 10, Some(10), false),
+            (true, 11, Some(10), false),
+            (true, 3, None, false),
+            // Any other channel: no longer demanded strictly below a known log start only.
+            (false, 3, Some(10), true),
+            (false, 0, Some(1), true),
+            (false, 9, Some(10), true),
+            (false, 10, Some(10), false),
+            (false, 11, Some(10), false),
+            (false, 3, None, false),
+        ]);
+    }
+
+    #[test]
+    fn a_token_drops_a_pair_only_with_its_topic() {
+        for received in [true, false] {
+            for log_start in [None, Some(0), Some(3), Some(4), Some(100)] {
+                assert!(keeps_pair(PairFact::Live { received, log_start }, 3), "{received} {log_start:?}");
+            }
+        }
+        assert!(!keeps_pair(PairFact::TopicGone, 3));
+        // Over a token: the gone topic's pair leaves; pairs below their log start stay, and a
+        // read stops demanding only the one on a channel no model receives.
+        let (gone, own, up, fresh) = (ch(5, 0), ch(1, 0), ch(7, 0), ch(7, 1));
+        let token = CausalPast::from_pairs([(gone, 1), (own, 2), (up, 3), (fresh, 4)]);
+        let fact = |c: &ChannelId| match c.topic {
+            t if t == topic(5) => PairFact::TopicGone,
+            t => PairFact::Live { received: t == topic(1), log_start: Some(if c.partition == 0 { 10 } else { 4 }) },
+        };
+        let kept = prune_token(token.clone(), fact);
+        assert_eq!(kept, CausalPast::from_pairs([(own, 2), (up, 3), (fresh, 4)]));
+        assert_eq!(read_demand(&kept, fact), CausalPast::from_pairs([(own, 2), (fresh, 4)]));
+        assert_eq!(read_demand(&token, fact), CausalPast::from_pairs([(own, 2), (fresh, 4)]));
+    }
+
+    /// The sabotage hook breaks the shipped rule: a received channel's pair below its log
+    /// start leaves the token; nothing else changes.
+    #[cfg(feature = "sim")]
+    #[test]
+    fn the_sabotaged_hygiene_drops_received_pairs_below_the_log_start() {
+        let flawed = |fact, position| keeps_pair_sabotaged(fact, position, GateSabotage::PruneReceivedBelowLogStart);
+        assert!(!flawed(PairFact::Live { received: true, log_start: Some(4) }, 3));
+        assert!(flawed(PairFact::Live { received: true, log_start: Some(3) }, 3));
+        assert!(flawed(PairFact::Live { received: false, log_start: Some(4) }, 3));
+        assert!(flawed(PairFact::Live { received: true, log_start: None }, 3));
+        assert!(keeps_pair_sabotaged(PairFact::Live { received: true, log_start: Some(4) }, 3, GateSabotage::None));
     }
 
     /// Found by the simulator (seed 0 of the soak sweep): client A writes w1 to key k1

@@ -288,6 +288,9 @@ pub struct TaskHost<P> {
     skip: fn(P) -> P,
     #[cfg(feature = "sim")]
     sabotage: EngineSabotage,
+    /// The first log start told per channel in this execution (`HostStaleLogStart`).
+    #[cfg(feature = "sim")]
+    first_log_starts: BTreeMap<ChannelId, Position>,
     phase: Phase,
     recorded: TaskStatus,
     /// Records an operator skipped: fed without causes, as `skip` makes them.
@@ -324,6 +327,8 @@ impl<P: Clone> TaskHost<P> {
             skip: unchanged::<P>,
             #[cfg(feature = "sim")]
             sabotage: EngineSabotage::None,
+            #[cfg(feature = "sim")]
+            first_log_starts: BTreeMap::new(),
             phase: Phase::Restore,
             recorded,
             skipped: BTreeSet::new(),
@@ -556,6 +561,10 @@ impl<P: Clone> TaskHost<P> {
     }
 
     fn observe(&mut self, log_starts: &[(ChannelId, Position)]) -> Observed {
+        #[cfg(feature = "sim")]
+        let sabotaged = self.sabotaged_log_starts(log_starts);
+        #[cfg(feature = "sim")]
+        let log_starts = &sabotaged[..];
         let mut observed = Observed::default();
         if self.engine.refusal().is_none() {
             for &(channel, log_start) in log_starts {
@@ -571,9 +580,36 @@ impl<P: Clone> TaskHost<P> {
 
     /// The start transaction (answer to [`Next::CommitStart`]); then `committed`, `failed`
     /// or `fenced`.
+    /// The log starts as a sabotaged machine takes them (simulator only).
+    #[cfg(feature = "sim")]
+    fn sabotaged_log_starts(&mut self, told: &[(ChannelId, Position)]) -> Vec<(ChannelId, Position)> {
+        let mut out = Vec::with_capacity(told.len());
+        for &(channel, log_start) in told {
+            let first = *self.first_log_starts.entry(channel).or_insert(log_start);
+            out.push(match self.sabotage {
+                EngineSabotage::HostStaleLogStart => (channel, first),
+                EngineSabotage::HostLogStartAhead => (channel, log_start + 2),
+                _ => (channel, log_start),
+            });
+        }
+        out
+    }
+
+    /// A sabotaged machine's changes (simulator only): `HostHeldNotHandedOver` leaves out
+    /// the records a step leaves held.
+    #[cfg(feature = "sim")]
+    fn sabotaged_changes(&self, mut changes: StepChanges<P>) -> StepChanges<P> {
+        if self.sabotage == EngineSabotage::HostHeldNotHandedOver {
+            changes.held_inserted.clear();
+        }
+        changes
+    }
+
     pub fn take_start(&mut self) -> StartCommit<P> {
         self.expect(self.phase == Phase::CommitStart, "take_start");
         let changes = self.engine.take_changes();
+        #[cfg(feature = "sim")]
+        let changes = self.sabotaged_changes(changes);
         let write_running = changes.refusal.is_none() && self.recorded == TaskStatus::Refused;
         let notify = changes.refusal.is_some() || write_running;
         self.phase = Phase::StartCommitting { refusal: changes.refusal.clone(), write_running };
@@ -799,6 +835,8 @@ impl<P: Clone> TaskHost<P> {
     /// `fed_up_to` to `next - 1`. Returns whether a channel moved (the step then commits).
     pub fn read_positions(&mut self, positions: &[(ChannelId, Position)]) -> bool {
         self.expect(self.in_step(&[Batch::Fed]), "read_positions");
+        #[cfg(feature = "sim")]
+        let positions = if self.sabotage == EngineSabotage::HostReadPositionIgnored { &[] } else { positions };
         self.phase = Phase::Step(Batch::Between);
         let mut moved = false;
         for &(channel, next) in positions {
@@ -829,6 +867,8 @@ impl<P: Clone> TaskHost<P> {
         }
         self.check_invariants();
         let changes = self.engine.take_changes();
+        #[cfg(feature = "sim")]
+        let changes = self.sabotaged_changes(changes);
         let write_running = self.recorded == TaskStatus::Failing && changes.refusal.is_none();
         let notify = self.recorded == TaskStatus::Failing || changes.refusal.is_some();
         self.phase = Phase::Committing { refusal: changes.refusal.clone(), write_running };

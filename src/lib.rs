@@ -14,6 +14,8 @@
 //! - [`engine`]: the per-task engine: receive, hold, drain, deliver, prune, restore.
 //! - [`startup`]: pure checks a host runs before it starts a task.
 //! - [`gate`]: the read gate and token refresh the gateway runs on clock rows.
+//! - [`kept`]: the rules of snapshots a reader keeps in memory (when one may be kept, which
+//!   changes drop it, when it may serve), which the gateway and the simulator both call.
 //! - [`host`]: the start and step sequence of one task as a pure state machine, which the
 //!   projector's task runner and the simulator's tasks both drive.
 //! - [`refusal`]: named refusals.
@@ -32,6 +34,7 @@ pub mod decide;
 pub mod engine;
 pub mod gate;
 pub mod host;
+pub mod kept;
 pub mod murmur2;
 pub mod partitioner;
 pub mod past;

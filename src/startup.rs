@@ -54,8 +54,29 @@ pub fn check_topic_identity(
     recorded: Option<TopicId>,
     held_on_topic: usize,
 ) -> Result<TopicId, Refusal> {
+    identity_rule(topic, recorded, held_on_topic, false)
+}
+
+/// [`check_topic_identity`] with its sabotage hook (simulator only): `ignore_recreation`
+/// resolves the topic by name, going on under a recreated one.
+#[cfg(feature = "sim")]
+pub fn check_topic_identity_sabotaged(
+    topic: &ResolvedTopic,
+    recorded: Option<TopicId>,
+    held_on_topic: usize,
+    ignore_recreation: bool,
+) -> Result<TopicId, Refusal> {
+    identity_rule(topic, recorded, held_on_topic, ignore_recreation)
+}
+
+fn identity_rule(
+    topic: &ResolvedTopic,
+    recorded: Option<TopicId>,
+    held_on_topic: usize,
+    ignore_recreation: bool,
+) -> Result<TopicId, Refusal> {
     match (topic.id, recorded) {
-        (Some(now), Some(then)) if now != then => Err(Refusal::new(
+        (Some(now), Some(then)) if now != then && !ignore_recreation => Err(Refusal::new(
             RefusalReason::ChannelIdentityChanged,
             format!(
                 "topic {:?} was {then} when this state was written and is now {now}: \

@@ -77,7 +77,8 @@ use axum::extract::{FromRef, FromRequestParts};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
-use parsley::gate::{gate, refresh, ClockRow, GateGap, ModelShape, Verdict};
+use parsley::gate::{gate, read_stops_demanding, refresh, ClockRow, GateGap, ModelShape, Verdict};
+use parsley::kept::{Consult, KeptRules, KeptView};
 use parsley::{CausalPast, ChannelId, TopicId};
 use parsley_settings::config::ModelConfig;
 use parsley_store::documents::{ClockScope, GateInputs, GatedSnapshot, RecordedModel};
@@ -475,17 +476,31 @@ async fn attempt<S: Snapshot>(
     // barrier on the listener's connection, shared by the reads that ask meanwhile): so a
     // change committed before the read arrived — a step, or an edit by hand — is never
     // hidden by a snapshot taken before it.
-    let covering = |kept: &KeptSnapshot<S::Data>| {
-        let served = served_tasks(model, scope, &kept.shape);
-        (unchecked || gate(demand, &kept.shape, &kept.rows, &served).is_covered()).then_some(served)
+    // The rules are the core's (`parsley::kept`): what is kept is servable (`reader.kept`
+    // answers only with a snapshot whose generation is current and that is young enough).
+    let consult = |kept: Option<&KeptSnapshot<S::Data>>, barrier_passed: bool| {
+        let served = kept.map(|k| served_tasks(model, scope, &k.shape)).unwrap_or_default();
+        let view = kept.map(|k| KeptView { servable: true, shape: &k.shape, rows: &k.rows, served: &served });
+        let may_keep = state.notifier.may_keep();
+        if unchecked {
+            // The checker's sabotage: what is kept serves without its gate (after the barrier).
+            return match kept {
+                Some(_) if may_keep && !barrier_passed => Consult::Barrier,
+                Some(k) if may_keep => Consult::Serve { refreshed: refresh(token, &k.shape, &k.rows, &served) },
+                _ => Consult::Read,
+            };
+        }
+        KeptRules::SHIPPED.consult(view, may_keep, barrier_passed, demand, token)
     };
-    if keeping
-        && reader.kept(state, &model.name).is_some_and(|kept| covering(&kept).is_some())
-        && state.notifier.caught_up(KEPT_BARRIER_WAIT).await
-    {
-        if let Some((kept, served)) = reader.kept(state, &model.name).and_then(|k| covering(&k).map(|s| (k, s))) {
+    if keeping {
+        let mut kept = reader.kept(state, &model.name);
+        let mut verdict = consult(kept.as_ref(), false);
+        if verdict == Consult::Barrier && state.notifier.caught_up(KEPT_BARRIER_WAIT).await {
+            kept = reader.kept(state, &model.name);
+            verdict = consult(kept.as_ref(), true);
+        }
+        if let (Consult::Serve { refreshed }, Some(kept)) = (verdict, kept) {
             state.metrics.add(Metric::ReadCacheTotal, &[("model", &model.name), ("result", "hit")], 1.0);
-            let refreshed = refresh(token, &kept.shape, &kept.rows, &served);
             return Ok(Ok(Served { data: kept.data, refreshed }));
         }
     }
@@ -605,7 +620,7 @@ async fn known_demand(state: &AppState, token: &CausalPast) -> CausalPast {
             continue;
         }
         if let Ok(Some(name)) = state.facts.topic_name(&channel.topic).await {
-            if session::read_stops_demanding(state.receives(&name), position, Some(log_start)) {
+            if read_stops_demanding(state.receives(&name), position, Some(log_start)) {
                 passed.push(channel);
             }
         }
@@ -625,7 +640,7 @@ struct Discarded {
 
 /// Upstream gap channels (ones this model does not receive) whose pair nobody can deliver
 /// any more: the topic no longer resolves (the token drops the pair too), or the pair is
-/// below the log start ([`session::read_stops_demanding`]: clocks prune such entries, so the
+/// below the log start ([`read_stops_demanding`]: clocks prune such entries, so the
 /// read stops demanding it — the token keeps it, since it is stamped on the session's writes
 /// and a receiver that has not read the position must still wait for it). The log start is
 /// the cached one when that already proves the pair passed (log starts only grow), else
@@ -647,12 +662,12 @@ async fn discarded(state: &AppState, uncovered: &Uncovered) -> Vec<Discarded> {
         };
         let received = state.receives(&name);
         let cached = state.facts.cached_offsets(&gap.channel).and_then(|o| o.log_start);
-        let passed = if session::read_stops_demanding(received, gap.required, cached) {
+        let passed = if read_stops_demanding(received, gap.required, cached) {
             true
         } else {
             // Still in the log, or not known: keep demanding it (a 503 names the gap).
             match state.facts.refresh_offsets(gap.channel, &name).await {
-                Ok(offsets) => session::read_stops_demanding(received, gap.required, offsets.log_start),
+                Ok(offsets) => read_stops_demanding(received, gap.required, offsets.log_start),
                 Err(_) => false,
             }
         };

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use parsley::kept::{Bump, Heard, KeptRules};
 use parsley_store::listen::barrier;
 use parsley_store::{CLOCK_NOTIFY_CHANNEL, EVERY_MODEL_PAYLOAD};
 use sqlx::postgres::PgListener;
@@ -118,7 +119,7 @@ impl ClockNotifier {
     /// Whether a kept snapshot may be kept and served now: notifications are heard and every
     /// change is announced.
     pub fn may_keep(&self) -> bool {
-        self.listening() && self.announced.load(Ordering::SeqCst)
+        KeptRules::SHIPPED.may_keep(self.listening(), self.announced.load(Ordering::SeqCst))
     }
 
     /// Whether every change is announced (see [`Self::may_keep`]); a change of that changes
@@ -126,7 +127,7 @@ impl ClockNotifier {
     pub fn set_announced(&self, on: bool) -> bool {
         let changed = self.announced.swap(on, Ordering::SeqCst) != on;
         if changed {
-            self.wake_all();
+            self.heard(None, Heard::AnnouncingChanged);
         }
         changed
     }
@@ -135,7 +136,39 @@ impl ClockNotifier {
     /// generation changes.
     pub fn set_listening(&self, on: bool) {
         self.listening.store(on, Ordering::SeqCst);
-        self.wake_all();
+        self.heard(None, if on { Heard::Connected } else { Heard::Lost });
+    }
+
+    /// The listener's connection was replaced underneath: it listens, but what was committed
+    /// meanwhile was never heard.
+    pub fn replaced(&self) {
+        self.listening.store(true, Ordering::SeqCst);
+        self.heard(None, Heard::Replaced);
+    }
+
+    /// Counts what the listener heard in the generations it changes ([`KeptRules::bump`]),
+    /// and wakes the waiting reads of the models it concerns. `model`: the model a
+    /// notification names (`None`: an event of every model, or of the listener itself).
+    /// Returns whether a configured model was woken.
+    pub fn heard(&self, model: Option<&str>, heard: Heard) -> bool {
+        let bump = KeptRules::SHIPPED.bump(heard);
+        let s = match bump {
+            Bump::Nothing => return false,
+            Bump::EveryModel => {
+                self.wake_all();
+                return !self.models.is_empty();
+            }
+            Bump::Model | Bump::Task(_) => match model.and_then(|m| self.models.get(m)) {
+                Some(s) => s,
+                None => return false,
+            },
+        };
+        match bump {
+            Bump::Task(t) => s.tasks[t as usize % TASK_SLOTS].fetch_add(1, Ordering::SeqCst),
+            _ => s.model.fetch_add(1, Ordering::SeqCst),
+        };
+        s.wake.send_modify(|n| *n = n.wrapping_add(1));
+        true
     }
 
     /// A receiver that sees every bump of `model` after this call (`None`: not configured).
@@ -151,23 +184,15 @@ impl ClockNotifier {
     /// document changed outside a step). Returns whether a configured model was woken.
     pub fn notified(&self, payload: &str) -> bool {
         if payload == EVERY_MODEL_PAYLOAD {
-            self.wake_all();
-            return !self.models.is_empty();
+            return self.heard(None, Heard::EveryModel);
         }
-        let (model, task) = match payload.rsplit_once(':') {
-            Some((m, t)) => (m, t.parse::<u32>().ok()),
-            None => (payload, None),
-        };
-        match self.models.get(model) {
-            Some(s) => {
-                match task {
-                    Some(t) => s.tasks[t as usize % TASK_SLOTS].fetch_add(1, Ordering::SeqCst),
-                    None => s.model.fetch_add(1, Ordering::SeqCst),
-                };
-                s.wake.send_modify(|n| *n = n.wrapping_add(1));
-                true
-            }
-            None => false,
+        match payload.rsplit_once(':') {
+            Some((model, task)) => match task.parse::<u32>() {
+                Ok(task) => self.heard(Some(model), Heard::Task(task)),
+                // A payload whose task does not parse counts as the whole model.
+                Err(_) => self.heard(Some(model), Heard::Model),
+            },
+            None => self.heard(Some(payload), Heard::Model),
         }
     }
 
@@ -314,7 +339,7 @@ fn lost(notifier: &ClockNotifier, metrics: &Metrics, error: &dyn std::fmt::Displ
 fn replaced(notifier: &ClockNotifier, metrics: &Metrics, was: i32, now: i32) {
     metrics.add(Metric::ListenerReconnectsTotal, &[], 1.0);
     tracing::warn!(was, now, "clock listener's connection was replaced; re-checking every waiting read");
-    notifier.set_listening(true);
+    notifier.replaced();
 }
 
 /// An announcing trigger was disabled, enabled, dropped or made since the last barrier (its
@@ -325,7 +350,7 @@ fn touched(notifier: &ClockNotifier) {
         "an announcing trigger was changed since the last barrier (disabled, enabled, dropped or created): \
          re-checking every waiting read, nothing kept before is served"
     );
-    notifier.wake_all();
+    notifier.heard(None, Heard::TriggersTouched);
 }
 
 /// Records whether every change is announced, from a barrier's list of the announcing

@@ -23,7 +23,7 @@
 //! (503) only when the database did not answer ([`crate::store_errors`]).
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use axum::body::Bytes;
@@ -34,6 +34,7 @@ use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use parsley::gate::{ClockRow, ModelShape};
+use parsley::kept::KeptRules;
 use parsley_store::documents::{self, Document, GateInputs, GatedSnapshot};
 use parsley_store::StoreError;
 use serde_json::json;
@@ -249,10 +250,12 @@ impl Documents<'_> {
     /// The task serving the snapshot under `shape`: the key's owner (`None`: every task —
     /// a page, or a key of a model that routes no key to one task).
     fn served_by(&self, state: &AppState, model: &str, shape: &ModelShape) -> Option<u32> {
-        match self.0 {
+        let key_owner = match self.0 {
             Target::One { key } => gated::key_owner(state.model(model).ok()?, key, shape.task_count),
             Target::Page { .. } => None,
-        }
+        };
+        let served: BTreeSet<u32> = key_owner.map_or_else(|| (0..shape.task_count).collect(), |o| [o].into());
+        KeptRules::SHIPPED.generation_owner(key_owner, &served)
     }
 }
 

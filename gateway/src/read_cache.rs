@@ -51,6 +51,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use parsley::gate::{ClockRow, ModelShape};
+use parsley::kept::KeptRules;
 
 use crate::notify::ClockNotifier;
 
@@ -277,7 +278,11 @@ impl KeptReads {
         body: Option<&[u8]>,
     ) {
         let size = charge(key.len(), body.map_or(0, <[u8]>::len), rows.len());
-        if size > self.model_bytes || !notifier.may_keep() || generation(notifier, model, owner) != Some(read_under) {
+        let now = generation(notifier, model, owner);
+        if size > self.model_bytes
+            || !notifier.may_keep()
+            || KeptRules::SHIPPED.keep_under(Some(read_under), now).is_none()
+        {
             return;
         }
         let Some(m) = self.models.get(model) else { return };
@@ -318,7 +323,8 @@ impl KeptReads {
 
     /// Whether `kept` may still be served: its owner's generation unchanged, and young enough.
     fn servable(&self, notifier: &ClockNotifier, model: &str, kept: &Kept) -> bool {
-        generation(notifier, model, kept.owner) == Some(kept.generation) && kept.at.elapsed() < self.max_age
+        let now = generation(notifier, model, kept.owner);
+        KeptRules::SHIPPED.servable(kept.generation, now, kept.at.elapsed(), self.max_age)
     }
 
     /// Bytes held for `model` now (the `parsley_gateway_read_cache_bytes` gauge).

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::http::{HeaderMap, HeaderValue};
+use parsley::gate::{self, PairFact};
 use parsley::{CausalPast, ChannelId, Position};
 
 use crate::identity::{AuthError, Identity};
@@ -135,8 +136,8 @@ fn header_subject(state: &AppState, headers: &HeaderMap) -> Result<Option<String
     Ok(subject)
 }
 
-/// Checks every pair against the log and prunes what the engine's rule drops from what a
-/// send stamps:
+/// Checks every pair against the log and prunes what the core's token hygiene
+/// ([`parsley::gate::keeps_pair`]) drops — the engine's rule for what a send stamps:
 /// - a pair whose topic ID no longer resolves (deleted, or recreated under a new ID) is
 ///   pruned;
 /// - a pair at or beyond its channel's log end is refused (`token-ahead-of-log`), after the
@@ -145,45 +146,49 @@ fn header_subject(state: &AppState, headers: &HeaderMap) -> Result<Option<String
 /// A pair below its channel's log start is kept: the token is stamped on the session's
 /// writes, and a receiver that has not read that position must hold the write (and refuse
 /// at the cause's channel) rather than apply it before a cause it never saw. A read stops
-/// *demanding* such a pair on a channel no configured model receives (clocks prune those
-/// entries, so it could never be covered; see `read::discarded`), without dropping it from
-/// the token.
+/// *demanding* such a pair on a channel no configured model receives
+/// ([`parsley::gate::read_stops_demanding`]: clocks prune those entries, so it could never
+/// be covered; see `read::discarded`), without dropping it from the token.
 ///
 /// Broker failures answer 503: a pair that cannot be checked is neither trusted nor dropped.
 pub async fn sanitize(state: &AppState, past: &CausalPast) -> Result<CausalPast, ApiError> {
     if past.is_empty() {
         return Ok(past.clone());
     }
-    let mut pruned: Vec<ChannelId> = Vec::new();
+    let mut pruned: Vec<(ChannelId, &'static str)> = Vec::new();
     for (channel, position) in past.iter() {
-        let name = match state.facts.topic_name(&channel.topic).await.map_err(|e| kafka_unavailable(state, e))? {
-            Some(n) => n,
-            None => {
-                pruned.push(channel);
-                continue;
+        let fact = match state.facts.topic_name(&channel.topic).await.map_err(|e| kafka_unavailable(state, e))? {
+            None => PairFact::TopicGone,
+            Some(name) => {
+                check_partition(state, channel, position, &name).await?;
+                let offsets = match state.facts.cached_offsets(&channel) {
+                    Some(o) if position < o.log_end => o,
+                    _ => state.facts.refresh_offsets(channel, &name).await.map_err(|e| kafka_unavailable(state, e))?,
+                };
+                if position >= offsets.log_end {
+                    return Err(ApiError::TokenAheadOfLog {
+                        channel: format!("{name}/{}", channel.partition),
+                        position,
+                        log_end: offsets.log_end,
+                    });
+                }
+                PairFact::Live { received: state.receives(&name), log_start: offsets.log_start }
             }
         };
-        check_partition(state, channel, position, &name).await?;
-        let offsets = match state.facts.cached_offsets(&channel) {
-            Some(o) if position < o.log_end => o,
-            _ => state.facts.refresh_offsets(channel, &name).await.map_err(|e| kafka_unavailable(state, e))?,
-        };
-        if position >= offsets.log_end {
-            return Err(ApiError::TokenAheadOfLog {
-                channel: format!("{name}/{}", channel.partition),
-                position,
-                log_end: offsets.log_end,
-            });
+        if !gate::keeps_pair(fact, position) {
+            // The rule drops a pair only with its topic: a live one never leaves.
+            let reason = if fact == PairFact::TopicGone { "topic-gone" } else { "log-start" };
+            pruned.push((channel, reason));
         }
     }
     if pruned.is_empty() {
         return Ok(past.clone());
     }
-    for channel in &pruned {
-        state.metrics.add(Metric::TokenPairsPrunedTotal, &[("reason", "topic-gone")], 1.0);
-        tracing::debug!(%channel, reason = "topic-gone", "token pair pruned");
+    for &(channel, reason) in &pruned {
+        state.metrics.add(Metric::TokenPairsPrunedTotal, &[("reason", reason)], 1.0);
+        tracing::debug!(%channel, reason, "token pair pruned");
     }
-    Ok(past.clone().retain(|c, _| !pruned.contains(&c)))
+    Ok(past.clone().retain(|c, _| !pruned.iter().any(|&(p, _)| p == c)))
 }
 
 /// A partition beyond the topic's partition count (re-read before refusing) cannot hold the
@@ -274,54 +279,6 @@ pub async fn post_session(
     let token = reseal(&state, &caller, caller.past.clone(), now)?;
     let expires_at = now.saturating_add(state.config.settings.token_ttl_s);
     Ok(([(SESSION_HEADER, token)], axum::Json(serde_json::json!({ "expires_at": expires_at }))).into_response())
-}
-
-/// Whether a read stops demanding a pair at `position` on a channel whose log start is
-/// `log_start` (`None`: not known). The token keeps the pair either way ([`sanitize`]).
-///
-/// A pair on a channel some configured model receives (`received`) is always demanded: the
-/// owning task's clock keeps its own channels, so the pair is eventually covered or the owner
-/// refuses (`POSITIONS_DISCARDED_UNREAD`); retention can pass a record the owner still
-/// holds, and a read served without it would not show the session's own write. Any other
-/// pair stops being demanded once it is below the log start: clocks prune such entries, so
-/// it could never be covered.
-pub fn read_stops_demanding(received: bool, position: Position, log_start: Option<Position>) -> bool {
-    !received && log_start.is_some_and(|start| position < start)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// `(received, position, log_start, no longer demanded)`.
-    fn check(cases: &[(bool, Position, Option<Position>, bool)]) {
-        for &(received, position, log_start, dropped) in cases {
-            assert_eq!(
-                read_stops_demanding(received, position, log_start),
-                dropped,
-                "received {received}, position {position}, log start {log_start:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn reads_keep_demanding_received_channels_whatever_their_log_start() {
-        check(&[
-            // A received channel: demanded below, at and above the log start, and when unknown.
-            (true, 3, Some(10), false),
-            (true, 0, Some(1), false),
-            (true, 10, Some(10), false),
-            (true, 11, Some(10), false),
-            (true, 3, None, false),
-            // Any other channel: no longer demanded strictly below a known log start only.
-            (false, 3, Some(10), true),
-            (false, 0, Some(1), true),
-            (false, 9, Some(10), true),
-            (false, 10, Some(10), false),
-            (false, 11, Some(10), false),
-            (false, 3, None, false),
-        ]);
-    }
 }
 
 #[cfg(test)]

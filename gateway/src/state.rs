@@ -71,7 +71,7 @@ pub struct Inner {
 impl Inner {
     /// Whether some configured model receives topic `name`: the topics writes may go to, and
     /// whose token pairs are never pruned for their log start (see
-    /// [`crate::session::read_stops_demanding`]).
+    /// [`parsley::gate::read_stops_demanding`]).
     pub fn receives(&self, name: &str) -> bool {
         self.received_topics.contains(name)
     }

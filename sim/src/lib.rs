@@ -31,6 +31,7 @@ mod world;
 pub use oracle::{Violation, ViolationKind};
 use parsley::engine::EngineSabotage;
 use parsley::gate::GateSabotage;
+use parsley::kept::KeptSabotage;
 
 /// The shape and mix of one family of runs.
 #[derive(Clone, Debug)]
@@ -98,6 +99,15 @@ pub struct Scenario {
     /// The model's topic count is drawn from these (each topic co-partitioned into the
     /// model's tasks); a single choice draws nothing, so the seed's world is unchanged.
     pub model_topic_counts: &'static [usize],
+    /// Two gateways keep covered snapshots in memory, each with a listener whose
+    /// notifications the scheduler delays, loses (the connection drops) and delivers; a
+    /// read's statement spans scheduler steps, and every read must be fresh: it reflects
+    /// every change its serving tasks committed before it arrived.
+    pub kept: bool,
+    /// Weight of a retention that outruns a lagging upstream reader at the moment it holds
+    /// nothing: up to exactly what the fastest reader of the channel read (0: none). Used
+    /// with `retention_passes_unread`.
+    pub outrun_weight: u32,
 }
 
 impl Scenario {
@@ -130,6 +140,8 @@ impl Scenario {
             small_budgets: false,
             ha: false,
             model_topic_counts: &[2],
+            kept: false,
+            outrun_weight: 0,
         }
     }
 
@@ -180,13 +192,16 @@ impl Scenario {
     /// lag on a channel the first one reads too. A cause a sender delivered and a receiver
     /// never read is still stamped on the sender's effects, so the receiver holds the
     /// effect and refuses at the cause's channel instead of delivering it first (what a
-    /// sender pruning its frontier by the log start, `PruneDropsLiveCause`, breaks).
+    /// sender pruning its frontier by the log start, `PruneDropsLiveCause`, breaks). Besides
+    /// the usual retention, a second kind outruns a lagging process when it holds nothing and
+    /// has read everything else it receives: up to exactly what the fastest reader read.
     pub fn unread() -> Scenario {
         Scenario {
             name: "unread",
             retention_weight: 3,
             retention_passes_held: true,
             retention_passes_unread: true,
+            outrun_weight: 2,
             ..Scenario::soak()
         }
     }
@@ -230,6 +245,22 @@ impl Scenario {
         Scenario { name: "ha", ha: true, crash_weight: 1, work_steps: 800, ..Scenario::soak() }
     }
 
+    /// Kept snapshots at two gateways (see [`Scenario::kept`] the field), on models of 2–4
+    /// tasks so that pages are served by several; no replica (its reads are stale by
+    /// design, and nothing read from it is kept).
+    pub fn kept() -> Scenario {
+        Scenario {
+            name: "kept",
+            kept: true,
+            replica: false,
+            task_counts: &[2, 3, 4],
+            keys: 4,
+            clients: 4,
+            work_steps: 700,
+            ..Scenario::soak()
+        }
+    }
+
     /// A known limit, not a default sweep: a process that receives both an upstream
     /// channel and a topic session clients write to. A client that read an effect of an
     /// upstream record `u` learns `u`, but the refreshed token carries `u`'s channel only
@@ -254,6 +285,7 @@ impl Scenario {
             Scenario::budget(),
             Scenario::ha(),
             Scenario::random_budget(),
+            Scenario::kept(),
         ]
     }
 }
@@ -284,8 +316,9 @@ pub enum Sabotage {
     /// Host: the gate checks the primary's clock rows but the data comes from a lagging
     /// replica — check and read not in one snapshot.
     SplitSnapshot,
-    /// Gateway: token pairs on the model's own channels are pruned below the log start
-    /// too, though the owner may still hold the record there.
+    /// Token hygiene (the core's `gate::keeps_pair`, which the gateway and the simulator
+    /// call): token pairs on the model's own channels are pruned below the log start too,
+    /// though the owner may still hold the record there.
     TokenPrunesReceivedChannels,
     /// Host: a running task's log-start checks use the log start it read at its start, so
     /// retention passing a held record goes unnoticed until the next restart.
@@ -342,10 +375,23 @@ pub enum Sabotage {
     /// Host (the step transaction): no epoch is checked at all, so a zombie's step is
     /// accepted after another instance took its task.
     ZombieStepAccepted,
+    /// Kept snapshots (`parsley::kept`): a kept snapshot serves a read without the
+    /// listener's barrier, so a change committed before the read but not yet heard is
+    /// missed.
+    KeptNoBarrier,
+    /// Kept snapshots: the listener's reconnect changes no generation, so what was kept
+    /// before notifications were lost is served after.
+    KeptAcrossReconnect,
+    /// Kept snapshots: kept under the generation read after the statement, so a change
+    /// heard while it ran is hidden.
+    KeptGenerationAfterStatement,
+    /// Kept snapshots: a page is kept under its first task's generation only, so another
+    /// task's step does not drop it.
+    KeptPageUnderOwner,
 }
 
 impl Sabotage {
-    pub const ALL: [Sabotage; 29] = [
+    pub const ALL: [Sabotage; 33] = [
         Sabotage::IgnoreCauses,
         Sabotage::NoFifoHold,
         Sabotage::NoReplayDrop,
@@ -375,6 +421,10 @@ impl Sabotage {
         Sabotage::EpochCheckedBeforeLock,
         Sabotage::StepInTwoTransactions,
         Sabotage::ZombieStepAccepted,
+        Sabotage::KeptNoBarrier,
+        Sabotage::KeptAcrossReconnect,
+        Sabotage::KeptGenerationAfterStatement,
+        Sabotage::KeptPageUnderOwner,
     ];
 
     fn engine(self) -> EngineSabotage {
@@ -394,7 +444,21 @@ impl Sabotage {
             Sabotage::IgnoreSeedFloor => EngineSabotage::IgnoreSeedFloor,
             Sabotage::IgnoreBudget => EngineSabotage::IgnoreBudget,
             Sabotage::RefusedRecordCountedFed => EngineSabotage::RefusedRecordCountedFed,
+            Sabotage::HeldNotPersisted => EngineSabotage::HostHeldNotHandedOver,
+            Sabotage::StaleLogStart => EngineSabotage::HostStaleLogStart,
+            Sabotage::LogStartAhead => EngineSabotage::HostLogStartAhead,
+            Sabotage::ReadPositionIgnored => EngineSabotage::HostReadPositionIgnored,
             _ => EngineSabotage::None,
+        }
+    }
+
+    fn kept(self) -> KeptSabotage {
+        match self {
+            Sabotage::KeptNoBarrier => KeptSabotage::NoBarrier,
+            Sabotage::KeptAcrossReconnect => KeptSabotage::KeptAcrossReconnect,
+            Sabotage::KeptGenerationAfterStatement => KeptSabotage::GenerationAfterStatement,
+            Sabotage::KeptPageUnderOwner => KeptSabotage::PageUnderOwner,
+            _ => KeptSabotage::None,
         }
     }
 
@@ -403,6 +467,7 @@ impl Sabotage {
             Sabotage::CoverageSkipsUnrecorded => GateSabotage::SkipUnrecorded,
             Sabotage::RefreshFullClock => GateSabotage::RefreshFullClock,
             Sabotage::GateServedTaskOnly => GateSabotage::ServedTaskOnly,
+            Sabotage::TokenPrunesReceivedChannels => GateSabotage::PruneReceivedBelowLogStart,
             _ => GateSabotage::None,
         }
     }
@@ -549,6 +614,25 @@ pub struct Stats {
     pub held_on_two_channels: u64,
     /// `OUT_OF_ORDER_FEED` refusals by projector tasks (of `out_of_order_refusals`).
     pub task_out_of_order_refusals: u64,
+    /// Reads served from a kept snapshot, and of those, pages.
+    pub kept_served: u64,
+    pub kept_pages_served: u64,
+    /// Barriers run for a read a kept snapshot covered, and notifications they made the
+    /// listener hear first.
+    pub kept_barriers: u64,
+    pub barrier_heard: u64,
+    /// Snapshots kept, and covered reads whose snapshot was not kept because a
+    /// notification was heard while their statement ran.
+    pub kept_stored: u64,
+    pub kept_refused_heard: u64,
+    /// Kept snapshots found no longer servable (their generation moved, or too old).
+    pub kept_dropped: u64,
+    /// Notifications heard on their own, and lost with a dropped connection.
+    pub notifications_heard: u64,
+    pub notifications_lost: u64,
+    pub listener_drops: u64,
+    /// Served reads judged for freshness.
+    pub fresh_reads_judged: u64,
 }
 
 /// The outcome of one run.

@@ -7,9 +7,15 @@
 //! sender's knowledge when it was sent. A process knows what it has delivered (in a
 //! committed step) and, transitively, their histories; a session client or edge producer
 //! also knows its own earlier writes (session order), and a client knows what its reads
-//! returned and their histories. A cause counts against a delivery only if it was still
-//! *expressible* when the record was sent (its topic existed and it sat at or above its
-//! channel's log start); below that the protocol is not asked to order it.
+//! returned and their histories. A cause counts against a delivery unless its topic was
+//! deleted before the record was sent: a pair is dropped from what a send stamps only with
+//! its topic, never for its log start.
+//!
+//! A served read must reflect every record of its scope (the model's own channels) in the
+//! session's past — its own writes, what its reads returned, and their causes — whatever
+//! the log start: the gateway never stops demanding a pair on a channel the model receives.
+//! Retention excuses a cause only on other channels, and only as the log start stands when
+//! the read is served (clocks prune such entries, so a read stops demanding them).
 //!
 //! Retention that passes a record a task has not delivered takes that record out of the
 //! protocol's reach in the same way, so the task must stop there: the oracle says, from
@@ -53,10 +59,8 @@ pub struct RecordFacts {
     pub status: RecordStatus,
     /// Its `parsley.causes` header was damaged on purpose.
     pub corrupt: bool,
-    /// Its true causes.
+    /// Its true causes (what a session that read it must see, on the model's channels).
     pub hist: RecordSet,
-    /// The causes still expressible when it was sent (what a session's reads must reflect).
-    pub exp: RecordSet,
     /// The causes its send expressed: every true cause but those of deleted topics. A cause
     /// retention passed is still stamped, so a receiver that never read it must not deliver
     /// this record before it (it holds, and refuses at the cause's channel).
@@ -107,6 +111,8 @@ pub enum ViolationKind {
     /// a receiver delivered a record it had already delivered, or did not resume a channel
     /// at the record after its last committed delivery there.
     RestartOrder,
+    /// A read served without a change its served tasks committed before it arrived.
+    NotFresh,
     /// On a channel that joined its scope, a receiver delivered a record its delivered past
     /// already accounted for (itself, or a cause of something it delivered): at or below
     /// the seed floor, so a cause delivered after its effect.
@@ -133,6 +139,7 @@ impl ViolationKind {
             ViolationKind::RefusalNotRecurring => "refusal-not-recurring",
             ViolationKind::MissedRefusal => "missed-refusal",
             ViolationKind::RestartOrder => "restart-order",
+            ViolationKind::NotFresh => "not-fresh",
             ViolationKind::BehindSeedFloor => "behind-seed-floor",
         }
     }
@@ -200,9 +207,10 @@ struct ClientFacts {
     seen: RecordSet,
     via_reads: RecordSet,
     /// What the session's reads must reflect: its own writes, what its reads returned, and
-    /// the causes those carried while still expressible. (A cause retention had already
-    /// made inexpressible when its effect was sent is part of the true history but is
-    /// not something any token could have carried.)
+    /// their true causes. A cause retention passed is kept: the token still names its pair
+    /// (a pair is dropped only with its topic), and on a channel the model receives a read
+    /// keeps demanding it. What a read is excused is decided when it is served
+    /// ([`Oracle::read`]).
     required: RecordSet,
 }
 
@@ -211,7 +219,8 @@ struct ClientFacts {
 pub struct Oracle {
     records: Vec<RecordFacts>,
     by_channel: BTreeMap<ChannelId, Vec<RecordId>>,
-    /// Records no longer expressible: below their channel's log start, or of a deleted topic.
+    /// Records retention has passed (below their channel's log start now) or of a deleted
+    /// topic: on a channel the model does not receive, a read no longer demands them.
     gone: RecordSet,
     /// Records of a deleted topic: the only causes a send stops expressing (a pair is
     /// dropped from a frontier or a token only with its channel).
@@ -366,7 +375,6 @@ impl Oracle {
     ) -> RecordId {
         let id = self.records.len() as RecordId;
         let hist = self.knowledge.get(&author).cloned().unwrap_or_default();
-        let exp = hist.minus(&self.gone);
         let stamped = hist.minus(&self.deleted);
         let read_knowledge = match author {
             Actor::Client(c) => Some(self.clients.entry(c).or_default().via_reads.clone()),
@@ -381,7 +389,6 @@ impl Oracle {
             status,
             corrupt,
             hist,
-            exp,
             stamped,
             read_knowledge,
             header_len: 0,
@@ -613,6 +620,41 @@ impl Oracle {
         }
     }
 
+    /// What a read arriving now must show, whoever asks: every record the rows of
+    /// `receivers` (the tasks serving it) hold, of `key` only if it reads one key.
+    pub fn fresh_floor(&self, receivers: &[usize], key: Option<u16>) -> RecordSet {
+        let mut floor = RecordSet::new();
+        for &r in receivers {
+            floor.union_with(&self.receivers[r].db_applied);
+        }
+        match key {
+            Some(k) => match self.by_key.get(&k) {
+                Some(of_key) => floor.minus(&floor.minus(of_key)),
+                None => RecordSet::new(),
+            },
+            None => floor,
+        }
+    }
+
+    /// Judges a served read's freshness: `observed` must hold every record of `floor`
+    /// ([`Oracle::fresh_floor`] when the read arrived).
+    pub fn judge_fresh(&mut self, floor: &RecordSet, observed: &[RecordId], what: &str) {
+        let mut seen = RecordSet::new();
+        for &id in observed {
+            seen.insert(id);
+        }
+        let missing = floor.minus(&seen);
+        let first = missing.iter().next();
+        if let Some(m) = first {
+            let detail = format!(
+                "{what} lacks {} ({} record(s) in all), committed before the read arrived",
+                self.describe(m),
+                missing.len()
+            );
+            self.violate(ViolationKind::NotFresh, detail);
+        }
+    }
+
     /// The receiver's step committed: its deliveries and receipts stand.
     pub fn commit(&mut self, receiver: usize) {
         let rc = &mut self.receivers[receiver];
@@ -652,7 +694,13 @@ impl Oracle {
     /// rows reflect; `key` is the single key read, or `None` for a whole collection.
     pub fn read(&mut self, client: u32, key: Option<u16>, observed: &[RecordId], what: &str) {
         self.reads_checked += 1;
-        let required = self.clients.entry(client).or_default().required.clone();
+        // Retention excuses a cause only on a channel the model does not receive, as the
+        // log start stands now; a deleted topic's records are excused everywhere (their pairs
+        // leave the token with the topic). On the model's own channels a cause is required
+        // whatever the log start: its owner delivers it or refuses, and the read waits.
+        let mut excused = self.gone.minus(&self.model_records);
+        excused.union_with(&self.deleted);
+        let required = self.clients.entry(client).or_default().required.minus(&excused);
         let scope = match key {
             Some(k) => self.by_key.get(&k).cloned().unwrap_or_default(),
             None => self.model_records.clone(),
@@ -688,7 +736,7 @@ impl Oracle {
                 learned.insert(o);
                 learned.union_with(&self.records[o as usize].hist);
                 now_required.insert(o);
-                now_required.union_with(&self.records[o as usize].exp);
+                now_required.union_with(&self.records[o as usize].hist);
             }
         }
         let facts = self.clients.entry(client).or_default();
@@ -961,7 +1009,7 @@ mod tests {
         let a = o.sent(ch(1, 0), 0, 1, Actor::Edge(0), false, false);
         o.log_start_advanced(ch(1, 0), 1);
         let b = o.sent(ch(2, 0), 0, 1, Actor::Edge(0), false, false);
-        assert!(o.record(b).stamped.contains(a) && !o.record(b).exp.contains(a));
+        assert!(o.record(b).stamped.contains(a) && o.record(b).hist.contains(a));
         o.delivered(task, ch(2, 0), 0, b);
         assert_eq!(kinds(&o), vec![ViolationKind::CausalOrder]);
 
@@ -970,6 +1018,31 @@ mod tests {
         o.topic_deleted(topic(1));
         let b = o.sent(ch(2, 0), 0, 1, Actor::Edge(0), false, false);
         o.delivered(task, ch(2, 0), 0, b);
+        assert!(o.violations().is_empty(), "{:?}", o.violations());
+    }
+
+    /// A read must reflect a cause on the model's own channels whatever the log start: a
+    /// cause retention passed before its effect was sent is still in the session's past once
+    /// a read returned the effect (the token keeps its pair, and a read keeps demanding a
+    /// pair on a received channel). Only a deleted topic's records are excused there.
+    #[test]
+    fn reads_require_causes_on_the_models_channels_whatever_the_log_start() {
+        let (mut o, _) = model();
+        let a = o.sent(ch(1, 0), 0, 5, Actor::Client(0), false, false);
+        o.log_start_advanced(ch(1, 0), 1);
+        let b = o.sent(ch(2, 0), 0, 6, Actor::Client(0), false, false);
+        o.read(1, Some(6), &[b], "read of k6");
+        o.read(1, Some(5), &[], "read of k5");
+        assert_eq!(kinds(&o), vec![ViolationKind::StaleRead]);
+        o.read(1, Some(5), &[a], "read of k5 again");
+        assert_eq!(o.violations().len(), 1);
+
+        let (mut o, _) = model();
+        o.sent(ch(1, 0), 0, 5, Actor::Client(0), false, false);
+        let b = o.sent(ch(2, 0), 0, 6, Actor::Client(0), false, false);
+        o.read(1, Some(6), &[b], "read of k6");
+        o.topic_deleted(topic(1));
+        o.read(1, Some(5), &[], "read of k5");
         assert!(o.violations().is_empty(), "{:?}", o.violations());
     }
 

@@ -55,10 +55,10 @@ impl TaskRows {
     }
 
     /// Commits one step: the engine's state changes and the projection writes of its
-    /// deliveries, atomically. `persist_held: false` is the `HeldNotPersisted` sabotage.
-    pub fn commit(&mut self, changes: StepChanges<Payload>, applied: &[Payload], persist_held: bool) {
+    /// deliveries, atomically.
+    pub fn commit(&mut self, changes: StepChanges<Payload>, applied: &[Payload]) {
         self.apply_rows(applied);
-        self.apply_state(changes, persist_held);
+        self.apply_state(changes);
     }
 
     /// The projection's writes of a step.
@@ -70,11 +70,9 @@ impl TaskRows {
 
     /// The ordering state a step changed: held records, `fed_up_to`, frontier, clock,
     /// refusal.
-    pub fn apply_state(&mut self, changes: StepChanges<Payload>, persist_held: bool) {
-        if persist_held {
-            for r in changes.held_inserted {
-                self.held.insert((r.channel, r.position), r);
-            }
+    pub fn apply_state(&mut self, changes: StepChanges<Payload>) {
+        for r in changes.held_inserted {
+            self.held.insert((r.channel, r.position), r);
         }
         for key in changes.held_removed {
             self.held.remove(&key);
@@ -114,8 +112,8 @@ impl SimDb {
     }
 
     /// Commits one step of `task` (see [`TaskRows::commit`]).
-    pub fn commit(&mut self, task: u32, changes: StepChanges<Payload>, applied: &[Payload], persist_held: bool) {
-        self.tasks[task as usize].commit(changes, applied, persist_held);
+    pub fn commit(&mut self, task: u32, changes: StepChanges<Payload>, applied: &[Payload]) {
+        self.tasks[task as usize].commit(changes, applied);
     }
 
     /// Every clock row of every task, as the gateway's one snapshot query returns them.

@@ -120,7 +120,7 @@ fn check_floors(scenario: &str, reports: &[RunReport], floors: &[Floor]) {
 type Metric = (&'static str, fn(&Stats) -> u64);
 
 fn print_totals(scenario: &str, reports: &[RunReport]) {
-    let rows: [Metric; 70] = [
+    let rows: [Metric; 82] = [
         ("steps", |s| s.steps),
         ("records", |s| s.records),
         ("deliveries (committed, tasks)", |s| s.deliveries),
@@ -191,6 +191,18 @@ fn print_totals(scenario: &str, reports: &[RunReport]) {
         ("batches the projection rejected", |s| s.batch_rejections),
         ("records rejected (refused)", |s| s.rejections),
         ("  rejected again after a restart", |s| s.rejections_recurred),
+        ("reads served from a kept snapshot", |s| s.kept_served),
+        ("  pages", |s| s.kept_pages_served),
+        ("barriers before a kept snapshot", |s| s.kept_barriers),
+        ("  notifications they heard first", |s| s.barrier_heard),
+        ("snapshots kept", |s| s.kept_stored),
+        ("  not kept: heard while read", |s| s.kept_refused_heard),
+        ("kept snapshots dropped (stale)", |s| s.kept_dropped),
+        ("notifications heard on their own", |s| s.notifications_heard),
+        ("notifications lost", |s| s.notifications_lost),
+        ("listener drops", |s| s.listener_drops),
+        ("reads judged for freshness", |s| s.fresh_reads_judged),
+        ("reads served (all)", |s| s.reads_served),
     ];
     let mut out = format!("scenario {scenario}: {} seeds\n", reports.len());
     for (what, metric) in rows {
@@ -286,7 +298,7 @@ fn corrupt_sweep() {
 
 #[test]
 fn ha_sweep() {
-    let reports = sweep("ha_sweep", &Scenario::ha(), 500);
+    let reports = sweep("ha_sweep", &Scenario::ha(), 300);
     let mut floors = common_floors();
     // Its faults restart tasks in other ways than crashes, and it reads the replica less.
     floors.retain(|f| f.what != "crashes while records were held" && f.what != "reads served by a lagging replica");
@@ -308,6 +320,22 @@ fn ha_sweep() {
         floor("rejections met again after a restart", |s| s.rejections_recurred, 1),
     ]);
     check_floors("ha", &reports, &floors);
+}
+
+#[test]
+fn kept_sweep() {
+    let reports = sweep("kept_sweep", &Scenario::kept(), 300);
+    let mut floors = common_floors();
+    floors.retain(|f| f.what != "reads served by a lagging replica");
+    floors.extend([
+        floor("reads served from a kept snapshot", |s| s.kept_served, 90),
+        floor("pages served from a kept snapshot", |s| s.kept_pages_served, 50),
+        floor("barriers that heard a queued notification first", |s| s.barrier_heard, 50),
+        floor("snapshots not kept: a notification heard while read", |s| s.kept_refused_heard, 40),
+        floor("kept snapshots dropped as stale", |s| s.kept_dropped, 80),
+        floor("notifications lost with a dropped connection", |s| s.notifications_lost, 50),
+    ]);
+    check_floors("kept", &reports, &floors);
 }
 
 /// Characterizes a known limit of the design (see `Scenario::audit`): the only
@@ -421,7 +449,7 @@ const HA_KINDS: [ViolationKind; 5] = [
 
 #[test]
 fn sabotage_epoch_checked_before_lock_is_caught() {
-    must_catch(Sabotage::EpochCheckedBeforeLock, &Scenario::ha(), 27, &HA_KINDS);
+    must_catch(Sabotage::EpochCheckedBeforeLock, &Scenario::ha(), 28, &HA_KINDS);
 }
 
 #[test]
@@ -431,7 +459,27 @@ fn sabotage_step_in_two_transactions_is_caught() {
 
 #[test]
 fn sabotage_zombie_step_accepted_is_caught() {
-    must_catch(Sabotage::ZombieStepAccepted, &Scenario::ha(), 63, &HA_KINDS);
+    must_catch(Sabotage::ZombieStepAccepted, &Scenario::ha(), 64, &HA_KINDS);
+}
+
+#[test]
+fn sabotage_kept_no_barrier_is_caught() {
+    must_catch(Sabotage::KeptNoBarrier, &Scenario::kept(), 78, &[ViolationKind::NotFresh]);
+}
+
+#[test]
+fn sabotage_kept_across_reconnect_is_caught() {
+    must_catch(Sabotage::KeptAcrossReconnect, &Scenario::kept(), 19, &[ViolationKind::NotFresh]);
+}
+
+#[test]
+fn sabotage_kept_generation_after_statement_is_caught() {
+    must_catch(Sabotage::KeptGenerationAfterStatement, &Scenario::kept(), 53, &[ViolationKind::NotFresh]);
+}
+
+#[test]
+fn sabotage_kept_page_under_owner_is_caught() {
+    must_catch(Sabotage::KeptPageUnderOwner, &Scenario::kept(), 70, &[ViolationKind::NotFresh]);
 }
 
 #[test]
@@ -465,13 +513,14 @@ fn sabotage_held_not_persisted_is_caught() {
 }
 
 /// Only a receiver that never read a cause retention discarded can tell a pruned stamp
-/// from an honest one: the `unread` scenario makes retention outrun slow readers.
+/// from an honest one: the `unread` scenario makes retention outrun slow readers, and
+/// outrun them up to what the sender read while they hold nothing.
 #[test]
 fn sabotage_prune_drops_live_cause_is_caught() {
     must_catch(
         Sabotage::PruneDropsLiveCause,
         &Scenario::unread(),
-        6,
+        29,
         &[ViolationKind::CausalOrder, ViolationKind::MonotonicWrites, ViolationKind::WritesFollowReads],
     );
 }
@@ -493,7 +542,7 @@ fn sabotage_refresh_full_clock_is_caught() {
 
 #[test]
 fn sabotage_gate_served_task_only_is_caught() {
-    must_catch(Sabotage::GateServedTaskOnly, &Scenario::soak(), 65, &[ViolationKind::ReadNeverCovered]);
+    must_catch(Sabotage::GateServedTaskOnly, &Scenario::soak(), 66, &[ViolationKind::ReadNeverCovered]);
 }
 
 #[test]
@@ -501,7 +550,7 @@ fn sabotage_split_snapshot_is_caught() {
     must_catch(
         Sabotage::SplitSnapshot,
         &Scenario::soak(),
-        75,
+        78,
         &[ViolationKind::MonotonicReads, ViolationKind::ReadYourWrites, ViolationKind::StaleRead],
     );
 }
@@ -511,19 +560,19 @@ fn sabotage_token_prunes_received_channels_is_caught() {
     must_catch(
         Sabotage::TokenPrunesReceivedChannels,
         &Scenario::retention(),
-        13,
+        26,
         &[ViolationKind::ReadYourWrites, ViolationKind::MonotonicReads, ViolationKind::StaleRead],
     );
 }
 
 #[test]
 fn sabotage_stale_log_start_is_caught() {
-    must_catch(Sabotage::StaleLogStart, &Scenario::retention(), 16, &[ViolationKind::MissedRefusal]);
+    must_catch(Sabotage::StaleLogStart, &Scenario::retention(), 17, &[ViolationKind::MissedRefusal]);
 }
 
 #[test]
 fn sabotage_read_position_ignored_is_caught() {
-    must_catch(Sabotage::ReadPositionIgnored, &Scenario::retention(), 21, &[ViolationKind::UnexpectedRefusal]);
+    must_catch(Sabotage::ReadPositionIgnored, &Scenario::retention(), 32, &[ViolationKind::UnexpectedRefusal]);
 }
 
 #[test]
@@ -539,7 +588,7 @@ fn sabotage_skip_receipt_merge_is_caught() {
     must_catch(
         Sabotage::SkipReceiptMerge,
         &Scenario::long(),
-        52,
+        54,
         &[ViolationKind::CausalOrder, ViolationKind::MonotonicWrites, ViolationKind::WritesFollowReads],
     );
 }
@@ -592,12 +641,12 @@ fn sabotage_deliver_past_dead_holds_is_caught() {
 
 #[test]
 fn monotonic_writes_check_fails_when_causes_are_ignored() {
-    must_catch(Sabotage::IgnoreCauses, &Scenario::soak(), 70, &[ViolationKind::MonotonicWrites]);
+    must_catch(Sabotage::IgnoreCauses, &Scenario::soak(), 73, &[ViolationKind::MonotonicWrites]);
 }
 
 #[test]
 fn writes_follow_reads_check_fails_when_causes_are_ignored() {
-    must_catch(Sabotage::IgnoreCauses, &Scenario::soak(), 40, &[ViolationKind::WritesFollowReads]);
+    must_catch(Sabotage::IgnoreCauses, &Scenario::soak(), 44, &[ViolationKind::WritesFollowReads]);
 }
 
 #[test]
@@ -607,7 +656,7 @@ fn read_your_writes_check_fails_when_coverage_skips_unrecorded_channels() {
 
 #[test]
 fn monotonic_reads_check_fails_when_check_and_read_use_different_snapshots() {
-    must_catch(Sabotage::SplitSnapshot, &Scenario::soak(), 37, &[ViolationKind::MonotonicReads]);
+    must_catch(Sabotage::SplitSnapshot, &Scenario::soak(), 40, &[ViolationKind::MonotonicReads]);
 }
 
 #[test]
@@ -707,7 +756,7 @@ const IGNORE_SEED_FLOOR_FLOOR: u64 = 80;
 const ACCEPT_OUT_OF_ORDER_FLOOR: u64 = 67;
 const IGNORE_BUDGET_FLOOR: u64 = 48;
 const REFUSED_RECORD_COUNTED_FED_FLOOR: u64 = 5;
-const FRONTIER_NOT_PERSISTED_FLOOR: u64 = 77;
+const FRONTIER_NOT_PERSISTED_FLOOR: u64 = 79;
 
 #[test]
 fn every_sabotage_mode_has_a_meta_test() {

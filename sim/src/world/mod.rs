@@ -9,6 +9,7 @@
 //! kind of actor has its own file: [`producers`] (edge producers, session clients and their
 //! reads), [`processes`] (upstream processes), [`tasks`] (projector tasks).
 
+mod gateway;
 mod processes;
 mod producers;
 mod tasks;
@@ -22,12 +23,13 @@ use crate::store::{Payload, SimDb, TaskRows};
 use crate::{RunReport, Sabotage, Scenario, Stats};
 use parsley::channel::{ChannelId, Position, TopicId};
 use parsley::engine::{ChannelFact, Engine, EngineConfig, Receipt};
-use parsley::gate::{self, ModelShape, Verdict};
+use parsley::gate::{self, ModelShape, PairFact, Verdict};
 use parsley::host::{ChannelStart, Failure, LogStartCheck, Next, Observed, StepCommit, TaskHost, TaskStatus};
+use parsley::kept::KeptRules;
 use parsley::murmur2::partition_for_key;
 use parsley::past::CausalPast;
 use parsley::refusal::{Refusal, RefusalReason};
-use parsley::startup::{check_topic_identity, ResolvedTopic};
+use parsley::startup::{check_topic_identity_sabotaged, ResolvedTopic};
 
 /// The model's topics: a prefix of these (two unless the scenario draws the count).
 const MODEL_TOPICS: [&str; 3] = ["orders", "payments", "refunds"];
@@ -151,10 +153,13 @@ struct Process {
     exec_start: BTreeMap<ChannelId, Position>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum ReadKind {
     Key(u16),
     Collection,
+    /// A named query over the model's table, answered by every task: the gateway never
+    /// keeps its answers (the `kept` scenario; elsewhere it reads as a collection).
+    Query,
 }
 
 /// An edge producer or a session client: a token, stamped onto every write.
@@ -177,9 +182,6 @@ struct Running {
     /// Per channel, the log start the host last checked with the engine: the periodic
     /// check is due once retention moved a holding channel's log start past it.
     log_start_checked: BTreeMap<ChannelId, Position>,
-    /// Per channel, the log start read at this start (what `StaleLogStart` keeps telling
-    /// the engine).
-    log_start_at_start: BTreeMap<ChannelId, Position>,
     /// Per channel, the consumer's position: past the last record fed and past the
     /// markers and aborted runs after it.
     read_to: BTreeMap<ChannelId, Position>,
@@ -269,8 +271,19 @@ enum Action {
     TaskFreeze(usize),
     /// A frozen execution (by index into `frozen`) wakes.
     TaskThaw(usize),
+    /// A gateway's listener hears its oldest queued notification; drops its connection;
+    /// connects again.
+    GatewayHear(usize),
+    GatewayDrop(usize),
+    GatewayConnect(usize),
+    /// A client's (or visitor's) read whose statement ran finishes (it is served, and
+    /// maybe kept).
+    ClientFinish(usize),
+    /// A visitor (a reader without a session) reads at a gateway.
+    VisitorRead(usize, ReadKind),
     ProcCrash(usize),
     Retention,
+    RetentionOutrun,
     RecreateExt,
 }
 
@@ -314,6 +327,11 @@ pub(crate) struct World {
     /// From this step on, the next client write carries a value the projection rejects
     /// (where the scenario has leases, on some seeds).
     poison_at: Option<u64>,
+    /// The gateways that keep snapshots (the `kept` scenario), the core's rules they keep
+    /// them by, and the clients' reads whose statement ran and which finish later.
+    gateways: Vec<gateway::Gateway>,
+    kept_rules: KeptRules,
+    reads_in_flight: BTreeMap<usize, gateway::InFlightRead>,
 }
 
 /// A receiver's engine configuration: a small metadata budget where the scenario has them
@@ -444,6 +462,7 @@ impl World {
                 let slow = match i {
                     1 if scenario.retention_passes_unread => [raw1].into(),
                     2 if scenario.retention_passes_unread => [raw0].into(),
+
                     _ => BTreeSet::new(),
                 };
                 let rows = TaskRows::default();
@@ -503,6 +522,13 @@ impl World {
             trace: Vec::new(),
             frozen: Vec::new(),
             poison_at,
+            gateways: if scenario.kept {
+                (0..gateway::GATEWAYS).map(|_| gateway::Gateway::new()).collect()
+            } else {
+                Vec::new()
+            },
+            kept_rules: KeptRules::sabotaged(sabotage.kept()),
+            reads_in_flight: BTreeMap::new(),
         }
     }
 
@@ -571,30 +597,33 @@ impl World {
         self.kafka.fact(c)
     }
 
-    /// The gateway's token pruning: pairs on topics that are gone, and pairs on upstream
-    /// channels below the log start. Pairs on the model's own channels are kept, as the
-    /// clock rows that would cover them are: retention may pass a record its owner still
-    /// holds, and dropping the pair would let a read skip it.
-    /// The gateway's token hygiene: a pair is dropped only when its topic is gone — never
-    /// for its log start, since the token is stamped on the session's writes.
-    /// `TokenPrunesReceivedChannels` drops the model's own pairs below the log start too.
-    fn prune_token(&self, token: CausalPast) -> CausalPast {
-        let prune_received = self.sabotage == Sabotage::TokenPrunesReceivedChannels;
-        token.retain(|c, p| match self.fact(&c) {
-            ChannelFact::TopicGone => false,
-            ChannelFact::Live { log_start } => !(prune_received && self.is_model(&c) && p < log_start),
-            ChannelFact::Unknown => true,
-        })
+    /// What the gateway knows of a token pair's channel: whether its topic is gone, whether
+    /// the model receives it, and its log start.
+    fn pair_fact(&self, c: &ChannelId) -> PairFact {
+        match self.fact(c) {
+            ChannelFact::TopicGone => PairFact::TopicGone,
+            ChannelFact::Live { log_start } => {
+                PairFact::Live { received: self.is_model(c), log_start: Some(log_start) }
+            }
+            ChannelFact::Unknown => PairFact::Live { received: self.is_model(c), log_start: None },
+        }
     }
 
-    /// What a read demands of the token: the gateway stops demanding a pair below its log
-    /// start on a channel the model does not receive (clocks prune those entries), while the
-    /// token keeps it.
+    /// The gateway's token hygiene, the core's own rule ([`gate::prune_token`]): a pair is
+    /// dropped only when its topic is gone, never for its log start. The
+    /// `TokenPrunesReceivedChannels` sabotage breaks that rule inside the core.
+    fn prune_token(&self, token: CausalPast) -> CausalPast {
+        match self.sabotage.gate() {
+            gate::GateSabotage::None => gate::prune_token(token, |c| self.pair_fact(c)),
+            g => gate::prune_token_sabotaged(token, |c| self.pair_fact(c), g),
+        }
+    }
+
+    /// What a read demands of the token, the core's own rule ([`gate::read_demand`]): a pair
+    /// below its log start on a channel the model does not receive is no longer demanded
+    /// (clocks prune those entries), while the token keeps it.
     fn read_demand(&self, token: &CausalPast) -> CausalPast {
-        token.clone().retain(|c, p| match self.fact(&c) {
-            ChannelFact::Live { log_start } => self.is_model(&c) || p >= log_start,
-            _ => true,
-        })
+        gate::read_demand(token, |c| self.pair_fact(c))
     }
 
     fn enabled(&self) -> Vec<(Action, u32)> {
@@ -615,14 +644,24 @@ impl World {
             }
         }
         for (i, c) in self.clients.iter().enumerate() {
+            if self.reads_in_flight.contains_key(&i) {
+                push(Action::ClientFinish(i), 3);
+                continue;
+            }
             match c.pending_read {
                 Some(_) if self.changes > c.last_attempt => push(Action::ClientRetry(i), 4),
                 Some(_) => {}
                 None if work => {
-                    push(Action::ClientWrite(i), 3);
+                    // Where gateways keep snapshots, sessions read more than they write, so
+                    // reads meet what earlier reads kept.
+                    let (write, key, page) = if s.kept { (1, 6, 2) } else { (3, 3, 1) };
+                    push(Action::ClientWrite(i), write);
                     // The key is drawn when the read is performed.
-                    push(Action::ClientRead(i, ReadKind::Key(0)), 3);
-                    push(Action::ClientRead(i, ReadKind::Collection), 1);
+                    push(Action::ClientRead(i, ReadKind::Key(0)), key);
+                    push(Action::ClientRead(i, ReadKind::Collection), page);
+                    if s.kept {
+                        push(Action::ClientRead(i, ReadKind::Query), 1);
+                    }
                 }
                 None => {}
             }
@@ -707,12 +746,16 @@ impl World {
         for z in 0..self.frozen.len() {
             push(Action::TaskThaw(z), 1);
         }
+        self.gateway_actions(&mut push);
         if self.replica.is_some() && self.replica_version < self.db_version {
             push(Action::ReplicaSync, if work { 2 } else { 3 });
         }
         if work && s.retention_weight > 0 {
             // Which channels can move is worked out when it is drawn (it may be none).
             push(Action::Retention, s.retention_weight);
+            if s.outrun_weight > 0 && !self.outrun_candidates().is_empty() {
+                push(Action::RetentionOutrun, s.outrun_weight);
+            }
         }
         if work && s.recreate_weight > 0 && self.recreations < 2 && self.step > s.work_steps / 3 {
             push(Action::RecreateExt, s.recreate_weight);
@@ -825,6 +868,58 @@ impl World {
         (to, passes)
     }
 
+    /// Upstream channels a process lags on ([`Process::slow`]) where it holds nothing and has
+    /// read everything else it receives, while another process (neither refused) has read
+    /// further there; with how far the fastest one read. Retention up to there passes
+    /// records the fastest reader delivered and the laggard never read, and the next thing
+    /// the fastest one sends the laggard meets at the head of its channel: honestly stamped,
+    /// it holds it and refuses at the passed channel; with the cause pruned from the stamp,
+    /// it delivers it first (`PruneDropsLiveCause`).
+    fn outrun_candidates(&self) -> Vec<(ChannelId, Position)> {
+        let mut out = Vec::new();
+        let mut channels: Vec<ChannelId> = self.processes.iter().flat_map(|p| p.received.iter().copied()).collect();
+        channels.sort();
+        channels.dedup();
+        for c in channels {
+            let running = || self.processes.iter().filter(|p| p.received.contains(&c) && p.engine.refusal().is_none());
+            let read = |p: &Process| p.engine.fed_up_to(&c).map_or(0, |f| f + 1);
+            let Some(fastest) = running().map(read).max() else { continue };
+            // A lagging reader with nothing held or left to read elsewhere: whatever the fastest
+            // reader's sends carry next reaches it at the head of its channel.
+            let idle = |p: &Process| {
+                p.engine.held_count() == 0
+                    && (p.received.iter()).all(|d| *d == c || p.next_fetch[d] >= self.kafka.partition(d).last_stable())
+            };
+            let idle_behind = running().any(|p| p.slow.contains(&c) && idle(p) && read(p) < fastest);
+            if idle_behind && fastest > self.kafka.log_start(&c) {
+                out.push((c, fastest));
+            }
+        }
+        out
+    }
+
+    /// Moves `c`'s log start to `to` (`passes_unread`: past a position a receiver had not
+    /// read), told to the oracle and counted.
+    fn retain(&mut self, c: ChannelId, to: Position, passes_unread: bool) {
+        if passes_unread {
+            self.trace.push(format!("{} retention outruns a reader of {}", self.step, self.name(&c)));
+            self.stats.retention_passed_unread += 1;
+            if self.processes.iter().any(|p| p.received.contains(&c)) {
+                self.stats.retention_passed_unread_upstream += 1;
+            }
+        }
+        self.kafka.advance_log_start(&c, to);
+        self.oracle.log_start_advanced(c, to);
+        self.stats.retention_advances += 1;
+        if self.is_model(&c) && self.db.undelivered_from(c.partition, &c) < to {
+            self.stats.retention_passed_held += 1;
+        }
+        if self.is_model(&c) && self.kafka.is_control_or_aborted(&c, to - 1) {
+            self.stats.retention_past_control_records += 1;
+        }
+        self.trace.push(format!("{} retention {} log start {to}", self.step, self.name(&c)));
+    }
+
     fn retention_candidates(&self) -> Vec<ChannelId> {
         let mut channels = Vec::new();
         let names = ["raw", "mid", "ext"].into_iter().chain(MODEL_TOPICS).chain(UPSTREAM_TOPICS);
@@ -851,14 +946,31 @@ impl World {
                     ReadKind::Key(_) => ReadKind::Key(self.rng.below(u64::from(self.scenario.keys)) as u16),
                     k => k,
                 };
+                if self.scenario.kept {
+                    return self.gateway_read(c, kind);
+                }
                 let from_replica = self.replica.is_some() && self.rng.chance(1, 2);
                 self.client_read(c, kind, false, from_replica);
             }
             Action::ClientRetry(c) => {
                 let kind = self.clients[c].pending_read.expect("a pending read");
+                if self.scenario.kept {
+                    return self.gateway_read(c, kind);
+                }
                 let from_replica = self.replica.is_some() && self.rng.chance(1, 2);
                 self.client_read(c, kind, false, from_replica);
             }
+            Action::ClientFinish(c) => self.gateway_read_finish(c),
+            Action::VisitorRead(v, kind) => {
+                let kind = match kind {
+                    ReadKind::Key(_) => ReadKind::Key(self.rng.below(u64::from(self.scenario.keys)) as u16),
+                    k => k,
+                };
+                self.gateway_read(self.clients.len() + v, kind);
+            }
+            Action::GatewayHear(g) => self.gateway_hear_one(g),
+            Action::GatewayDrop(g) => self.gateway_drop(g),
+            Action::GatewayConnect(g) => self.gateway_connect(g),
             Action::ReplicaSync => {
                 self.replica = Some(self.db.clone());
                 self.replica_version = self.db_version;
@@ -924,25 +1036,25 @@ impl World {
                     if cut < from {
                         return;
                     }
-                    to = cut;
-                    if passes_unread {
-                        self.trace.push(format!("{} retention outruns a reader of {}", self.step, self.name(&c)));
-                        self.stats.retention_passed_unread += 1;
-                        if self.processes.iter().any(|p| p.received.contains(&c)) {
-                            self.stats.retention_passed_unread_upstream += 1;
-                        }
-                    }
+                    self.retain(c, cut, passes_unread);
+                } else {
+                    self.retain(c, to, false);
                 }
-                self.kafka.advance_log_start(&c, to);
-                self.oracle.log_start_advanced(c, to);
-                self.stats.retention_advances += 1;
-                if self.is_model(&c) && self.db.undelivered_from(c.partition, &c) < to {
-                    self.stats.retention_passed_held += 1;
+            }
+            // Where the scenario has it: retention right up to what the fastest reader of an
+            // upstream channel read, while a lagging reader holds nothing.
+            Action::RetentionOutrun => {
+                let candidates = self.outrun_candidates();
+                if candidates.is_empty() {
+                    return;
                 }
-                if self.is_model(&c) && self.kafka.is_control_or_aborted(&c, to - 1) {
-                    self.stats.retention_past_control_records += 1;
+                let (c, fastest) = *self.rng.pick(&candidates);
+                let to = fastest.min(self.retention_bound(&c));
+                let (cut, passes_unread) = self.cut_past_unread(&c, to);
+                if cut <= self.kafka.log_start(&c) || !passes_unread {
+                    return;
                 }
-                self.trace.push(format!("{} retention {} log start {to}", self.step, self.name(&c)));
+                self.retain(c, cut, true);
             }
             Action::RecreateExt => {
                 let old = self.kafka.delete_topic("ext").expect("ext exists");

@@ -154,7 +154,7 @@ impl World {
                     changes.frontier_upserts.clear();
                     changes.frontier_removed.clear();
                 }
-                proc.rows.commit(changes, &[], true);
+                proc.rows.commit(changes, &[]);
             }
         }
     }
@@ -255,16 +255,22 @@ impl World {
         let receiver = self.processes[p].receiver;
         let mut received = self.processes[p].received.clone();
         let mut recreated = Vec::new();
+        let mut refused = Vec::new();
         for c in &received {
             let name = self.names[&c.topic].split('#').next().expect("a name").to_string();
             let resolved = ResolvedTopic { name: name.clone(), id: self.kafka.resolve(&name), partitions: 1 };
             let held = self.oracle.held_on(receiver, c).map_or(0, |_| 1);
-            if let Err(refusal) = check_topic_identity(&resolved, Some(c.topic), held) {
-                recreated.push((*c, resolved.id, refusal));
+            // The core's check (which `IgnoreRecreation` breaks): a topic it lets through
+            // under another ID is taken by name, as a host trusting it would.
+            let ignore = self.sabotage == Sabotage::IgnoreRecreation;
+            match check_topic_identity_sabotaged(&resolved, Some(c.topic), held, ignore) {
+                Err(refusal) => refused.push(refusal),
+                Ok(now) if now != c.topic => recreated.push((*c, Some(now))),
+                Ok(_) => {}
             }
         }
         let due = self.oracle.identity_changed(receiver);
-        if let Some((_, _, refusal)) = recreated.first().filter(|_| self.sabotage != Sabotage::IgnoreRecreation) {
+        if let Some(refusal) = refused.first() {
             self.stats.refusals += 1;
             self.trace.push(format!("{} P{p} refused {}: {}", self.step, refusal.reason, refusal.diagnosis));
             if refusal.reason == RefusalReason::ChannelIdentityChanged && due.is_some() {
@@ -277,11 +283,11 @@ impl World {
             self.processes[p].engine.refuse(refusal);
             return None;
         }
-        if let Some(c) = due.filter(|_| recreated.is_empty() || self.sabotage == Sabotage::IgnoreRecreation) {
+        if let Some(c) = due {
             let detail = format!("P{p} restarted on {}, whose topic was recreated, without refusing", self.name(&c));
             self.oracle.report(ViolationKind::MissedRefusal, detail);
         }
-        for (c, now, _) in recreated {
+        for (c, now) in recreated {
             received.retain(|r| *r != c);
             if let Some(id) = now {
                 received.push(ChannelId::new(id, c.partition));

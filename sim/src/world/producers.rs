@@ -129,7 +129,7 @@ impl World {
         }
         let served: BTreeSet<u32> = match kind {
             ReadKind::Key(k) => [self.owner_of_key[k as usize]].into_iter().collect(),
-            ReadKind::Collection => (0..self.model.task_count).collect(),
+            ReadKind::Collection | ReadKind::Query => (0..self.model.task_count).collect(),
         };
         let demand = self.read_demand(&token);
         let verdict = match self.sabotage.gate() {
@@ -139,6 +139,7 @@ impl World {
         let mut what = match kind {
             ReadKind::Key(k) => format!("read of k{k}"),
             ReadKind::Collection => "collection read".to_string(),
+            ReadKind::Query => "named query".to_string(),
         };
         if from_replica && self.replica.is_some() {
             what.push_str(" (replica)");
@@ -146,14 +147,16 @@ impl World {
         if verdict.is_covered() {
             let observed: Vec<RecordId> = match kind {
                 ReadKind::Key(k) => data.doc(self.owner_of_key[k as usize], k).to_vec(),
-                ReadKind::Collection => data.tasks.iter().flat_map(|t| t.docs.values().flatten().copied()).collect(),
+                ReadKind::Collection | ReadKind::Query => {
+                    data.tasks.iter().flat_map(|t| t.docs.values().flatten().copied()).collect()
+                }
             };
             if from_replica && self.replica_version < self.db_version {
                 self.stats.lagging_replica_reads += 1;
             }
             let key = match kind {
                 ReadKind::Key(k) => Some(k),
-                ReadKind::Collection => None,
+                ReadKind::Collection | ReadKind::Query => None,
             };
             self.oracle.read(c as u32, key, &observed, &what);
             let refreshed = match self.sabotage.gate() {

@@ -79,7 +79,6 @@ impl World {
             next_fetch: BTreeMap::new(),
             applied: Vec::new(),
             log_start_checked: BTreeMap::new(),
-            log_start_at_start: BTreeMap::new(),
             read_to: BTreeMap::new(),
             epoch,
             instance,
@@ -110,7 +109,7 @@ impl World {
                         self.db.tasks[t].refusal = None;
                     }
                     // Seeds and a refusal: nothing a read sees, so no read retries on it.
-                    self.db.commit(t as u32, start.changes, &[], self.sabotage != Sabotage::HeldNotPersisted);
+                    self.db.commit(t as u32, start.changes, &[]);
                     self.oracle.commit(self.tasks[t].receiver);
                     self.trace.push(format!("{} task{t} commit start", self.step));
                     self.running(t).host.committed();
@@ -143,10 +142,8 @@ impl World {
                 Next::ReadPositions => {
                     // The consumer's position on every channel: past the last record fed
                     // and past the markers and aborted runs after it.
-                    let ignore = self.sabotage == Sabotage::ReadPositionIgnored;
                     let run = self.running(t);
-                    let positions: Vec<(ChannelId, Position)> =
-                        if ignore { Vec::new() } else { run.next_fetch.iter().map(|(&c, &p)| (c, p)).collect() };
+                    let positions: Vec<(ChannelId, Position)> = run.next_fetch.iter().map(|(&c, &p)| (c, p)).collect();
                     run.host.read_positions(&positions);
                 }
                 Next::Commit => self.task_commit(t),
@@ -218,19 +215,12 @@ impl World {
         run.host.assigned();
     }
 
-    /// The log start the host tells the engine for `channel`, whose log start is
-    /// `log_start`: `StaleLogStart` tells the one read at the task's start, `LogStartAhead`
-    /// one two positions further on.
+    /// The log start the host tells the machine for `channel`, whose log start is
+    /// `log_start`: the broker's, as read now (the machine's `StaleLogStart` and
+    /// `LogStartAhead` hooks break what it makes of it).
     pub(super) fn told_log_start(&mut self, t: usize, channel: ChannelId, log_start: Position) -> Position {
-        let sabotage = self.sabotage;
-        let run = self.running(t);
-        run.log_start_checked.insert(channel, log_start);
-        let at_start = *run.log_start_at_start.entry(channel).or_insert(log_start);
-        match sabotage {
-            Sabotage::StaleLogStart => at_start,
-            Sabotage::LogStartAhead => log_start + 2,
-            _ => log_start,
-        }
+        self.running(t).log_start_checked.insert(channel, log_start);
+        log_start
     }
 
     /// Answers a log-start check of `channels` (every received channel: on an out-of-range
@@ -628,8 +618,12 @@ impl World {
             self.db.tasks[t].failing = false;
         }
         self.committed_read.extend(in_flight.read_to.clone());
-        let persist_held = self.sabotage != Sabotage::HeldNotPersisted;
-        self.db.commit(t as u32, in_flight.commit.changes.clone(), &in_flight.applied, persist_held);
+        // The step's NOTIFY: its clock changed, or its status did.
+        let changes = &in_flight.commit.changes;
+        if in_flight.commit.notify || !changes.clock_upserts.is_empty() || !changes.clock_removed.is_empty() {
+            self.notify_gateways(t);
+        }
+        self.db.commit(t as u32, in_flight.commit.changes.clone(), &in_flight.applied);
         let ids: Vec<RecordId> = in_flight.applied.iter().map(|p| p.id).collect();
         self.oracle.applied(self.tasks[t].receiver, &ids);
         self.db_version += 1;
