@@ -567,6 +567,22 @@ pub struct Stats {
     pub joins_above_floor: u64,
     /// Restarts that found a received topic recreated (`CHANNEL_IDENTITY_CHANGED`).
     pub identity_refusals: u64,
+    /// New declarations of the model's topics rolled out (every task restarts under one):
+    /// a topic removed, or one added.
+    pub model_rescopes: u64,
+    pub model_topics_removed: u64,
+    pub model_topics_added: u64,
+    /// Task restarts under a declaration without a channel the task received, and of
+    /// those, refused `CHANNEL_REMOVED_WITH_HELD_MESSAGES` (the operator then withdrew the
+    /// declaration, and the refused task's next start cleared its refusal).
+    pub task_channels_left: u64,
+    pub task_removals_refused: u64,
+    pub refusals_cleared: u64,
+    pub declarations_withdrawn: u64,
+    /// Task restarts under a declaration with a channel the task did not receive, and of
+    /// those, joins seeded above the log start (what the task's delivered past accounts for).
+    pub task_channels_joined: u64,
+    pub task_joins_above_floor: u64,
     /// Feeds of a position already fed in the execution (the injected host bug).
     pub out_of_order_feeds: u64,
     /// `OUT_OF_ORDER_FEED` refusals.

@@ -232,6 +232,10 @@ pub struct Oracle {
     poison: RecordSet,
     committed: RecordSet,
     model_topics: BTreeSet<TopicId>,
+    /// Once the model's declaration changed: per channel of a topic it declares, the first
+    /// position its reads owe (records below it lie behind its owner's seed floor, where
+    /// the owner joined the channel again). `None`: every record of the model's topics.
+    scope: Option<BTreeMap<ChannelId, Position>>,
     model_records: RecordSet,
     by_key: BTreeMap<u16, RecordSet>,
     receivers: Vec<Receiver>,
@@ -261,6 +265,7 @@ impl Oracle {
             poison: RecordSet::new(),
             committed: RecordSet::new(),
             model_topics: model_topics.into_iter().collect(),
+            scope: None,
             model_records: RecordSet::new(),
             by_key: BTreeMap::new(),
             receivers: Vec::new(),
@@ -277,6 +282,32 @@ impl Oracle {
 
     pub fn name_topic(&mut self, topic: TopicId, name: &str) {
         self.names.insert(topic, name.to_string());
+    }
+
+    fn in_read_scope(&self, channel: &ChannelId, position: Position) -> bool {
+        match &self.scope {
+            None => self.model_topics.contains(&channel.topic),
+            Some(scope) => scope.get(channel).is_some_and(|&from| position >= from),
+        }
+    }
+
+    /// The model's declaration changed (a topic left or joined it): reads owe the records
+    /// on `scope`'s channels from each one's first position, and nothing on any other
+    /// channel. A topic the model stopped declaring is then like any upstream topic: its
+    /// records are owed to no read (the gateway demands its pairs of every served task, so
+    /// it fails closed on them), and where an owner joins a channel again, what its
+    /// delivered past accounts for there (below its seed floor) is owed no more.
+    pub fn set_read_scope(&mut self, scope: BTreeMap<ChannelId, Position>) {
+        self.scope = Some(scope);
+        self.model_records = RecordSet::new();
+        self.by_key.clear();
+        for id in 0..self.records.len() {
+            let r = &self.records[id];
+            if self.in_read_scope(&r.channel, r.position) {
+                self.model_records.insert(id as RecordId);
+                self.by_key.entry(r.key).or_default().insert(id as RecordId);
+            }
+        }
     }
 
     fn channel_name(&self, c: &ChannelId) -> String {
@@ -399,7 +430,7 @@ impl Oracle {
         if !in_txn {
             self.committed.insert(id);
         }
-        if self.model_topics.contains(&channel.topic) {
+        if self.in_read_scope(&channel, position) {
             self.model_records.insert(id);
             self.by_key.entry(key).or_default().insert(id);
         }

@@ -120,7 +120,7 @@ fn check_floors(scenario: &str, reports: &[RunReport], floors: &[Floor]) {
 type Metric = (&'static str, fn(&Stats) -> u64);
 
 fn print_totals(scenario: &str, reports: &[RunReport]) {
-    let rows: [Metric; 82] = [
+    let rows: [Metric; 91] = [
         ("steps", |s| s.steps),
         ("records", |s| s.records),
         ("deliveries (committed, tasks)", |s| s.deliveries),
@@ -171,6 +171,15 @@ fn print_totals(scenario: &str, reports: &[RunReport]) {
         ("channels joining a process", |s| s.channels_joined),
         ("  seeded above the initial position", |s| s.joins_above_floor),
         ("refusals of a recreated topic", |s| s.identity_refusals),
+        ("new declarations of the model", |s| s.model_rescopes),
+        ("  a topic removed", |s| s.model_topics_removed),
+        ("  a new topic added", |s| s.model_topics_added),
+        ("channels leaving a task", |s| s.task_channels_left),
+        ("  refused: records held there", |s| s.task_removals_refused),
+        ("  declaration withdrawn", |s| s.declarations_withdrawn),
+        ("  refusal cleared at the next start", |s| s.refusals_cleared),
+        ("channels joining a task", |s| s.task_channels_joined),
+        ("  seeded above the log start", |s| s.task_joins_above_floor),
         ("out-of-order feeds (host bug)", |s| s.out_of_order_feeds),
         ("  refused OUT_OF_ORDER_FEED", |s| s.out_of_order_refusals),
         ("budget refusals on receipt", |s| s.budget_refusals_on_receipt),

@@ -115,6 +115,9 @@ const UNREAD_RETENTION_ODDS: u64 = 8;
 /// Where processes restart under new declarations, one restart in this many changes scope.
 const SCOPE_CHANGE_ODDS: u64 = 2;
 
+/// Where scopes change, at most this many new declarations of the model per run.
+const MODEL_RESCOPES: u64 = 3;
+
 /// Where process hosts feed out of order, one fetch in this many rewinds the consumer
 /// first (within the execution).
 const OUT_OF_ORDER_ODDS: u64 = 40;
@@ -193,6 +196,16 @@ struct Running {
     /// Per channel, where this execution started reading (its assigned position): an
     /// out-of-order feed rewinds no further.
     exec_start: BTreeMap<ChannelId, Position>,
+    /// Channels of a new declaration this start seeded (with the log start it read), which
+    /// join the task's scope when the start commits.
+    joins: Vec<(ChannelId, Position)>,
+}
+
+/// A new declaration of the model's topics being rolled out: the one before (what the
+/// operator restores if a task refuses it), and the tasks yet to start under it.
+struct Rollout {
+    before: BTreeSet<TopicId>,
+    pending: BTreeSet<usize>,
 }
 
 /// A step's commit sent but not yet arrived at the database (its owner froze meanwhile).
@@ -239,6 +252,13 @@ struct Task {
     refused: bool,
     /// A refusal the stored status says this task hit: a restart must hit it again.
     expect_refusal: Option<Refusal>,
+    /// Per channel of the model the task receives (as far as its committed state goes):
+    /// where reads start to owe its records there (`Position::MIN` since the first start;
+    /// a join's first position once it joined again).
+    scope_from: BTreeMap<ChannelId, Position>,
+    /// The stored refusal was for a declaration the operator withdrew: the next start must
+    /// clear it, not meet it again.
+    withdrawn: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -282,6 +302,8 @@ enum Action {
     /// A visitor (a reader without a session) reads at a gateway.
     VisitorRead(usize, ReadKind),
     ProcCrash(usize),
+    /// The operator rolls out a new declaration of the model's topics (`scopes`).
+    ModelRescope,
     Retention,
     RetentionOutrun,
     RecreateExt,
@@ -305,7 +327,11 @@ pub(crate) struct World {
     oracle: Oracle,
     names: BTreeMap<TopicId, String>,
     model: ModelShape,
+    /// Every topic created for the model; `declared` is the ones it receives now (all, but
+    /// where scopes change), and `rollout` a new declaration not yet every task's.
     model_topics: Vec<TopicId>,
+    declared: BTreeSet<TopicId>,
+    rollout: Option<Rollout>,
     raw: TopicId,
     /// Per key, the task that owns it (murmur2 of the key bytes).
     owner_of_key: Vec<u32>,
@@ -404,6 +430,7 @@ impl World {
                 let received: Vec<ChannelId> = model_topics.iter().map(|&t| ChannelId::new(t, i)).collect();
                 let receiver = oracle.add_receiver(&format!("task{i}"), None, &received);
                 let config = receiver_config(scenario, &mut rng, &mut oracle, receiver);
+                let scope_from = received.iter().map(|&c| (c, Position::MIN)).collect();
                 Task {
                     receiver,
                     received,
@@ -412,6 +439,8 @@ impl World {
                     started_once: false,
                     refused: false,
                     expect_refusal: None,
+                    scope_from,
+                    withdrawn: false,
                 }
             })
             .collect();
@@ -506,6 +535,8 @@ impl World {
             oracle,
             names,
             model,
+            declared: model_topics.iter().copied().collect(),
+            rollout: None,
             model_topics,
             raw,
             owner_of_key,
@@ -588,8 +619,15 @@ impl World {
         ChannelId::new(self.model_topics[topic], self.owner_of_key[key as usize])
     }
 
+    /// Whether the model declares `c`'s topic now (what the gateway gates by).
     fn is_model(&self, c: &ChannelId) -> bool {
         self.model.received_topics.contains(&c.topic)
+    }
+
+    /// Whether `c` is on a topic created for the model, declared now or not (its owner's
+    /// stored state may still hold it: retention minds it as a model channel).
+    fn is_model_topic(&self, c: &ChannelId) -> bool {
+        self.model_topics.contains(&c.topic)
     }
 
     /// What a host learns of a channel to prune by.
@@ -760,6 +798,12 @@ impl World {
         if work && s.recreate_weight > 0 && self.recreations < 2 && self.step > s.work_steps / 3 {
             push(Action::RecreateExt, s.recreate_weight);
         }
+        // A few declarations per run, once every task has a committed state to carry over.
+        let rescopable = self.rollout.is_none() && self.tasks.iter().all(|t| t.started_once);
+        let rescopable = rescopable && self.step > s.work_steps / 3;
+        if work && s.scope_changes && rescopable && self.stats.model_rescopes < MODEL_RESCOPES {
+            push(Action::ModelRescope, 1);
+        }
         out
     }
 
@@ -780,7 +824,7 @@ impl World {
     fn retention_bound(&self, c: &ChannelId) -> Position {
         let part = self.kafka.partition(c);
         let mut bound = part.last_stable();
-        if self.is_model(c) {
+        if self.is_model_topic(c) {
             let rows = &self.db.tasks[c.partition as usize];
             // How far the owner's consumer had read at its last commit: past the markers
             // and aborted runs after its last record. What the host told its engine is not
@@ -839,7 +883,7 @@ impl World {
             .filter(|p| p.received.contains(c))
             .map(|p| p.engine.fed_up_to(c).map_or(0, |f| f + 1))
             .collect();
-        if self.is_model(c) {
+        if self.is_model_topic(c) {
             let t = c.partition as usize;
             let rows = &self.db.tasks[t];
             positions.push(rows.fed_up_to.get(c).map_or(0, |f| f + 1));
@@ -911,10 +955,10 @@ impl World {
         self.kafka.advance_log_start(&c, to);
         self.oracle.log_start_advanced(c, to);
         self.stats.retention_advances += 1;
-        if self.is_model(&c) && self.db.undelivered_from(c.partition, &c) < to {
+        if self.is_model_topic(&c) && self.db.undelivered_from(c.partition, &c) < to {
             self.stats.retention_passed_held += 1;
         }
-        if self.is_model(&c) && self.kafka.is_control_or_aborted(&c, to - 1) {
+        if self.is_model_topic(&c) && self.kafka.is_control_or_aborted(&c, to - 1) {
             self.stats.retention_past_control_records += 1;
         }
         self.trace.push(format!("{} retention {} log start {to}", self.step, self.name(&c)));
@@ -1056,15 +1100,11 @@ impl World {
                 }
                 self.retain(c, cut, true);
             }
+            Action::ModelRescope => self.model_rescope(),
             Action::RecreateExt => {
                 let old = self.kafka.delete_topic("ext").expect("ext exists");
                 self.oracle.topic_deleted(old);
-                let id = loop {
-                    let id = TopicId::from_halves(self.rng.next_u64(), self.rng.next_u64());
-                    if !id.is_zero() && self.kafka.topic(&id).is_none() {
-                        break id;
-                    }
-                };
+                let id = self.new_topic_id();
                 self.recreations += 1;
                 self.kafka.create_topic("ext", id, 1);
                 self.names.insert(id, format!("ext#{}", self.recreations));
@@ -1094,12 +1134,25 @@ impl World {
         parts.join(", ")
     }
 
-    /// Channels a refused task owns: a gap on one of them is the refusal speaking.
+    /// Channels a refused task owns: a gap on one of them is the refusal speaking. And the
+    /// channels of a topic the model no longer declares: the gateway demands such a pair of
+    /// every served task, which fails closed (a session that wrote there waits until
+    /// retention passes its pair), and the model owes nothing there.
     fn refused_channels(&self) -> BTreeSet<ChannelId> {
-        self.tasks.iter().filter(|t| t.refused).flat_map(|t| t.received.iter().copied()).collect()
+        let refused = self.tasks.iter().filter(|t| t.refused).flat_map(|t| t.received.iter().copied());
+        let undeclared = self.model_topics.iter().filter(|t| !self.declared.contains(t));
+        let undeclared = undeclared.flat_map(|&t| (0..self.tasks.len() as u32).map(move |p| ChannelId::new(t, p)));
+        refused.chain(undeclared).collect()
     }
 
     fn final_checks(&mut self) {
+        for t in 0..self.tasks.len() {
+            let stored = self.db.tasks[t].refusal.as_ref();
+            if stored.is_some_and(|r| r.reason == RefusalReason::ChannelRemovedWithHeldMessages) {
+                let detail = format!("task{t} still records a refusal of a declaration the operator withdrew");
+                self.oracle.report(ViolationKind::RefusalNotRecurring, detail);
+            }
+        }
         let refused = self.refused_channels();
         for t in 0..self.tasks.len() {
             if self.tasks[t].refused {

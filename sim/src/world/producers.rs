@@ -88,10 +88,11 @@ impl World {
         let taken = std::mem::take(&mut self.clients[c].token);
         let token = self.prune_token(taken);
         let key = self.rng.below(u64::from(self.scenario.keys)) as u16;
-        let channel = {
-            let topic = self.rng.below(self.model_topics.len() as u64) as usize;
-            self.model_channel(topic, key)
-        };
+        // The gateway writes to the topics the model declares.
+        let declared: Vec<usize> =
+            (0..self.model_topics.len()).filter(|&i| self.declared.contains(&self.model_topics[i])).collect();
+        let topic = declared[self.rng.below(declared.len() as u64) as usize];
+        let channel = self.model_channel(topic, key);
         let author = self.clients[c].actor;
         let (position, id) = self.produce_stamped(author, &token, channel, key, false);
         self.clients[c].token = token.merge(channel, position);

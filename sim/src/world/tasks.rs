@@ -72,7 +72,10 @@ impl World {
         let received = self.tasks[t].received.clone();
         let config = self.tasks[t].config.clone();
         let host = TaskHost::new(config, received, recorded).with_sabotage(self.sabotage.engine());
-        self.tasks[t].expect_refusal = self.db.tasks[t].refusal.clone();
+        // A refusal of a declaration the operator withdrew is not met again: the start
+        // under the old declaration clears it.
+        let withdrawn = std::mem::take(&mut self.tasks[t].withdrawn);
+        self.tasks[t].expect_refusal = if withdrawn { None } else { self.db.tasks[t].refusal.clone() };
         self.tasks[t].refused = false;
         let run = Running {
             host,
@@ -84,6 +87,7 @@ impl World {
             instance,
             fed_in_step: 0,
             exec_start: BTreeMap::new(),
+            joins: Vec::new(),
         };
         self.tasks[t].state = TaskState::Up(Box::new(run));
         self.task_drive(t);
@@ -105,9 +109,12 @@ impl World {
                 Next::ReadStarts(channels) => self.task_read_starts(t, &channels),
                 Next::CommitStart => {
                     let start = self.running(t).host.take_start();
-                    if start.write_running {
-                        self.db.tasks[t].refusal = None;
+                    if start.write_running && self.db.tasks[t].refusal.take().is_some() {
+                        self.stats.refusals_cleared += 1;
                     }
+                    let joins = std::mem::take(&mut self.running(t).joins);
+                    self.task_rescoped(t, &joins);
+                    self.rollout_started(t);
                     // Seeds and a refusal: nothing a read sees, so no read retries on it.
                     self.db.commit(t as u32, start.changes, &[]);
                     self.oracle.commit(self.tasks[t].receiver);
@@ -147,6 +154,18 @@ impl World {
                     run.host.read_positions(&positions);
                 }
                 Next::Commit => self.task_commit(t),
+                Next::PersistRefusal(refusal) if self.removal_due(t, &refusal) => {
+                    // Judged; persisted as the projector records it, and the operator
+                    // withdraws the declaration.
+                    self.stats.refusals += 1;
+                    self.stats.task_removals_refused += 1;
+                    self.trace.push(format!("{} task{t} refused {}: {}", self.step, refusal.reason, refusal.diagnosis));
+                    self.db.tasks[t].refusal = Some(refusal.clone());
+                    self.running(t).host.refusal_persisted();
+                    self.tasks[t].refused = true;
+                    self.withdraw_declaration();
+                    return Next::Refused(refusal);
+                }
                 Next::PersistRefusal(refusal) => {
                     self.oracle.report(ViolationKind::UnexpectedRefusal, format!("task{t} cannot restore: {refusal}"));
                     self.tasks[t].refused = true;
@@ -174,6 +193,169 @@ impl World {
         self.running(t).host.restored(persisted, BTreeSet::new());
     }
 
+    /// The start commits under the task's declaration: a channel it received and no longer
+    /// does leaves (what it held there must have been refused; nothing there is owed to it
+    /// any more), and a new one joins from the log start the start seeded it at (the oracle
+    /// works out the seed floor on its own). Until the start commits, the stored state is
+    /// the old declaration's.
+    fn task_rescoped(&mut self, t: usize, joins: &[(ChannelId, Position)]) {
+        let receiver = self.tasks[t].receiver;
+        let left: Vec<ChannelId> =
+            self.tasks[t].scope_from.keys().copied().filter(|c| !self.tasks[t].received.contains(c)).collect();
+        for c in &left {
+            if let Some(id) = self.oracle.held_on(receiver, c) {
+                let detail = format!("task{t} restored without {} though it held #{id} there", self.name(c));
+                self.oracle.report(ViolationKind::MissedRefusal, detail);
+            }
+            self.oracle.leave(receiver, *c);
+            self.tasks[t].scope_from.remove(c);
+            // Nothing reads it for the task any more: a join seeds afresh.
+            self.committed_read.remove(c);
+            self.stats.task_channels_left += 1;
+            self.trace.push(format!("{} task{t} leaves {}", self.step, self.name(c)));
+        }
+        for &(c, log_start) in joins {
+            let first = self.oracle.join(receiver, c, log_start);
+            self.tasks[t].scope_from.insert(c, first);
+            self.stats.task_channels_joined += 1;
+            if first > log_start {
+                self.stats.task_joins_above_floor += 1;
+            }
+            self.trace.push(format!("{} task{t} joins {} from {first}", self.step, self.name(&c)));
+        }
+        if !left.is_empty() || !joins.is_empty() {
+            self.refresh_read_scope();
+        }
+    }
+
+    /// Whether a refusal at restore is the removal the oracle owes: a channel the task
+    /// received, no longer declared, where it holds records.
+    fn removal_due(&self, t: usize, refusal: &Refusal) -> bool {
+        let task = &self.tasks[t];
+        refusal.reason == RefusalReason::ChannelRemovedWithHeldMessages
+            && refusal.channel.is_some_and(|c| {
+                task.scope_from.contains_key(&c)
+                    && !task.received.contains(&c)
+                    && self.oracle.held_on(task.receiver, &c).is_some()
+            })
+    }
+
+    // ---- the model's declaration ----------------------------------------------------------
+
+    /// The operator rolls out a new declaration of the model's topics (where scopes change):
+    /// a topic leaves — half the time one a task holds records on, which that task must
+    /// refuse at its restart — or a new topic, created now, joins. Every task restarts under
+    /// it. A topic that left never joins again but through a withdrawal: sessions learn of
+    /// its later records only as upstream causes (see `declare`).
+    pub(super) fn model_rescope(&mut self) {
+        let mut declared = self.declared.clone();
+        let next_name = MODEL_TOPICS.get(self.model_topics.len()).copied();
+        if declared.len() > 1 && (next_name.is_none() || self.rng.chance(1, 2)) {
+            let holding: Vec<TopicId> = declared
+                .iter()
+                .copied()
+                .filter(|&topic| {
+                    (0..self.tasks.len()).any(|t| {
+                        let c = ChannelId::new(topic, t as u32);
+                        self.oracle.held_on(self.tasks[t].receiver, &c).is_some()
+                    })
+                })
+                .collect();
+            let pool: Vec<TopicId> =
+                if !holding.is_empty() && self.rng.chance(1, 2) { holding } else { declared.iter().copied().collect() };
+            let gone = *self.rng.pick(&pool);
+            declared.remove(&gone);
+            self.stats.model_topics_removed += 1;
+        } else if let Some(name) = next_name {
+            let id = self.new_topic_id();
+            self.kafka.create_topic(name, id, self.model.task_count);
+            self.names.insert(id, name.to_string());
+            self.oracle.name_topic(id, name);
+            self.model_topics.push(id);
+            declared.insert(id);
+            self.stats.model_topics_added += 1;
+        } else {
+            return;
+        }
+        self.stats.model_rescopes += 1;
+        let before = std::mem::replace(&mut self.declared, declared);
+        self.declare(Some(before));
+    }
+
+    /// A topic ID no topic has.
+    pub(super) fn new_topic_id(&mut self) -> TopicId {
+        loop {
+            let id = TopicId::from_halves(self.rng.next_u64(), self.rng.next_u64());
+            if !id.is_zero() && self.kafka.topic(&id).is_none() && !self.names.contains_key(&id) {
+                return id;
+            }
+        }
+    }
+
+    /// A task refused the new declaration: the operator restores the one before, and the
+    /// refused task's next start must clear its refusal.
+    fn withdraw_declaration(&mut self) {
+        let before = self.rollout.take().expect("a refused removal follows a new declaration").before;
+        for t in 0..self.tasks.len() {
+            let refused = self.db.tasks[t].refusal.as_ref();
+            if refused.is_some_and(|r| r.reason == RefusalReason::ChannelRemovedWithHeldMessages) {
+                self.tasks[t].withdrawn = true;
+            }
+        }
+        self.stats.declarations_withdrawn += 1;
+        self.trace.push(format!("{} the operator withdraws the declaration", self.step));
+        self.declared = before;
+        self.declare(None);
+    }
+
+    /// Every task restarts under `self.declared`, the rollout from `before` (if any) until
+    /// each has started under it. Meanwhile the gateway gates by both declarations: a topic
+    /// leaving stays the model's own until no task may still apply it (its pairs demanded
+    /// of their owner, its positions carried by the refresh as causes), so a withdrawal
+    /// that brings it back finds sessions' tokens as a model channel expects them.
+    fn declare(&mut self, before: Option<BTreeSet<TopicId>>) {
+        let names: Vec<String> = self.declared.iter().map(|t| self.names[t].clone()).collect();
+        self.trace.push(format!("{} the model declares {}", self.step, names.join(" ")));
+        self.model.received_topics = self.declared.clone();
+        if let Some(before) = before {
+            self.model.received_topics.extend(before.iter().copied());
+            self.rollout = Some(Rollout { before, pending: (0..self.tasks.len()).collect() });
+        }
+        for t in 0..self.tasks.len() {
+            self.task_crash(t);
+            self.tasks[t].received = self.declared.iter().map(|&topic| ChannelId::new(topic, t as u32)).collect();
+        }
+        self.refresh_read_scope();
+    }
+
+    /// Task `t` committed its start under the declaration: once every task has, the
+    /// rollout is over and the gateway gates by the new declaration alone.
+    fn rollout_started(&mut self, t: usize) {
+        let Some(rollout) = &mut self.rollout else { return };
+        rollout.pending.remove(&t);
+        if rollout.pending.is_empty() {
+            self.rollout = None;
+            self.model.received_topics = self.declared.clone();
+            self.trace.push(format!("{} the declaration is rolled out", self.step));
+            self.refresh_read_scope();
+        }
+    }
+
+    /// What reads owe: each declared channel from where its owner's scope starts; nothing
+    /// on a channel its owner left and has not joined again.
+    pub(super) fn refresh_read_scope(&mut self) {
+        let mut scope = BTreeMap::new();
+        for &topic in &self.model.received_topics {
+            for (t, task) in self.tasks.iter().enumerate() {
+                let c = ChannelId::new(topic, t as u32);
+                if let Some(&from) = task.scope_from.get(&c) {
+                    scope.insert(c, from);
+                }
+            }
+        }
+        self.oracle.set_read_scope(scope);
+    }
+
     /// Each channel's log start (what seeds a channel with no baseline, from its earliest
     /// position) and the log start the host tells the engine, for the start's check.
     pub(super) fn task_read_starts(&mut self, t: usize, channels: &[ChannelId]) {
@@ -189,6 +371,11 @@ impl World {
         if !self.tasks[t].started_once {
             self.oracle.start(receiver, &baselines);
             self.tasks[t].started_once = true;
+        } else {
+            // Channels of a new declaration, joined when the start commits.
+            let joins: Vec<(ChannelId, Position)> =
+                baselines.iter().copied().filter(|(c, _)| !self.tasks[t].scope_from.contains_key(c)).collect();
+            self.running(t).joins = joins;
         }
         let observed = self.running(t).host.started(&starts);
         self.judge_log_starts(t, observed);
@@ -309,6 +496,9 @@ impl World {
                     line.push_str(&format!(" @{}:dup", f.position));
                 }
                 Ok(Receipt::Accepted { deliveries }) => {
+                    // Held or delivered, the step's commit stores it: while it is held there,
+                    // a declaration without the channel must be refused.
+                    self.oracle.received(receiver, f.id);
                     let held = !deliveries.iter().any(|d| d.channel == c && d.position == f.position);
                     if held {
                         self.stats.held += 1;
