@@ -579,6 +579,10 @@ pub struct Stats {
     pub task_removals_refused: u64,
     pub refusals_cleared: u64,
     pub declarations_withdrawn: u64,
+    /// A model topic deleted and recreated, and the model refused `CHANNEL_IDENTITY_CHANGED`
+    /// at the next start of one of its tasks.
+    pub model_topic_recreations: u64,
+    pub model_identity_refusals: u64,
     /// Task restarts under a declaration with a channel the task did not receive, and of
     /// those, joins seeded above the log start (what the task's delivered past accounts for).
     pub task_channels_joined: u64,

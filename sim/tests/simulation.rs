@@ -120,7 +120,7 @@ fn check_floors(scenario: &str, reports: &[RunReport], floors: &[Floor]) {
 type Metric = (&'static str, fn(&Stats) -> u64);
 
 fn print_totals(scenario: &str, reports: &[RunReport]) {
-    let rows: [Metric; 91] = [
+    let rows: [Metric; 93] = [
         ("steps", |s| s.steps),
         ("records", |s| s.records),
         ("deliveries (committed, tasks)", |s| s.deliveries),
@@ -180,6 +180,8 @@ fn print_totals(scenario: &str, reports: &[RunReport]) {
         ("  refusal cleared at the next start", |s| s.refusals_cleared),
         ("channels joining a task", |s| s.task_channels_joined),
         ("  seeded above the log start", |s| s.task_joins_above_floor),
+        ("model topics recreated", |s| s.model_topic_recreations),
+        ("  the model refused (identity)", |s| s.model_identity_refusals),
         ("out-of-order feeds (host bug)", |s| s.out_of_order_feeds),
         ("  refused OUT_OF_ORDER_FEED", |s| s.out_of_order_refusals),
         ("budget refusals on receipt", |s| s.budget_refusals_on_receipt),
@@ -865,6 +867,10 @@ fn scopes_sweep() {
     floors.push(floor("a channel joining a process", |s| s.channels_joined, 90));
     floors.push(floor("a join seeded above the initial position (the seed floor)", |s| s.joins_above_floor, 80));
     floors.push(floor("a recreated received topic refused", |s| s.identity_refusals, 70));
+    floors.push(floor("a model topic removed from the declaration", |s| s.model_topics_removed, 80));
+    floors.push(floor("a task's removal refused, the declaration withdrawn", |s| s.declarations_withdrawn, 35));
+    floors.push(floor("a channel joining a task", |s| s.task_channels_joined, 75));
+    floors.push(floor("a model topic recreated, the model refused", |s| s.model_identity_refusals, 19));
     check_floors("scopes", &reports, &floors);
 }
 

@@ -304,6 +304,8 @@ enum Action {
     ProcCrash(usize),
     /// The operator rolls out a new declaration of the model's topics (`scopes`).
     ModelRescope,
+    /// A topic the model declares is deleted and created again under its name (`scopes`).
+    RecreateModelTopic,
     Retention,
     RetentionOutrun,
     RecreateExt,
@@ -332,6 +334,13 @@ pub(crate) struct World {
     model_topics: Vec<TopicId>,
     declared: BTreeSet<TopicId>,
     rollout: Option<Rollout>,
+    /// Where scopes change, whether this seed recreates a model topic, whether it did, and
+    /// the model-wide refusal its next start recorded on every task.
+    seed_recreates_model: bool,
+    model_recreated: bool,
+    model_refusal: Option<Refusal>,
+    /// A recreated model topic's new ID, and the one the model declares.
+    recreated_from: BTreeMap<TopicId, TopicId>,
     raw: TopicId,
     /// Per key, the task that owns it (murmur2 of the key bytes).
     owner_of_key: Vec<u32>,
@@ -521,6 +530,7 @@ impl World {
         // before the drain.
         let work = scenario.work_steps as i64;
         let poison_at = (scenario.ha && rng.chance(1, 2)).then(|| rng.range(work / 8, work / 2) as u64);
+        let seed_recreates_model = scenario.scope_changes && rng.chance(1, 4);
 
         World {
             scenario: scenario.clone(),
@@ -537,6 +547,10 @@ impl World {
             model,
             declared: model_topics.iter().copied().collect(),
             rollout: None,
+            seed_recreates_model,
+            model_recreated: false,
+            model_refusal: None,
+            recreated_from: BTreeMap::new(),
             model_topics,
             raw,
             owner_of_key,
@@ -739,6 +753,7 @@ impl World {
         }
         for (i, t) in self.tasks.iter().enumerate() {
             match &t.state {
+                TaskState::Down if self.model_refusal.is_some() => {}
                 TaskState::Down if self.claimable(i) => push(Action::TaskStart(i), 3),
                 TaskState::Down => {}
                 TaskState::Up(run) => {
@@ -749,7 +764,9 @@ impl World {
                             // Markers and aborted runs alone are worth a fetch too: the
                             // consumer's position moves past them.
                             let unread = from < self.kafka.partition(&c).last_stable();
-                            if unread || from < self.kafka.log_start(&c) {
+                            // A recreated topic: the host finds out on its next fetch.
+                            let gone = self.kafka.fact(&c) == ChannelFact::TopicGone;
+                            if gone || unread || from < self.kafka.log_start(&c) {
                                 push(Action::TaskFeed(i, c), 4);
                             }
                         }
@@ -799,10 +816,15 @@ impl World {
             push(Action::RecreateExt, s.recreate_weight);
         }
         // A few declarations per run, once every task has a committed state to carry over.
-        let rescopable = self.rollout.is_none() && self.tasks.iter().all(|t| t.started_once);
+        let rescopable = self.rollout.is_none() && !self.model_recreated && self.tasks.iter().all(|t| t.started_once);
         let rescopable = rescopable && self.step > s.work_steps / 3;
         if work && s.scope_changes && rescopable && self.stats.model_rescopes < MODEL_RESCOPES {
             push(Action::ModelRescope, 1);
+        }
+        // One seed in four, once, late: a model topic deleted and recreated under its name.
+        let late = self.step > s.work_steps / 2 && self.seed_recreates_model;
+        if work && s.scope_changes && rescopable && late {
+            push(Action::RecreateModelTopic, 1);
         }
         out
     }
@@ -1101,6 +1123,7 @@ impl World {
                 self.retain(c, cut, true);
             }
             Action::ModelRescope => self.model_rescope(),
+            Action::RecreateModelTopic => self.recreate_model_topic(),
             Action::RecreateExt => {
                 let old = self.kafka.delete_topic("ext").expect("ext exists");
                 self.oracle.topic_deleted(old);
@@ -1170,8 +1193,10 @@ impl World {
             }
         }
         // Every read still waiting, and one last collection read per client, must be
-        // covered now that everything is delivered — unless a refusal is in the way.
-        for c in 0..self.clients.len() {
+        // covered now that everything is delivered — unless a refusal is in the way. A model
+        // refused as a whole owes readers nothing more (its served reads were judged).
+        let clients = if self.model_refusal.is_some() { 0 } else { self.clients.len() };
+        for c in 0..clients {
             let kinds: Vec<ReadKind> =
                 self.clients[c].pending_read.into_iter().chain(std::iter::once(ReadKind::Collection)).collect();
             for kind in kinds {

@@ -88,9 +88,13 @@ impl World {
         let taken = std::mem::take(&mut self.clients[c].token);
         let token = self.prune_token(taken);
         let key = self.rng.below(u64::from(self.scenario.keys)) as u16;
-        // The gateway writes to the topics the model declares.
-        let declared: Vec<usize> =
-            (0..self.model_topics.len()).filter(|&i| self.declared.contains(&self.model_topics[i])).collect();
+        // The gateway writes to the topics the model declares, by name (a recreated one too).
+        let declared: Vec<usize> = (0..self.model_topics.len())
+            .filter(|&i| {
+                let t = self.model_topics[i];
+                self.declared.contains(&t) || self.recreated_from.get(&t).is_some_and(|old| self.declared.contains(old))
+            })
+            .collect();
         let topic = declared[self.rng.below(declared.len() as u64) as usize];
         let channel = self.model_channel(topic, key);
         let author = self.clients[c].actor;

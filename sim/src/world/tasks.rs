@@ -43,6 +43,9 @@ impl World {
     /// before), and a new machine restores from the stored rows (and seeds, checks log
     /// starts, commits the start, resumes each channel's fetch).
     pub(super) fn task_start(&mut self, t: usize) {
+        if self.model_identity_refused() {
+            return;
+        }
         let frozen: Vec<u32> = self.frozen.iter().filter(|f| f.task == t).map(|f| f.run.instance).collect();
         let free: Vec<u32> = (0..INSTANCES).filter(|i| !frozen.contains(i)).collect();
         let instance = *self.rng.pick(&free);
@@ -241,6 +244,80 @@ impl World {
     }
 
     // ---- the model's declaration ----------------------------------------------------------
+
+    /// A topic the model declares is deleted and created again under its name, with a new
+    /// ID: writers go on under the name; the model's tasks find out at their next fetch of
+    /// it, and the start that follows refuses the model (see `model_identity_refused`).
+    pub(super) fn recreate_model_topic(&mut self) {
+        let declared: Vec<TopicId> = self.declared.iter().copied().collect();
+        let old = *self.rng.pick(&declared);
+        let name = self.names[&old].clone();
+        self.kafka.delete_topic(&name).expect("a declared topic exists");
+        self.oracle.topic_deleted(old);
+        let id = self.new_topic_id();
+        self.kafka.create_topic(&name, id, self.model.task_count);
+        self.names.insert(id, format!("{name}#1"));
+        self.oracle.name_topic(id, &format!("{name}#1"));
+        let index = self.model_topics.iter().position(|&t| t == old).expect("a model topic");
+        self.model_topics[index] = id;
+        self.recreated_from.insert(id, old);
+        self.model_recreated = true;
+        self.stats.model_topic_recreations += 1;
+        self.trace.push(format!("{} {name} deleted and recreated as {id}", self.step));
+    }
+
+    /// The model's checks at a task's start, as the projector makes them before it takes
+    /// any task: each declared topic resolved by name against the ID its state recorded
+    /// (the core's rule, which `IgnoreRecreation` breaks). A recreated topic refuses the
+    /// whole model `CHANNEL_IDENTITY_CHANGED`, recorded on every task, judged by the oracle;
+    /// it stays refused (the operator must reset it). Returns whether the model is refused.
+    fn model_identity_refused(&mut self) -> bool {
+        let ignore = self.sabotage == Sabotage::IgnoreRecreation;
+        let mut refusal = None;
+        for &topic in &self.declared {
+            let name = self.names[&topic].split('#').next().expect("a name").to_string();
+            let resolved = ResolvedTopic { id: self.kafka.resolve(&name), name, partitions: 1 };
+            let held = (0..self.tasks.len())
+                .filter(|&t| self.oracle.held_on(self.tasks[t].receiver, &ChannelId::new(topic, t as u32)).is_some())
+                .count();
+            if let Err(r) = check_topic_identity_sabotaged(&resolved, Some(topic), held, ignore) {
+                refusal = Some(r);
+                break;
+            }
+        }
+        let due = (0..self.tasks.len()).find_map(|t| self.oracle.identity_changed(self.tasks[t].receiver));
+        let Some(refusal) = refusal else {
+            if let Some(c) = due {
+                let detail =
+                    format!("the model started on {}, whose topic was recreated, without refusing", self.name(&c));
+                self.oracle.report(ViolationKind::MissedRefusal, detail);
+                // Caught; the world stops the model as the check should have.
+                let r = Refusal::at(RefusalReason::ChannelIdentityChanged, c, None, "not refused".to_string());
+                self.refuse_model(r);
+                return true;
+            }
+            return false;
+        };
+        self.stats.refusals += 1;
+        self.trace.push(format!("{} the model refused {}: {}", self.step, refusal.reason, refusal.diagnosis));
+        if refusal.reason == RefusalReason::ChannelIdentityChanged && due.is_some() {
+            self.stats.model_identity_refusals += 1;
+        } else {
+            self.oracle.report(ViolationKind::UnexpectedRefusal, format!("the model refused: {refusal}"));
+        }
+        self.refuse_model(refusal);
+        true
+    }
+
+    /// Records `refusal` on every task of the model, which stop.
+    fn refuse_model(&mut self, refusal: Refusal) {
+        for t in 0..self.tasks.len() {
+            self.task_crash(t);
+            self.db.tasks[t].refusal = Some(refusal.clone());
+            self.tasks[t].refused = true;
+        }
+        self.model_refusal = Some(refusal);
+    }
 
     /// The operator rolls out a new declaration of the model's topics (where scopes change):
     /// a topic leaves — half the time one a task holds records on, which that task must
@@ -465,7 +542,13 @@ impl World {
                 }
                 return;
             }
-            Err(FetchError::TopicGone) => panic!("model topics are never deleted"),
+            Err(FetchError::TopicGone) => {
+                // The consumer reports an unknown topic; the runner restarts the task, and
+                // the start checks the model's topics.
+                self.trace.push(format!("{} task{t} fetch {}: topic gone", self.step, self.name(&c)));
+                self.task_crash(t);
+                return;
+            }
         };
         self.running(t).host.polled(false);
         if self.task_drive(t) != Next::Feed {
