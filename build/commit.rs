@@ -16,7 +16,8 @@ fn git(args: &[&str]) -> Option<String> {
 fn main() {
     println!("cargo:rerun-if-env-changed=PARSLEY_BUILD_COMMIT");
     let given = std::env::var("PARSLEY_BUILD_COMMIT").ok().filter(|c| !c.trim().is_empty());
-    let commit = given.clone().or_else(|| git(&["rev-parse", "--short=12", "HEAD"])).unwrap_or_else(|| "unknown".into());
+    let commit =
+        given.clone().or_else(|| git(&["rev-parse", "--short=12", "HEAD"])).unwrap_or_else(|| "unknown".into());
     // What moves when HEAD does: HEAD itself, the branch's ref file, the packed refs.
     let mut watched: Vec<PathBuf> = Vec::new();
     if given.is_none() {
@@ -33,8 +34,11 @@ fn main() {
         }
     }
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
-    let existing: Vec<PathBuf> =
-        watched.into_iter().map(|p| if p.is_absolute() { p } else { manifest.join(p) }).filter(|p| p.exists()).collect();
+    let existing: Vec<PathBuf> = watched
+        .into_iter()
+        .map(|p| if p.is_absolute() { p } else { manifest.join(p) })
+        .filter(|p| p.exists())
+        .collect();
     for path in &existing {
         println!("cargo:rerun-if-changed={}", path.display());
     }

@@ -94,7 +94,8 @@ mod tests {
     #[test]
     fn the_wait_lies_between_half_the_bound_and_the_bound() {
         let b = Backoff::new(MS(100), MS(30_000));
-        for (attempt, unit, expected) in [(0, 0.0, 50), (0, 0.5, 75), (0, 0.999_999, 99), (3, 0.0, 400), (20, 0.5, 22_500)]
+        for (attempt, unit, expected) in
+            [(0, 0.0, 50), (0, 0.5, 75), (0, 0.999_999, 99), (3, 0.0, 400), (20, 0.5, 22_500)]
         {
             assert_eq!(b.delay_at(attempt, unit).as_millis() as u64, expected, "attempt {attempt}, draw {unit}");
         }

@@ -13,6 +13,8 @@ use std::path::PathBuf;
 
 use clap::error::ErrorKind;
 pub use clap::{Arg, ArgAction, ArgMatches, Command};
+/// clap itself, for its `value_parser!` in the binaries (which do not depend on it).
+pub use clap;
 
 /// The exit statuses of every binary, for scripts (docs/operations.md, "Exit statuses").
 pub mod exit {
@@ -89,7 +91,9 @@ pub fn try_parse(command: Command, args: impl IntoIterator<Item = OsString>) -> 
         Err(e) => match e.kind() {
             ErrorKind::DisplayHelp
             | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
-            | ErrorKind::DisplayVersion => Parsed::Exit { stdout: true, text: e.render().to_string(), status: exit::OK },
+            | ErrorKind::DisplayVersion => {
+                Parsed::Exit { stdout: true, text: e.render().to_string(), status: exit::OK }
+            }
             _ => Parsed::Exit { stdout: false, text: e.render().to_string(), status: exit::USAGE },
         },
     }

@@ -354,10 +354,7 @@ pub async fn serve_with_probes<M: MetricName>(
                 _ => return,
             };
             let request = String::from_utf8_lossy(&buf[..n]);
-            let path = request
-                .strip_prefix("GET ")
-                .and_then(|rest| rest.split([' ', '?']).next())
-                .unwrap_or_default();
+            let path = request.strip_prefix("GET ").and_then(|rest| rest.split([' ', '?']).next()).unwrap_or_default();
             let answer = |status: &str, content_type: &str, body: &str| {
                 format!(
                     "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
