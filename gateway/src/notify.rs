@@ -17,8 +17,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use parsley_infra::backoff::{Attempts, Backoff};
 use parsley::kept::{Bump, Heard, KeptRules};
+use parsley_infra::backoff::{Attempts, Backoff};
 use parsley_store::listen::barrier;
 use parsley_store::{CLOCK_NOTIFY_CHANNEL, EVERY_MODEL_PAYLOAD};
 use sqlx::postgres::PgListener;

@@ -11,10 +11,10 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-use clap::error::ErrorKind;
-pub use clap::{Arg, ArgAction, ArgMatches, Command};
 /// clap itself, for its `value_parser!` in the binaries (which do not depend on it).
 pub use clap;
+use clap::error::ErrorKind;
+pub use clap::{Arg, ArgAction, ArgMatches, Command};
 
 /// The exit statuses of every binary, for scripts (docs/operations.md, "Exit statuses").
 pub mod exit {

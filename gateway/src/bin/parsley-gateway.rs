@@ -48,7 +48,9 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
     if config.shared.models.is_empty() {
         bail!("the configuration declares no [[models]]: the gateway has nothing to write to or serve");
     }
-    let shutdown = process::shutdown_on_signal(|| tracing::info!("shutting down: draining, then finishing the requests in flight"));
+    let shutdown = process::shutdown_on_signal(|| {
+        tracing::info!("shutting down: draining, then finishing the requests in flight")
+    });
     let gateway = Gateway::new(config)?;
     let listeners = gateway.bind().await?;
     let models: Vec<String> = gateway.state().config.shared.models.iter().map(|m| m.name.clone()).collect();

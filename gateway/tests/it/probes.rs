@@ -15,9 +15,9 @@ use parsley_gateway::metrics::Metric;
 use parsley_gateway::{admin_app, Gateway, GatewayConfig};
 use parsley_infra::http::Client;
 use serde_json::json;
-use tower::ServiceExt as _;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
+use tower::ServiceExt as _;
 
 use crate::support::*;
 
@@ -111,7 +111,10 @@ async fn readiness_is_cached_and_flips_only_after_the_background_checks() {
     let took = cut_at.elapsed();
     assert!(took >= Duration::from_millis(300), "flipped after {took:?}: before two checks could fail");
     assert_eq!(r.json["type"], "https://parsley.dev/problems/not-ready", "{}", r.json);
-    assert_eq!((r.json["status"].clone(), r.json["checks"]["database"]["ok"].clone()), (json!("not-ready"), json!(false)));
+    assert_eq!(
+        (r.json["status"].clone(), r.json["checks"]["database"]["ok"].clone()),
+        (json!("not-ready"), json!(false))
+    );
     assert!(r.json["checks"]["database"]["failed_checks"].as_u64().unwrap() >= 2, "{}", r.json);
     assert_eq!(state.metrics.value(Metric::DependencyUp, &[("dependency", "database")]), Some(0.0));
     assert_eq!(send(&admin, Method::GET, "/livez", None, None).await.status, StatusCode::OK, "liveness ignores it");
@@ -139,7 +142,12 @@ async fn an_unreachable_broker_leaves_the_gateway_ready_but_degraded() {
     // kept-alive client to reconnect.
     gateway.state().readiness.start_draining();
     let r = readyz(&admin).await;
-    assert_eq!((r.status, r.json["status"].clone()), (StatusCode::SERVICE_UNAVAILABLE, json!("draining")), "{}", r.json);
+    assert_eq!(
+        (r.status, r.json["status"].clone()),
+        (StatusCode::SERVICE_UNAVAILABLE, json!("draining")),
+        "{}",
+        r.json
+    );
     let request = axum::http::Request::builder().uri("/livez").body(axum::body::Body::empty()).unwrap();
     let live = admin.clone().oneshot(request).await.unwrap();
     assert_eq!(live.status(), StatusCode::OK);
@@ -242,8 +250,11 @@ async fn a_gateway_stopped_with_sigterm_under_load_loses_no_request() {
                     tally.to_leaving.fetch_add(1, Ordering::SeqCst);
                     let headers: Vec<(&str, &str)> =
                         token.as_deref().map(|t| vec![("Parsley-Session", t)]).unwrap_or_default();
-                    let answer =
-                        if write { client.post_json(&path, &headers, &body).await } else { client.get(&path, &headers).await };
+                    let answer = if write {
+                        client.post_json(&path, &headers, &body).await
+                    } else {
+                        client.get(&path, &headers).await
+                    };
                     match answer {
                         Ok(r) => (r.status, r.header("parsley-session").map(str::to_string)),
                         Err(e) => {
@@ -296,7 +307,10 @@ async fn a_gateway_stopped_with_sigterm_under_load_loses_no_request() {
     let exited = tokio::task::spawn_blocking(move || leaving.wait().unwrap()).await.unwrap();
     let stopped_after = signalled.elapsed();
     assert!(exited.success(), "the gateway exits 0 after a SIGTERM: {exited:?}");
-    assert!(stopped_after >= Duration::from_millis(1500), "stopped {stopped_after:?} after the signal, within the grace");
+    assert!(
+        stopped_after >= Duration::from_millis(1500),
+        "stopped {stopped_after:?} after the signal, within the grace"
+    );
     tokio::time::sleep(Duration::from_millis(500)).await;
     loading.store(false, Ordering::SeqCst);
     for w in workers {

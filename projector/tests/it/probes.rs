@@ -68,10 +68,7 @@ async fn the_probes_answer_in_each_state_and_a_frozen_runner_fails_liveness() {
     let (stop, shutdown) = watch::channel(false);
     let factory = (*recording).clone();
     let run = tokio::spawn(
-        Projector::builder(config)
-            .projection("recording", move |_| Ok(factory.clone()))
-            .shutdown(shutdown)
-            .run(),
+        Projector::builder(config).projection("recording", move |_| Ok(factory.clone())).shutdown(shutdown).run(),
     );
 
     // Ready once started and joined; live.
@@ -89,7 +86,10 @@ async fn the_probes_answer_in_each_state_and_a_frozen_runner_fails_liveness() {
     produce(&producer(), &n.orders, 0, "frozen", Some(b"{}"), None).await;
     let (_, stuck) = until(address, "/livez", "the frozen runner", |s, _| s == 503).await;
     assert_eq!(stuck["status"], "stuck", "{stuck}");
-    assert_eq!((stuck["stuck"][0]["model"].as_str(), stuck["stuck"][0]["task"].as_u64()), (Some(n.model.as_str()), Some(0)));
+    assert_eq!(
+        (stuck["stuck"][0]["model"].as_str(), stuck["stuck"][0]["task"].as_u64()),
+        (Some(n.model.as_str()), Some(0))
+    );
     assert!(stuck["stuck"][0]["in_step_ms"].as_u64().unwrap() > 1_000, "{stuck}");
     let (status, ready) = probe(address, "/readyz").await;
     assert_eq!(status, 200, "a stuck runner is liveness' business: {ready}");
@@ -109,7 +109,8 @@ async fn the_binary_has_a_version_usage_errors_exit_2_and_status_exits_3_on_a_re
     assert_eq!(out.status.code(), Some(0));
     assert!(text.starts_with(&format!("parsley-projector {} (commit ", env!("CARGO_PKG_VERSION"))), "{text}");
     assert!(!text.contains("(commit )"), "{text}");
-    for args in [&["frobnicate"][..], &["run", "--nope"], &["create-topics", "--partitions", "0"], &["skip", "--model", "m"]]
+    for args in
+        [&["frobnicate"][..], &["run", "--nope"], &["create-topics", "--partitions", "0"], &["skip", "--model", "m"]]
     {
         let out = Command::new(binary).args(args).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
