@@ -17,6 +17,7 @@ use parsley_infra::cli::{self, Arg, ArgAction, ArgMatches, Command};
 fn command() -> Command {
     let value = |name: &'static str, help: &'static str| Arg::new(name).long(name).action(ArgAction::Set).help(help);
     Command::new("parsley-check")
+        .version(parsley_infra::version!())
         .about("checks the gateway's session guarantees on a deployment, under faults")
         .subcommand(
             Command::new("run")
@@ -204,7 +205,7 @@ async fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("parsley-check: {e:#}");
-            ExitCode::from(2)
+            ExitCode::from(cli::exit::FAILURE)
         }
     }
 }

@@ -8,7 +8,8 @@
 //!                   [--kid <kid>] [--alg EdDSA|ES256|RS256|PS256] [--scope "<s> <s>"]
 //!                   [--claim name=value]... [--ttl-s <seconds>]
 //! ```
-//! Exit 0 on success, 2 on invalid input (with one line on stderr saying why).
+//! Exit 0 on success (and for `--help`, `--version`), 2 on a usage error or invalid input (with
+//! one line on stderr saying why).
 
 use std::io::{Read, Write};
 use std::process::ExitCode;
@@ -32,6 +33,7 @@ struct PairJson {
 /// binary of the workspace is); a usage error exits 2, like invalid input.
 fn command() -> Command {
     Command::new("parsley")
+        .version(concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("PARSLEY_BUILD_COMMIT"), ")"))
         .about("Inspect parsley.causes values; sign development JWTs")
         .subcommand_required(true)
         .arg_required_else_help(true)

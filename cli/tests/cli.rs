@@ -158,3 +158,15 @@ fn dev_token_refuses_a_key_that_is_not_one() {
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("not a PKCS#8 private key"), "{}", text(&out.stderr));
 }
+
+#[test]
+fn version_names_the_package_and_the_build_commit() {
+    for flag in ["--version", "-V"] {
+        let out = run(&[flag], "");
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let stdout = text(&out.stdout);
+        assert!(stdout.starts_with(&format!("parsley {} (commit ", env!("CARGO_PKG_VERSION"))), "{stdout}");
+        assert!(stdout.trim_end().ends_with(')') && !stdout.contains("(commit )"), "{stdout}");
+    }
+    assert_eq!(run(&["--nope"], "").status.code(), Some(2), "a usage error");
+}

@@ -20,7 +20,7 @@ mod setup;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{bail, Context as _};
+use anyhow::Context as _;
 
 use crate::context::Demo;
 
@@ -56,6 +56,10 @@ fn parse_args() -> anyhow::Result<Args> {
         println!("{USAGE}");
         std::process::exit(0);
     }
+    if matches!(step.as_str(), "-V" | "--version") {
+        println!("parsley-demo {}", parsley_infra::version!());
+        std::process::exit(0);
+    }
     let mut parsed = Args {
         step,
         config: std::env::var_os("PARSLEY_CONFIG").map_or_else(|| PathBuf::from("config/demo.toml"), PathBuf::from),
@@ -76,10 +80,16 @@ fn parse_args() -> anyhow::Result<Args> {
                 let seconds: u64 = v.parse().with_context(|| format!("--timeout {v:?} is not a number of seconds"))?;
                 parsed.timeout = Duration::from_secs(seconds);
             }
-            other => bail!("unknown argument {other:?}\n\n{USAGE}"),
+            other => usage(&format!("unknown argument {other:?}")),
         }
     }
     Ok(parsed)
+}
+
+/// A usage error: named on stderr with the usage, exit status 2.
+fn usage(message: &str) -> ! {
+    eprintln!("parsley-demo: {message}\n\n{USAGE}");
+    std::process::exit(i32::from(parsley_infra::cli::exit::USAGE))
 }
 
 fn default_run_id() -> String {
@@ -120,6 +130,6 @@ async fn run() -> anyhow::Result<()> {
         "read-your-writes" => session::read_your_writes(&demo).await,
         "outage" => session::outage(&demo, &state()?).await,
         "recover" => session::recover(&demo, &state()?).await,
-        other => bail!("unknown step {other:?}\n\n{USAGE}"),
+        other => usage(&format!("unknown step {other:?}")),
     }
 }

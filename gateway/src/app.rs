@@ -83,7 +83,7 @@ fn clients(state: AppState, fallback: bool) -> Router {
     let clients = clients.layer(middleware::from_fn_with_state(state.clone(), limit_in_flight));
     // Outside the permit: a body is received before the request takes one.
     let clients = clients.layer(middleware::from_fn_with_state(state.clone(), crate::receive::receive_body));
-    let router = Router::new().route("/healthz", get(ops::healthz)).merge(clients);
+    let router = Router::new().route("/healthz", get(ops::livez)).route("/livez", get(ops::livez)).merge(clients);
     let router = if fallback { router.fallback(no_route) } else { router };
     let router = finish(router, &state).layer(DefaultBodyLimit::max(max_body));
     // Without an allowed origin the CORS layer would only pass every request through: it is
@@ -97,11 +97,12 @@ fn clients(state: AppState, fallback: bool) -> Router {
 }
 
 /// The operators' router (the admin listener, `gateway.admin_listen`): `/v1/status`,
-/// `/metrics`, `/healthz`, `/readyz`, with no credential — bind it where only operators
-/// reach.
+/// `/metrics`, `/livez` (and `/healthz`), `/readyz`, with no credential — bind it where only
+/// operators reach.
 pub fn admin_app(state: AppState) -> Router {
     let router = Router::new()
-        .route("/healthz", get(ops::healthz))
+        .route("/healthz", get(ops::livez))
+        .route("/livez", get(ops::livez))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
         .route("/v1/status", get(ops::status))
@@ -193,8 +194,9 @@ async fn no_route(uri: Uri) -> ApiError {
     ApiError::NoSuchRoute(uri.path().to_string())
 }
 
-/// Metrics per route and status, problem counts, and the response timeout (answered with a
-/// problem document rather than a bare status).
+/// Metrics per route and status, problem counts, the response timeout (answered with a
+/// problem document rather than a bare status), and while draining `Connection: close`, so
+/// that kept-alive clients reconnect (through their balancer, to a ready gateway).
 async fn observe(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let matched = req.extensions().get::<MatchedPath>().cloned();
     let route = matched.as_ref().map_or("unmatched", MatchedPath::as_str);
@@ -208,6 +210,10 @@ async fn observe(State(state): State<AppState>, req: Request, next: Next) -> Res
             p.into_response()
         }
     };
+    let mut response = response;
+    if state.readiness.draining() {
+        response.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+    }
     let status = response.status();
     state.metrics.add(Metric::RequestsTotal, &[("route", route), ("status", status.as_str())], 1.0);
     state.metrics.observe(Metric::RequestSeconds, &[("route", route)], started.elapsed().as_secs_f64());
@@ -258,7 +264,13 @@ impl Gateway {
                 "authentication on: every data route needs a bearer JWT and a rule allowing it"
             ),
         }
-        Ok(Gateway { state: AppState::new(config)? })
+        let state = AppState::new(config)?;
+        state.metrics.set(
+            Metric::BuildInfo,
+            &[("version", env!("CARGO_PKG_VERSION")), ("commit", env!("PARSLEY_BUILD_COMMIT"))],
+            1.0,
+        );
+        Ok(Gateway { state })
     }
 
     pub fn state(&self) -> &AppState {
@@ -283,9 +295,10 @@ impl Gateway {
         Ok(Listeners { main, admin })
     }
 
-    /// Starts the clock listener, the periodic metadata refresh and, for keys from a file or
-    /// the environment, the token keys' reloader (its `SIGHUP` handler is installed before
-    /// this returns); all stop when `shutdown` turns true.
+    /// Starts the clock listener, the periodic metadata refresh, the dependency checks of
+    /// `/readyz` ([`crate::health::run_checks`]) and, for keys from a file or the environment,
+    /// the token keys' reloader (its `SIGHUP` handler is installed before this returns); all
+    /// stop when `shutdown` turns true.
     pub fn spawn_background(&self, shutdown: watch::Receiver<bool>) -> Vec<JoinHandle<()>> {
         let s = &self.state;
         let listener = tokio::spawn(notify::listen(
@@ -295,10 +308,11 @@ impl Gateway {
             shutdown.clone(),
         ));
         let refresher = tokio::spawn(refresh_metadata(s.clone(), shutdown.clone()));
+        let checks = tokio::spawn(crate::health::run_checks(s.clone(), shutdown.clone()));
         let poll = s.config.settings.token_keys_reload();
         let identity = s.config.verifier.as_ref().map(|v| v.keys.spawn(Arc::clone(&s.metrics), poll, shutdown.clone()));
         let reloader = keys::spawn_reloader(Arc::clone(&s.config.keys), Arc::clone(&s.metrics), poll, shutdown);
-        [listener, refresher].into_iter().chain(reloader).chain(identity).collect()
+        [listener, refresher, checks].into_iter().chain(reloader).chain(identity).collect()
     }
 
     /// Chooses the role each model's named queries run under (`gateway.query_roles`) and
@@ -389,12 +403,19 @@ impl Gateway {
         Ok(())
     }
 
-    /// Serves both listeners until `shutdown` turns true, then finishes the requests in
-    /// flight and stops the background tasks. The named queries are checked first
+    /// Serves both listeners until `shutdown` turns true (or its sender is dropped), then
+    /// stops in three steps (docs/operations.md, "Probes and shutdown"): `/readyz` answers
+    /// `503 draining` while everything is still served for `gateway.shutdown_grace_ms` (a
+    /// load balancer's probes see it and stop sending); then the listeners stop accepting and
+    /// every request in flight finishes, waiting reads included (each within
+    /// `read_wait_ms`); then the background tasks stop — the clock listener last, so waiting
+    /// reads are still woken while they drain. The named queries are checked first
     /// ([`Gateway::check_queries`]): an error there is returned before anything is served.
     pub async fn serve(self, listeners: Listeners, shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
         self.check_queries().await?;
-        let background = self.spawn_background(shutdown.clone());
+        let (stop_background, background_shutdown) = watch::channel(false);
+        let background = self.spawn_background(background_shutdown);
+        let (stop_serving, serving) = watch::channel(false);
         let settings = &self.state.config.settings;
         let limits = ServerLimits {
             header_read_timeout: settings.header_read_timeout(),
@@ -402,13 +423,28 @@ impl Gateway {
             max_connections: None,
         };
         let admin = listeners.admin.map(|listener| {
-            tokio::spawn(server::serve(listener, admin_app(self.state.clone()), limits, shutdown.clone()))
+            tokio::spawn(server::serve(listener, admin_app(self.state.clone()), limits, serving.clone()))
         });
+        let drain = {
+            let state = self.state.clone();
+            let grace = settings.shutdown_grace();
+            let mut shutdown = shutdown;
+            tokio::spawn(async move {
+                let _ = shutdown.wait_for(|s| *s).await;
+                state.readiness.start_draining();
+                tracing::info!(grace_ms = grace.as_millis() as u64, "draining: /readyz answers 503, still serving");
+                tokio::time::sleep(grace).await;
+                tracing::info!("no longer accepting; finishing the requests in flight");
+                let _ = stop_serving.send(true);
+            })
+        };
         let main = ServerLimits { max_connections: Some(settings.http_connections_cap()), ..limits };
-        let served = server::serve(listeners.main, self.router(), main, shutdown).await;
+        let served = server::serve(listeners.main, self.router(), main, serving).await;
+        drain.abort();
         if let Some(admin) = admin {
             admin.await.context("the admin listener's task failed")??;
         }
+        let _ = stop_background.send(true);
         for task in background {
             let _ = task.await;
         }

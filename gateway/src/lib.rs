@@ -36,7 +36,9 @@
 //! - `shapes`: per model, the row and shape the gated reads last found recorded.
 //! - [`read_cache`]: covered document snapshots (keys and pages) kept in memory, served while nothing changed.
 //! - [`feed`]: one clock fetch per model per wake-up, shared by every waiting read.
-//! - [`ops`]: `/healthz`, `/readyz`, `/metrics`, `/v1/status` (from SQL aggregates).
+//! - [`ops`]: `/livez` (and `/healthz`), `/readyz`, `/metrics`, `/v1/status` (from SQL aggregates).
+//! - [`health`]: the dependencies' states the background checks cache for `/readyz`, and
+//!   draining at shutdown.
 //! - [`openapi`]: the API's OpenAPI 3.1 document, `GET /openapi.json` (`gateway/openapi.json`).
 //! - [`problem`]: the one error type and its problem documents.
 //! - [`store_errors`]: the store's failed calls answered (outage `503`, the client's rejected value `400`, a bug `500`).
@@ -69,6 +71,7 @@ pub mod facts_cache;
 #[doc(hidden)]
 pub mod feed;
 pub mod gated;
+pub mod health;
 pub mod identity;
 #[doc(hidden)]
 pub mod jwks;

@@ -9,6 +9,21 @@ parsley_infra::metric_names! {
     /// Every metric the gateway exports, each declared once: `Metric::RequestsTotal.name()` is
     /// `parsley_gateway_requests_total`. Declaration order is the exposition order.
     pub enum Metric {
+        BuildInfo = (
+            "parsley_build_info",
+            Gauge,
+            "1, labelled with the version and the commit this binary was built from.",
+        ),
+        DependencyUp = (
+            "parsley_gateway_dependency_up",
+            Gauge,
+            "1 while the dependency counts as up for /readyz (database, migrations, kafka), from the background checks.",
+        ),
+        DependencyChecksTotal = (
+            "parsley_gateway_dependency_checks_total",
+            Counter,
+            "Background readiness checks, by dependency and result (ok, error).",
+        ),
         RequestsTotal = ("parsley_gateway_requests_total", Counter, "HTTP requests answered, by route and status."),
         RequestSeconds = ("parsley_gateway_request_seconds", Histogram, "Time to answer an HTTP request, by route."),
         ProblemsTotal = ("parsley_gateway_problems_total", Counter, "Problem documents returned, by problem type."),
@@ -118,7 +133,8 @@ mod tests {
         parsley_infra::metrics::check_declarations(METRICS, true).unwrap();
         assert_eq!(METRICS, Metric::ALL, "every declared metric is exported");
         for m in METRICS {
-            assert!(m.name().starts_with("parsley_gateway_"), "{m:?}");
+            // parsley_build_info is the one name both services share.
+            assert!(m.name().starts_with("parsley_gateway_") || *m == Metric::BuildInfo, "{m:?}");
         }
     }
 
@@ -139,7 +155,7 @@ mod tests {
             .skip(1)
             .step_by(2)
             .map(|code| code.split('{').next().unwrap_or_default())
-            .filter(|code| code.starts_with("parsley_gateway_"))
+            .filter(|code| code.starts_with("parsley_gateway_") || *code == "parsley_build_info")
             .collect();
         let mut declared: Vec<&str> = Metric::ALL.iter().map(|m| m.name()).collect();
         documented.sort_unstable();

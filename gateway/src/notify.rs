@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parsley::kept::{Bump, Heard, KeptRules};
+use parsley_infra::backoff::{Attempts, Backoff};
 use parsley_store::listen::barrier;
 use parsley_store::{CLOCK_NOTIFY_CHANNEL, EVERY_MODEL_PAYLOAD};
 use sqlx::postgres::PgListener;
@@ -205,14 +206,18 @@ impl ClockNotifier {
     }
 }
 
-/// Listens until `shutdown` turns true, reconnecting with backoff.
+/// The clock listener's reconnection waits: from 0.1 s, doubling to 5 s, jittered, so the
+/// gateways of a fleet do not reconnect in step after a database restart.
+pub const RECONNECT_BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+
+/// Listens until `shutdown` turns true, reconnecting with backoff ([`RECONNECT_BACKOFF`]).
 pub async fn listen(
     pool: PgPool,
     notifier: Arc<ClockNotifier>,
     metrics: Arc<Metrics>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut backoff = Duration::from_millis(100);
+    let mut attempts = Attempts::new(RECONNECT_BACKOFF);
     loop {
         if *shutdown.borrow() {
             return;
@@ -229,12 +234,12 @@ pub async fn listen(
         let mut listener = match connected {
             Ok(l) => l,
             Err(e) => {
-                tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "clock listener cannot connect");
+                let wait = attempts.next_delay();
+                tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "clock listener cannot connect");
                 tokio::select! {
                     _ = shutdown.wait_for(|stop| *stop) => return,
-                    _ = tokio::time::sleep(backoff) => {}
+                    _ = tokio::time::sleep(wait) => {}
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(5));
                 continue;
             }
         };
@@ -255,7 +260,7 @@ pub async fn listen(
             },
         };
         tracing::info!(channel = CLOCK_NOTIFY_CHANNEL, backend_pid, "listening for clock changes");
-        backoff = Duration::from_millis(100);
+        attempts.reset();
         // Anything committed before LISTEN took effect was not heard: re-check everyone.
         notifier.set_listening(true);
         loop {

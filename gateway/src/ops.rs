@@ -1,5 +1,6 @@
-//! Operational routes: `/healthz` (the process answers), `/readyz` (Postgres answers, the
-//! schema migrations are applied, Kafka answers a metadata request), `/metrics`
+//! Operational routes: `/livez` and `/healthz` (the process answers, its background checks
+//! run), `/readyz` (from the cache [`crate::health`] keeps: Postgres answers, the schema
+//! migrations are applied, Kafka answers a metadata request, not draining), `/metrics`
 //! (Prometheus text) and the admin `GET /v1/status` (every configured model's tasks with
 //! their status, refusals, held counts and bytes per channel, each queue head with its
 //! blockers, and clock sizes — from SQL aggregates, so a large backlog costs the gateway
@@ -10,7 +11,6 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use parsley::ChannelId;
-use parsley_store::migrations;
 use parsley_store::ordering::{begin_snapshot, TaskRow};
 use parsley_store::status::{model_aggregates, ModelAggregates};
 use parsley_store::StoreError;
@@ -21,59 +21,45 @@ use crate::problem::{ApiError, Problem, ProblemType};
 use crate::state::AppState;
 use crate::store_errors;
 
-pub async fn healthz() -> Json<Value> {
-    Json(json!({"status": "ok"}))
+/// `/livez` (and `/healthz`, its older name): `200` while the process answers and its
+/// dependency checks complete their rounds; never fails for a dependency.
+pub async fn livez(State(state): State<AppState>) -> Response {
+    let (live, body) = state.readiness.live();
+    if live {
+        Json(body).into_response()
+    } else {
+        let p = Problem::new(ProblemType::NotReady, "the gateway's background checks are stuck").with("live", body);
+        p.into_response()
+    }
 }
 
-/// Each check says which dependency failed in words of its own; the driver's error text
-/// (addresses, user names, server messages) goes to the log only, since `/readyz` is public.
+/// `/readyz` from the cached dependency states (no round trip, but for the very first probe
+/// before the background checks' first round). Each check says which dependency failed in
+/// words of its own; the driver's error text (addresses, user names, server messages) goes
+/// to the log only, since `/readyz` is public.
 pub async fn readyz(State(state): State<AppState>) -> Response {
-    let database = match migrations::ping(&state.pool).await {
-        Ok(_) => Ok(()),
-        Err(e) => {
-            tracing::warn!(error = %e, "readiness: the database did not answer");
-            Err("the database did not answer".to_string())
-        }
-    };
-    let migrations = match &database {
-        Err(_) => Err("the database is unreachable".to_string()),
-        Ok(()) => match migrations::applied_versions(&state.pool).await {
-            Ok(applied) => {
-                let missing: Vec<i64> = migrations::expected_versions().difference(&applied).copied().collect();
-                if missing.is_empty() {
-                    Ok(())
-                } else {
-                    Err(format!("migrations not applied: {missing:?} (run `parsley-projector migrate`)"))
-                }
-            }
-            Err(_) => Err("no migrations applied (run `parsley-projector migrate`)".to_string()),
-        },
-    };
-    let kafka = state.facts.reachable().await.map_err(|e| {
-        tracing::warn!(error = %format!("{e:#}"), "readiness: the broker did not answer");
-        "the broker did not answer a metadata request".to_string()
-    });
+    crate::health::ensure_checked(&state).await;
     // With authentication on, the keys tokens are checked with: none yet (a JWKS URL whose
     // first fetch failed) answers every signed-in caller 503, so the gateway is not ready.
-    let identity = match &state.config.verifier {
-        Some(v) if v.keys.current().is_none() => Err(format!(
+    let identity = state.config.verifier.as_ref().map(|v| match v.keys.current() {
+        Some(_) => Ok(()),
+        None => Err(format!(
             "no token verification keys yet: {}",
             v.keys.last_error().unwrap_or_else(|| "the first fetch has not finished".into())
         )),
-        _ => Ok(()),
-    };
-    let check = |r: &Result<(), String>| match r {
-        Ok(()) => json!({"ok": true}),
-        Err(e) => json!({"ok": false, "error": e}),
-    };
-    let mut checks = json!({"database": check(&database), "migrations": check(&migrations), "kafka": check(&kafka)});
-    if state.config.verifier.is_some() {
-        checks["identity_keys"] = check(&identity);
-    }
-    if database.is_ok() && migrations.is_ok() && kafka.is_ok() && identity.is_ok() {
-        Json(json!({"status": "ready", "checks": checks})).into_response()
+    });
+    let (ready, body) = state.readiness.ready(identity);
+    if ready {
+        Json(body).into_response()
     } else {
-        let mut p = Problem::new(ProblemType::NotReady, "a dependency is not ready").with("checks", checks);
+        let title = if body["status"] == "draining" {
+            "the gateway is shutting down (draining)"
+        } else {
+            "a dependency is not ready"
+        };
+        let mut p = Problem::new(ProblemType::NotReady, title)
+            .with("status", body["status"].clone())
+            .with("checks", body["checks"].clone());
         p.retry_after = Some(state.config.settings.retry_after_s);
         p.into_response()
     }

@@ -160,6 +160,15 @@ pub struct Settings {
     /// Where to send a span per traced write over OTLP/HTTP (`http://collector:4318`, the
     /// path defaulting to `/v1/traces`); absent: no export.
     pub otlp_endpoint: Option<String>,
+    /// How often the background checks probe the database, the migrations and Kafka for
+    /// `/readyz` (which answers from their cache), in milliseconds.
+    pub readiness_check_ms: u64,
+    /// Consecutive failed checks before a required dependency that was up counts as down
+    /// (`/readyz` 503): one failed check is a blip.
+    pub readiness_failures: u32,
+    /// After SIGTERM, how long the gateway keeps serving while `/readyz` answers `503
+    /// draining`, before it stops accepting and drains, in milliseconds.
+    pub shutdown_grace_ms: u64,
 }
 
 /// The most `max_key_bytes` may be: a document key is indexed by a btree (with the model's
@@ -231,6 +240,9 @@ impl Default for Settings {
             idempotency_window_s: 86_400,
             max_batch_records: 100,
             otlp_endpoint: None,
+            readiness_check_ms: 1_000,
+            readiness_failures: 2,
+            shutdown_grace_ms: 5_000,
         }
     }
 }
@@ -331,6 +343,19 @@ impl Settings {
         }
         if self.metadata_refresh_ms < 1_000 {
             bail!("gateway.metadata_refresh_ms must be at least 1000");
+        }
+        if !(100..=60_000).contains(&self.readiness_check_ms) {
+            bail!("gateway.readiness_check_ms must be from 100 to 60000, not {}", self.readiness_check_ms);
+        }
+        if !(1..=100).contains(&self.readiness_failures) {
+            bail!("gateway.readiness_failures must be from 1 to 100, not {}", self.readiness_failures);
+        }
+        if self.shutdown_grace_ms > 600_000 {
+            bail!(
+                "gateway.shutdown_grace_ms must be at most 600000 (10 minutes), not {}: an orchestrator kills a \
+                 process that takes longer to stop",
+                self.shutdown_grace_ms
+            );
         }
         if self.max_body_bytes == 0 {
             bail!("gateway.max_body_bytes must be at least 1");
@@ -441,6 +466,17 @@ impl Settings {
     }
     pub fn metadata_refresh(&self) -> Duration {
         Duration::from_millis(self.metadata_refresh_ms)
+    }
+    pub fn readiness_check(&self) -> Duration {
+        Duration::from_millis(self.readiness_check_ms)
+    }
+    pub fn shutdown_grace(&self) -> Duration {
+        Duration::from_millis(self.shutdown_grace_ms)
+    }
+    /// How long the background checks may go without completing a round before `/livez`
+    /// fails: three rounds, each bounded by its checks' timeouts.
+    pub fn readiness_stall(&self, acquire_timeout: Duration) -> Duration {
+        (self.readiness_check() + self.kafka_timeout() + acquire_timeout * 2) * 3
     }
     pub fn response_timeout(&self) -> Duration {
         Duration::from_millis(self.response_timeout_ms)

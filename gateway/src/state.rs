@@ -66,6 +66,8 @@ pub struct Inner {
     /// Per model, the read role its named queries run under (`SET LOCAL ROLE`), as
     /// [`crate::app::Gateway::check_queries`] found it; absent: the gateway's own role.
     pub query_roles: std::sync::RwLock<BTreeMap<String, String>>,
+    /// The dependencies' states the background checks keep for `/readyz`, and draining.
+    pub readiness: crate::health::Readiness,
 }
 
 impl Inner {
@@ -166,6 +168,10 @@ impl AppState {
                 recheck: config.settings.recheck(),
             },
         );
+        let readiness = crate::health::Readiness::new(
+            config.settings.readiness_failures,
+            config.settings.readiness_stall(config.shared.database.acquire_timeout()),
+        );
         Ok(AppState(Arc::new(Inner {
             config,
             pool,
@@ -187,6 +193,7 @@ impl AppState {
             in_flight,
             waiting_reads,
             query_roles: Default::default(),
+            readiness,
         })))
     }
 

@@ -19,12 +19,14 @@
 //!   names once, as an enum, with [`metric_names!`]), rendered in the text exposition
 //!   format, and the bare `GET /metrics` listener.
 //! - [`otlp`]: the optional export of trace spans over OTLP/HTTP (JSON), off by default.
+//! - [`backoff`]: the one retry backoff (exponential, capped, with jitter).
 //! - [`process`]: the binaries' start-up scaffolding (logging, runtime, shutdown signal).
 //! - [`cli`]: the binaries' one argument parser (clap's builder), the shared `--config`
 //!   option, and how help and usage errors end the process.
 //! - (feature `test-support`, tests only) `headers::produce`: records with raw header names,
 //!   for the integration tests (through `parsley-testkit`).
 
+pub mod backoff;
 pub mod cli;
 pub mod facts;
 pub mod headers;

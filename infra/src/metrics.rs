@@ -309,11 +309,34 @@ impl<M: MetricName> Registry<M> {
     }
 }
 
+/// A probe's answer: whether it passed (`200`, else `503`) and its JSON body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProbeAnswer {
+    pub ok: bool,
+    pub body: String,
+}
+
+/// What a bare listener answers to `GET /livez` and `GET /readyz` (the projector's probes,
+/// beside its `/metrics`).
+pub trait Probes: Send + Sync + 'static {
+    /// Liveness: the process should be restarted when this fails.
+    fn live(&self) -> ProbeAnswer;
+    /// Readiness: the process does what it is there for.
+    fn ready(&self) -> ProbeAnswer;
+}
+
 /// Serves `GET /metrics` (and nothing else: `404`) on a bare HTTP/1.1 listener until
 /// `shutdown` turns true: the projector's endpoint, for a process that has no router.
-pub async fn serve<M: MetricName>(
+pub async fn serve<M: MetricName>(listener: TcpListener, registry: Arc<Registry<M>>, shutdown: watch::Receiver<bool>) {
+    serve_with_probes(listener, registry, None, shutdown).await
+}
+
+/// [`serve`], and with `probes` also `GET /livez` and `GET /readyz` (`200` or `503`, a JSON
+/// body). Every answer closes its connection.
+pub async fn serve_with_probes<M: MetricName>(
     listener: TcpListener,
     registry: Arc<Registry<M>>,
+    probes: Option<Arc<dyn Probes>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     loop {
@@ -323,6 +346,7 @@ pub async fn serve<M: MetricName>(
         };
         let Ok((mut socket, _)) = accepted else { continue };
         let registry = Arc::clone(&registry);
+        let probes = probes.clone();
         tokio::spawn(async move {
             let mut buf = [0u8; 2048];
             let n = match tokio::time::timeout(Duration::from_secs(5), socket.read(&mut buf)).await {
@@ -330,14 +354,24 @@ pub async fn serve<M: MetricName>(
                 _ => return,
             };
             let request = String::from_utf8_lossy(&buf[..n]);
-            let response = if request.starts_with("GET /metrics ") || request.starts_with("GET /metrics?") {
-                let Exposition { content_type, body } = registry.exposition();
+            let path = request.strip_prefix("GET ").and_then(|rest| rest.split([' ', '?']).next()).unwrap_or_default();
+            let answer = |status: &str, content_type: &str, body: &str| {
                 format!(
-                    "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                     body.len()
                 )
-            } else {
-                "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_string()
+            };
+            let probe = |p: ProbeAnswer| {
+                answer(if p.ok { "200 OK" } else { "503 Service Unavailable" }, "application/json", &p.body)
+            };
+            let response = match (path, &probes) {
+                ("/metrics", _) => {
+                    let Exposition { content_type, body } = registry.exposition();
+                    answer("200 OK", content_type, &body)
+                }
+                ("/livez", Some(probes)) => probe(probes.live()),
+                ("/readyz", Some(probes)) => probe(probes.ready()),
+                _ => "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_string(),
             };
             let _ = socket.write_all(response.as_bytes()).await;
             let _ = socket.shutdown().await;
@@ -475,6 +509,49 @@ t_step_records_count{} 2
         let mut body = String::new();
         s.read_to_string(&mut body).await.unwrap();
         assert!(body.starts_with("HTTP/1.1 404"), "{body}");
+        for path in ["/livez", "/readyz"] {
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            s.write_all(format!("GET {path} HTTP/1.1\r\n\r\n").as_bytes()).await.unwrap();
+            let mut body = String::new();
+            s.read_to_string(&mut body).await.unwrap();
+            assert!(body.starts_with("HTTP/1.1 404"), "no probes without Probes: {body}");
+        }
+        tx.send(true).unwrap();
+        server.await.unwrap();
+    }
+
+    struct Fixed;
+
+    impl Probes for Fixed {
+        fn live(&self) -> ProbeAnswer {
+            ProbeAnswer { ok: true, body: r#"{"status":"live"}"#.into() }
+        }
+        fn ready(&self) -> ProbeAnswer {
+            ProbeAnswer { ok: false, body: r#"{"status":"starting"}"#.into() }
+        }
+    }
+
+    #[tokio::test]
+    async fn serves_the_probes_beside_the_metrics() {
+        let m = Registry::new(T::ALL);
+        let (listener, addr) = bind("127.0.0.1:0").await.unwrap();
+        let (tx, rx) = watch::channel(false);
+        let server = tokio::spawn(serve_with_probes(listener, Arc::clone(&m), Some(Arc::new(Fixed)), rx));
+        for (path, expected) in [
+            ("/livez", "HTTP/1.1 200 OK"),
+            ("/readyz?verbose", "HTTP/1.1 503 Service Unavailable"),
+            ("/metrics", "HTTP/1.1 200 OK"),
+            ("/livezz", "HTTP/1.1 404"),
+        ] {
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes()).await.unwrap();
+            let mut body = String::new();
+            s.read_to_string(&mut body).await.unwrap();
+            assert!(body.starts_with(expected), "{path}: {body}");
+            if path.starts_with("/readyz") {
+                assert!(body.contains("application/json") && body.ends_with(r#"{"status":"starting"}"#), "{body}");
+            }
+        }
         tx.send(true).unwrap();
         server.await.unwrap();
     }

@@ -18,20 +18,26 @@ pub fn init_tracing(default_filter: &str) {
 }
 
 /// Runs `main` on a multi-threaded runtime. A failure (or a runtime that will not start) is
-/// printed once, with its whole context chain, and becomes the exit status.
+/// printed once, with its whole context chain, and exits 1 ([`crate::cli::exit::FAILURE`]).
 pub fn block_on_main(main: impl Future<Output = anyhow::Result<()>>) -> ExitCode {
+    block_on_status(async move { main.await.map(|()| crate::cli::exit::OK) })
+}
+
+/// [`block_on_main`] for a `main` that chooses its exit status when it succeeds (e.g.
+/// [`crate::cli::exit::REFUSED`]).
+pub fn block_on_status(main: impl Future<Output = anyhow::Result<u8>>) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: starting the async runtime: {e}");
-            return ExitCode::FAILURE;
+            return ExitCode::from(crate::cli::exit::FAILURE);
         }
     };
     match runtime.block_on(main) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(status) => ExitCode::from(status),
         Err(e) => {
             eprintln!("error: {e:#}");
-            ExitCode::FAILURE
+            ExitCode::from(crate::cli::exit::FAILURE)
         }
     }
 }

@@ -30,6 +30,7 @@ use sqlx::postgres::PgListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::health::Health;
 use crate::metrics::Metric;
 use crate::model::{supervise, Ended, ModelPlan, Start, Tracker};
 use crate::projection::Projection;
@@ -53,16 +54,25 @@ pub(crate) struct Balancer<P: Projection> {
     /// The static `tasks` list: only these, and no share.
     only: Option<BTreeSet<u32>>,
     owned: BTreeMap<u32, Owned>,
+    /// What the probes read: the membership renewed, the runners' steps.
+    health: Arc<Health>,
 }
 
 impl<P: Projection> Balancer<P> {
-    pub(crate) fn new(plan: Arc<ModelPlan>, spec: RunnerSpec<P>, only: Option<Vec<u32>>) -> Balancer<P> {
+    pub(crate) fn new(
+        plan: Arc<ModelPlan>,
+        spec: RunnerSpec<P>,
+        only: Option<Vec<u32>>,
+        health: Arc<Health>,
+    ) -> Balancer<P> {
+        health.model_joining(&plan.name);
         Balancer {
             plan,
             spec,
             incarnation: incarnation(),
             only: only.map(|t| t.into_iter().collect()),
             owned: BTreeMap::new(),
+            health,
         }
     }
 
@@ -138,6 +148,7 @@ impl<P: Projection> Balancer<P> {
         let ended: Vec<u32> = self.owned.iter().filter(|(_, o)| o.handle.is_finished()).map(|(t, _)| *t).collect();
         for task in ended {
             let owned = self.owned.remove(&task).expect("listed above");
+            self.health.runner_ended(&self.plan.name, task);
             let end = owned.handle.await.unwrap_or(Ended::Stopped);
             if end == Ended::Lost {
                 self.lost(task);
@@ -159,7 +170,7 @@ impl<P: Projection> Balancer<P> {
         match leases::join(pool, &self.plan.name, &self.spec.owner, &self.incarnation, balanced, self.plan.lease)
             .await?
         {
-            Joined::Member => {}
+            Joined::Member => self.health.model_renewed(&self.plan.name),
             Joined::NameInUse { incarnation, remaining_ms } => anyhow::bail!(
                 "another process is running as instance {:?} (incarnation {incarnation}) for {remaining_ms} ms more; \
                  give each instance its own projector.owner, or wait for the old one's lease to pass",
@@ -173,6 +184,7 @@ impl<P: Projection> Balancer<P> {
             .collect();
         for task in leases::renew(pool, &self.plan.name, &held, self.plan.lease).await? {
             if let Some(owned) = self.owned.remove(&task) {
+                self.health.runner_ended(&self.plan.name, task);
                 // Its step, if one is open, is fenced at its commit; nothing waits for it.
                 let _ = owned.stop.send(true);
                 self.lost(task);
@@ -263,6 +275,7 @@ impl<P: Projection> Balancer<P> {
         let tracker = Tracker::new(epoch);
         let (stop, stopped) = watch::channel(false);
         let spec = RunnerSpec { task, ..self.spec.clone() };
+        self.health.runner_started(&self.plan.name, task, Arc::clone(&tracker));
         let handle = tokio::spawn(supervise(spec, start, Arc::clone(&tracker), stopped));
         self.owned.insert(task, Owned { tracker, stop, handle });
     }
@@ -279,6 +292,7 @@ impl<P: Projection> Balancer<P> {
         }
         for (task, owned) in stopping {
             let end = owned.handle.await.unwrap_or(Ended::Stopped);
+            self.health.runner_ended(&self.plan.name, task);
             if end == Ended::Lost {
                 self.lost(task);
                 continue;

@@ -9,13 +9,15 @@
 //! `[models.options]` table included), before anything connects: an unknown name, or a
 //! factory that fails, refuses start naming the model.
 //!
-//! `run` then, in order: serves `/metrics` (unless `projector.metrics_address` is empty);
+//! `run` then, in order: serves `/metrics` and the probes `/livez` and `/readyz` ([`crate::health`])
+//! (unless `projector.metrics_address` is empty);
 //! connects to Postgres and applies the project's migrations, retrying while the database is
 //! unavailable; applies each model's own migrations folder
 //! ([`parsley_store::model_migrations`]: an edited applied file refuses start by name);
 //! prepares each model (its topics resolved and checked, retried while Kafka or Postgres
 //! is unavailable) and runs its tasks under the balancer until shutdown, when every step
-//! in progress finishes and the tasks are handed back.
+//! in progress finishes and the tasks are handed back; the probes answer until then
+//! (`/readyz`: `stopping`). Retries wait the jittered backoff of [`parsley_infra::backoff`].
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -28,7 +30,11 @@ use parsley_store::ErrorKind;
 use sqlx::PgPool;
 use tokio::sync::watch;
 
+use parsley_infra::backoff::Attempts;
+use parsley_infra::metrics::Probes;
+
 use crate::documents::DocumentProjection;
+use crate::health::{Health, Phase};
 use crate::metrics::{self, Metric, Metrics, METRICS};
 use crate::model::ModelProjector;
 use crate::projection::{Projection, SharedProjection};
@@ -97,9 +103,16 @@ impl Projector {
     /// # }
     /// ```
     pub fn builder(config: Config) -> ProjectorBuilder {
-        ProjectorBuilder { config, registry: BTreeMap::new(), twice: Vec::new(), models: None, shutdown: None }
-            .projection(DOCUMENTS_PROJECTION, |model: &ModelConfig| Ok(DocumentProjection::from_model(model)))
-            .projection(SQL_PROJECTION, SqlProjection::from_model)
+        ProjectorBuilder {
+            config,
+            registry: BTreeMap::new(),
+            twice: Vec::new(),
+            models: None,
+            shutdown: None,
+            health: None,
+        }
+        .projection(DOCUMENTS_PROJECTION, |model: &ModelConfig| Ok(DocumentProjection::from_model(model)))
+        .projection(SQL_PROJECTION, SqlProjection::from_model)
     }
 }
 
@@ -112,6 +125,7 @@ pub struct ProjectorBuilder {
     twice: Vec<String>,
     models: Option<Vec<String>>,
     shutdown: Option<watch::Receiver<bool>>,
+    health: Option<Arc<Health>>,
 }
 
 impl std::fmt::Debug for ProjectorBuilder {
@@ -156,6 +170,18 @@ impl ProjectorBuilder {
         self
     }
 
+    /// Reports to `health` (made with [`ProjectorBuilder::new_health`]) instead of a health
+    /// of its own: for a program that serves the probes itself, or a test that reads them.
+    pub fn health(mut self, health: Arc<Health>) -> Self {
+        self.health = Some(health);
+        self
+    }
+
+    /// A health for this builder's configuration (its lease and `runner_stall_ms`).
+    pub fn new_health(&self) -> Arc<Health> {
+        Health::new(self.config.projector.lease(), self.config.projector.runner_stall())
+    }
+
     /// The registered projection names, in order.
     pub fn projections(&self) -> Vec<&str> {
         self.registry.keys().map(String::as_str).collect()
@@ -167,7 +193,8 @@ impl ProjectorBuilder {
     /// applied migration, a failing migration), and an unusable metrics address. An
     /// unavailable database or broker is waited for, not an error.
     pub async fn run(self) -> anyhow::Result<()> {
-        let ProjectorBuilder { config, registry, twice, models, shutdown } = self;
+        let health = self.health.clone().unwrap_or_else(|| self.new_health());
+        let ProjectorBuilder { config, registry, twice, models, shutdown, .. } = self;
         if let Some(name) = twice.first() {
             bail!("the projection {name:?} is registered twice");
         }
@@ -198,84 +225,129 @@ impl ProjectorBuilder {
         });
 
         let metrics = Metrics::new(METRICS);
+        metrics.set(
+            Metric::BuildInfo,
+            &[("version", env!("CARGO_PKG_VERSION")), ("commit", env!("PARSLEY_BUILD_COMMIT"))],
+            1.0,
+        );
+        // The probes answer until the tasks are handed back, after the shutdown signal.
+        let (stop_server, server_shutdown) = watch::channel(false);
         let mut servers = Vec::new();
         if !config.projector.metrics_address.is_empty() {
             let (listener, addr) = metrics::bind(&config.projector.metrics_address).await?;
-            tracing::info!(%addr, "serving metrics at /metrics");
-            servers.push(tokio::spawn(metrics::serve(listener, Arc::clone(&metrics), shutdown.clone())));
+            tracing::info!(%addr, "serving /metrics, /livez and /readyz");
+            let probes: Arc<dyn Probes> = health.clone();
+            servers.push(tokio::spawn(metrics::serve_with_probes(
+                listener,
+                Arc::clone(&metrics),
+                Some(probes),
+                server_shutdown,
+            )));
         }
-
-        let mut backoff = Backoff::new(&shutdown);
-        let pool = loop {
-            match connect(&config, false).await {
-                Ok(pool) => break pool,
-                Err(e) if backoff.wait("Postgres unavailable", None, &e).await => {}
-                Err(_) => return Ok(()),
-            }
-        };
-        let mut backoff = Backoff::new(&shutdown);
-        loop {
-            match migrations::run(&pool).await {
-                Ok(()) => break,
-                Err(e) if backoff.wait("migrations failed", None, &e).await => {}
-                Err(_) => return Ok(()),
-            }
-        }
-        for (model, _, files) in &planned {
-            if files.is_empty() {
-                continue;
-            }
-            // Retried only while the database is unavailable: a file that fails on its own
-            // text would fail again.
-            let mut backoff = Backoff::new(&shutdown);
-            let applied = loop {
-                match model_migrations::run(&pool, &model.name, files).await {
-                    Ok(applied) => break applied,
-                    Err(e) if e.kind() != ErrorKind::Unavailable => return Err(e.into()),
-                    Err(e)
-                        if backoff
-                            .wait("could not apply the model's migrations; retrying", Some(&model.name), &e)
-                            .await => {}
-                    Err(_) => return Ok(()),
-                }
-            };
-            log_applied(&model.name, &applied);
-        }
-
-        let mut runs = Vec::new();
-        for (model, projection, _) in planned {
-            let mut backoff = Backoff::new(&shutdown);
-            let projector = loop {
-                if *shutdown.borrow() {
-                    return Ok(());
-                }
-                let projection = Arc::new(Arc::clone(&projection));
-                match ModelProjector::prepare(&config, &model, pool.clone(), projection, Arc::clone(&metrics)).await {
-                    Ok(p) => break p,
-                    Err(e) if backoff.wait("could not start the model; retrying", Some(&model.name), &e).await => {}
-                    Err(_) => return Ok(()),
-                }
-            };
-            if let Some(r) = projector.refusal() {
-                metrics.set(Metric::TaskRefused, &[("model", &model.name), ("task", "all")], 1.0);
-                tracing::error!(model = %model.name, reason = %r.reason, diagnosis = %r.diagnosis,
-                    "model refused; see `parsley-projector status`");
-            } else {
-                let tasks = projector.plan().map_or(0, |p| p.task_count);
-                tracing::info!(model = %model.name, projection = %model.projection, tasks, only = ?model.tasks,
-                    "model started; sharing its tasks");
-            }
-            runs.push(tokio::spawn(projector.run(shutdown.clone())));
-        }
-        for r in runs {
-            r.await.context("a model runner panicked")??;
-        }
+        let result = run_models(&config, planned, &shutdown, &metrics, &health).await;
+        let _ = stop_server.send(true);
         for s in servers {
             let _ = s.await;
         }
-        tracing::info!("stopped");
-        Ok(())
+        if result.is_ok() {
+            tracing::info!("stopped");
+        }
+        result
     }
+}
+
+/// What `run` does once the probes are served: connect, migrate, prepare and run the models
+/// until shutdown, reporting each phase to `health`.
+async fn run_models(
+    config: &Config,
+    planned: Vec<(ModelConfig, SharedProjection, Vec<ModelMigration>)>,
+    shutdown: &watch::Receiver<bool>,
+    metrics: &Arc<Metrics>,
+    health: &Arc<Health>,
+) -> anyhow::Result<()> {
+    {
+        let health = Arc::clone(health);
+        let mut shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            if shutdown.wait_for(|stop| *stop).await.is_ok() {
+                health.set_phase(Phase::Stopping);
+            }
+        });
+    }
+    health.set_phase(Phase::Starting("connecting to Postgres".into()));
+    let shutdown = shutdown.clone();
+    let mut backoff = Backoff::new(&shutdown);
+    let pool = loop {
+        match connect(config, false).await {
+            Ok(pool) => break pool,
+            Err(e) if backoff.wait("Postgres unavailable", None, &e).await => {}
+            Err(_) => return Ok(()),
+        }
+    };
+    health.set_phase(Phase::Starting("applying the migrations".into()));
+    let mut backoff = Backoff::new(&shutdown);
+    loop {
+        match migrations::run(&pool).await {
+            Ok(()) => break,
+            Err(e) if backoff.wait("migrations failed", None, &e).await => {}
+            Err(_) => return Ok(()),
+        }
+    }
+    for (model, _, files) in &planned {
+        if files.is_empty() {
+            continue;
+        }
+        // Retried only while the database is unavailable: a file that fails on its own
+        // text would fail again.
+        let mut backoff = Backoff::new(&shutdown);
+        let applied = loop {
+            match model_migrations::run(&pool, &model.name, files).await {
+                Ok(applied) => break applied,
+                Err(e) if e.kind() != ErrorKind::Unavailable => return Err(e.into()),
+                Err(e)
+                    if backoff
+                        .wait("could not apply the model's migrations; retrying", Some(&model.name), &e)
+                        .await => {}
+                Err(_) => return Ok(()),
+            }
+        };
+        log_applied(&model.name, &applied);
+    }
+
+    let mut runs = Vec::new();
+    for (model, projection, _) in planned {
+        health.set_phase(Phase::Starting(format!("preparing model {}", model.name)));
+        let mut backoff = Backoff::new(&shutdown);
+        let projector = loop {
+            if *shutdown.borrow() {
+                return Ok(());
+            }
+            let projection = Arc::new(Arc::clone(&projection));
+            match ModelProjector::prepare(config, &model, pool.clone(), projection, Arc::clone(metrics)).await {
+                Ok(p) => break p,
+                Err(e) if backoff.wait("could not start the model; retrying", Some(&model.name), &e).await => {}
+                Err(_) => return Ok(()),
+            }
+        };
+        if let Some(r) = projector.refusal() {
+            health.model_refused(&model.name);
+            metrics.set(Metric::TaskRefused, &[("model", &model.name), ("task", "all")], 1.0);
+            tracing::error!(model = %model.name, reason = %r.reason, diagnosis = %r.diagnosis,
+                    "model refused; see `parsley-projector status`");
+        } else {
+            let tasks = projector.plan().map_or(0, |p| p.task_count);
+            tracing::info!(model = %model.name, projection = %model.projection, tasks, only = ?model.tasks,
+                    "model started; sharing its tasks");
+        }
+        runs.push(tokio::spawn(projector.with_health(Arc::clone(health)).run(shutdown.clone())));
+    }
+    if !*shutdown.borrow() {
+        health.set_phase(Phase::Running);
+    }
+    for r in runs {
+        r.await.context("a model runner panicked")??;
+    }
+    Ok(())
 }
 
 /// The projection `model` names, built by its registered factory.
@@ -311,7 +383,7 @@ fn log_applied(model: &str, applied: &Applied) {
 /// waits for it with backoff, reporting each attempt.
 pub async fn connect(config: &Config, retry: bool) -> anyhow::Result<PgPool> {
     let url = config.database_url()?;
-    let mut wait = Duration::from_millis(500);
+    let mut attempts = Attempts::new(START_BACKOFF);
     loop {
         match parsley_infra::pg::connect_bounded(
             url,
@@ -323,9 +395,9 @@ pub async fn connect(config: &Config, retry: bool) -> anyhow::Result<PgPool> {
         {
             Ok(pool) => return Ok(pool),
             Err(e) if retry => {
+                let wait = attempts.next_delay();
                 tracing::warn!(error = %format!("{e:#}"), retry_in_ms = wait.as_millis() as u64, "Postgres unavailable");
                 tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(Duration::from_secs(30));
             }
             Err(e) => return Err(e),
         }
@@ -344,15 +416,19 @@ fn session_bounds(config: &Config) -> parsley_infra::pg::SessionBounds {
     bounds
 }
 
-/// The wait between attempts at start (0.5 s, doubling to 30 s), cut short by shutdown.
+/// The jittered backoff between attempts at start ([`START_BACKOFF`]), cut short by shutdown.
 struct Backoff {
-    next: Duration,
+    attempts: Attempts,
     shutdown: watch::Receiver<bool>,
 }
 
+/// The waits at start: from 0.5 s, doubling to 30 s, jittered.
+const START_BACKOFF: parsley_infra::backoff::Backoff =
+    parsley_infra::backoff::Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
+
 impl Backoff {
     fn new(shutdown: &watch::Receiver<bool>) -> Backoff {
-        Backoff { next: Duration::from_millis(500), shutdown: shutdown.clone() }
+        Backoff { attempts: Attempts::new(START_BACKOFF), shutdown: shutdown.clone() }
     }
 
     /// Logs `message` (of `model`, if any) with `error` and waits before the next attempt;
@@ -361,9 +437,8 @@ impl Backoff {
         if *self.shutdown.borrow() {
             return false;
         }
-        tracing::warn!(model, error = %format!("{error:#}"), retry_in_ms = self.next.as_millis() as u64, "{message}");
-        let wait = self.next;
-        self.next = (self.next * 2).min(Duration::from_secs(30));
+        let wait = self.attempts.next_delay();
+        tracing::warn!(model, error = %format!("{error:#}"), retry_in_ms = wait.as_millis() as u64, "{message}");
         let slept = tokio::select! {
             _ = tokio::time::sleep(wait) => true,
             _ = self.shutdown.wait_for(|stop| *stop) => false,

@@ -37,12 +37,15 @@
 //! - `balance`: sharing a model's tasks between instances — membership, leases,
 //!   takeover on an expired lease, hand-back on rebalancing and at shutdown.
 //! - `metrics`: Prometheus text.
+//! - [`health`]: the probes `/livez` and `/readyz` on the metrics listener — a stuck task
+//!   runner, the start, each model's membership, stopping.
 //! - `skip`: the audited way past the one record a task is refused at (`parsley-projector
 //!   skip`), and how a restore applies skips.
 //!
 //! See `docs/projector.md` for the model, schema, step, fencing and restart.
 
 pub mod builder;
+pub mod health;
 pub mod projection;
 
 pub(crate) mod balance;

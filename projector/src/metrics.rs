@@ -3,12 +3,17 @@
 //! listener ([`serve`], shared with the gateway's exposition through infra).
 
 use parsley_infra::metrics::Registry;
-pub use parsley_infra::metrics::{bind, serve, Kind};
+pub use parsley_infra::metrics::{bind, serve, serve_with_probes, Kind};
 
 parsley_infra::metric_names! {
     /// Every metric the projector exports, each declared once: `Metric::StepsTotal.name()` is
     /// `parsley_projector_steps_total`. Declaration order is the exposition order.
     pub enum Metric {
+        BuildInfo = (
+            "parsley_build_info",
+            Gauge,
+            "1, labelled with the version and the commit this binary was built from.",
+        ),
         RecordsReceivedTotal = (
             "parsley_projector_records_received_total",
             Counter,
@@ -133,7 +138,8 @@ mod tests {
         parsley_infra::metrics::check_declarations(METRICS, false).unwrap();
         assert_eq!(METRICS, Metric::ALL, "every declared metric is exported");
         for m in METRICS {
-            assert!(m.name().starts_with("parsley_projector_"), "{m:?}");
+            // parsley_build_info is the one name both services share.
+            assert!(m.name().starts_with("parsley_projector_") || *m == Metric::BuildInfo, "{m:?}");
         }
     }
 

@@ -14,9 +14,11 @@ use parsley::engine::EngineConfig;
 use parsley::refusal::Refusal;
 use parsley::startup::{check_task_width, check_topic_identity, task_width};
 use parsley::TopicId;
+use parsley_infra::backoff::Backoff;
 use sqlx::PgPool;
 use tokio::sync::watch;
 
+use crate::health::Health;
 use crate::kafka;
 use crate::metrics::{Metric, Metrics};
 use crate::projection::Projection;
@@ -120,6 +122,12 @@ impl ModelPlan {
         }
     }
 
+    /// The backoff of failed steps and panicked runners (`projector.initial_backoff_ms`,
+    /// `max_backoff_ms`), jittered.
+    pub fn backoff(&self) -> Backoff {
+        Backoff::new(self.initial_backoff, self.max_backoff)
+    }
+
     pub fn kafka_timeout(&self) -> Duration {
         Duration::from_millis(self.kafka.request_timeout_ms)
     }
@@ -149,6 +157,8 @@ pub struct ModelProjector<P: Projection> {
     /// The model's static `tasks` list: this instance runs only these (`None`: it shares
     /// all of the model's tasks with the other instances).
     only: Option<Vec<u32>>,
+    /// What the probes read (`None`: nobody reads them).
+    health: Option<Arc<Health>>,
 }
 
 impl<P: Projection> ModelProjector<P> {
@@ -210,6 +220,7 @@ impl<P: Projection> ModelProjector<P> {
             metrics: Arc::clone(&metrics),
             owner: owner.clone(),
             only: None,
+            health: None,
         };
 
         // Identity first: a recreated topic must be named as such, whatever its width.
@@ -298,7 +309,14 @@ impl<P: Projection> ModelProjector<P> {
             metrics,
             owner,
             only: model.tasks.clone(),
+            health: None,
         })
+    }
+
+    /// Reports the model's membership and its runners' steps to `health` (the probes).
+    pub fn with_health(mut self, health: Arc<Health>) -> Self {
+        self.health = Some(health);
+        self
     }
 
     pub fn name(&self) -> &str {
@@ -353,22 +371,43 @@ impl<P: Projection> ModelProjector<P> {
             metrics: Arc::clone(&self.metrics),
             owner: self.owner.clone(),
         };
-        let balancer = crate::balance::Balancer::new(Arc::clone(&plan), spec(0), self.only.clone());
+        let health = self.health.unwrap_or_else(|| Health::new(plan.lease, None));
+        let balancer = crate::balance::Balancer::new(Arc::clone(&plan), spec(0), self.only.clone(), health);
         balancer.run(self.tasks, shutdown).await
     }
 }
 
-/// What a task's supervisor shares with the balancer: the epoch its current runner holds
-/// and when that runner last stepped.
+/// What a task's supervisor shares with the balancer and the probes: the epoch its current
+/// runner holds, when that runner last stepped, and since when its current step runs.
 #[derive(Debug)]
-pub(crate) struct Tracker {
+pub struct Tracker {
     epoch: AtomicI64,
     stepped_at: Mutex<Option<Instant>>,
+    in_step_since: Mutex<Option<Instant>>,
 }
 
 impl Tracker {
     pub(crate) fn new(epoch: i64) -> Arc<Tracker> {
-        Arc::new(Tracker { epoch: AtomicI64::new(epoch), stepped_at: Mutex::new(None) })
+        Arc::new(Tracker {
+            epoch: AtomicI64::new(epoch),
+            stepped_at: Mutex::new(None),
+            in_step_since: Mutex::new(None),
+        })
+    }
+
+    /// A step begins (`/livez` counts it stuck once it has run past the stall bound).
+    pub(crate) fn step_began(&self) {
+        *self.in_step_since.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    }
+
+    /// The step returned, whatever its outcome.
+    pub(crate) fn step_ended(&self) {
+        *self.in_step_since.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// How long the current step has run; `None`: no step is running.
+    pub(crate) fn in_step_for(&self) -> Option<Duration> {
+        self.in_step_since.lock().unwrap_or_else(|e| e.into_inner()).map(|at| at.elapsed())
     }
 
     pub(crate) fn epoch(&self) -> i64 {
@@ -456,7 +495,8 @@ pub(crate) async fn supervise<P: Projection>(
                 continue;
             }
             Ok(RunEnded::StartFailed(e)) => {
-                let wait = spec.plan.initial_backoff.max(Duration::from_secs(1)).min(spec.plan.max_backoff);
+                let first = spec.plan.initial_backoff.max(Duration::from_secs(1)).min(spec.plan.max_backoff);
+                let wait = Backoff::new(first, spec.plan.max_backoff).delay(0);
                 tracing::warn!(model = %model, task, error = %format!("{e:#}"), retry_in_ms = wait.as_millis() as u64,
                     "could not start the task again; retrying");
                 wait
@@ -464,8 +504,7 @@ pub(crate) async fn supervise<P: Projection>(
             Err(e) if e.is_panic() => {
                 let message = format!("the task runner panicked: {}", panic_message(e.into_panic().as_ref()));
                 let n = panics.fetch_add(1, Ordering::SeqCst) + 1;
-                let shift = n.saturating_sub(1).min(20);
-                let wait = spec.plan.initial_backoff.saturating_mul(1 << shift).min(spec.plan.max_backoff);
+                let wait = spec.plan.backoff().delay(n - 1);
                 tracing::error!(model = %model, task, panics = n, retry_in_ms = wait.as_millis() as u64,
                     error = %message, "task runner panicked; starting it again after the backoff");
                 spec.metrics.add(Metric::PanicsTotal, &labels, 1.0);
@@ -547,7 +586,10 @@ async fn run_runner<P: Projection>(
             }
             TaskState::Running => {}
         }
-        if let StepOutcome::Committed { .. } | StepOutcome::Idle = runner.run_once().await {
+        tracker.step_began();
+        let outcome = runner.run_once().await;
+        tracker.step_ended();
+        if let StepOutcome::Committed { .. } | StepOutcome::Idle = outcome {
             panics.store(0, Ordering::SeqCst);
             tracker.stepped();
         }

@@ -1377,8 +1377,7 @@ impl<P: Projection> TaskRunner<P> {
             TaskState::Failing { failures, .. } => failures + 1,
             _ => 1,
         };
-        let shift = failures.saturating_sub(1).min(20);
-        let backoff = self.plan.initial_backoff.saturating_mul(1 << shift).min(self.plan.max_backoff);
+        let backoff = self.plan.backoff().delay(failures - 1);
         tracing::warn!(model = %self.plan.name, task = self.task, failures, backoff_ms = backoff.as_millis() as u64,
             error = %message, "step failed; rolled back, retrying the same records");
         self.metric_add(Metric::FailuresTotal, 1.0);

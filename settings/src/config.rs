@@ -254,6 +254,10 @@ pub struct ProjectorSettings {
     /// (`http://collector:4318`); absent: no export.
     #[serde(default)]
     pub otlp_endpoint: Option<String>,
+    /// How long one step of a task runner may take before `/livez` fails (the runner is
+    /// stuck: a projection that never returns, a lost wake-up), in milliseconds; 0: never.
+    #[serde(default = "default_runner_stall_ms")]
+    pub runner_stall_ms: u64,
 }
 
 impl Default for ProjectorSettings {
@@ -271,6 +275,7 @@ impl Default for ProjectorSettings {
             lease_ms: default_lease_ms(),
             heartbeat_ms: default_heartbeat_ms(),
             otlp_endpoint: None,
+            runner_stall_ms: default_runner_stall_ms(),
         }
     }
 }
@@ -297,6 +302,10 @@ impl ProjectorSettings {
     /// The interval of the run-time width check; `None` when disabled.
     pub fn width_check(&self) -> Option<Duration> {
         (self.width_check_ms > 0).then(|| Duration::from_millis(self.width_check_ms))
+    }
+    /// How long a step may take before the runner counts as stuck; `None`: never.
+    pub fn runner_stall(&self) -> Option<Duration> {
+        (self.runner_stall_ms > 0).then(|| Duration::from_millis(self.runner_stall_ms))
     }
     pub fn lease(&self) -> Duration {
         Duration::from_millis(self.lease_ms)
@@ -710,6 +719,13 @@ fn default_width_check_ms() -> u64 {
 fn default_lease_ms() -> u64 {
     5_000
 }
+fn default_runner_stall_ms() -> u64 {
+    120_000
+}
+/// The shortest enabled stall bound: a step waits up to `max_step_ms` for records and runs
+/// statements bounded by `database.statement_timeout_ms`; a bound near those would fail
+/// liveness for a step that is merely slow.
+pub const MIN_RUNNER_STALL_MS: u64 = 1_000;
 fn default_heartbeat_ms() -> u64 {
     1_000
 }
@@ -882,6 +898,25 @@ impl Config {
                  ({}), not {}: a lease must survive two missed heartbeats",
                 self.projector.lease_ms / 3,
                 self.projector.heartbeat_ms
+            );
+        }
+        if self.projector.runner_stall_ms != 0 && self.projector.runner_stall_ms < MIN_RUNNER_STALL_MS {
+            bail!(
+                "projector.runner_stall_ms must be 0 (never) or at least {MIN_RUNNER_STALL_MS}, not {}",
+                self.projector.runner_stall_ms
+            );
+        }
+        if let Some(model) = self
+            .models
+            .iter()
+            .find(|m| self.projector.runner_stall_ms != 0 && m.max_step_ms >= self.projector.runner_stall_ms)
+        {
+            bail!(
+                "projector.runner_stall_ms ({}) must exceed every model's max_step_ms: model {:?} waits up to {} ms \
+                 for records in a step",
+                self.projector.runner_stall_ms,
+                model.name,
+                model.max_step_ms
             );
         }
         if self.projector.width_check_ms != 0 && self.projector.width_check_ms < MIN_WIDTH_CHECK_MS {
@@ -1483,6 +1518,11 @@ max_bytes = 4096
             ("[projector]\nlease_ms = 499\n", "projector.lease_ms"),
             ("[projector]\nlease_ms = 3000\nheartbeat_ms = 1001\n", "projector.heartbeat_ms"),
             ("[projector]\nheartbeat_ms = 10\n", "projector.heartbeat_ms"),
+            ("[projector]\nrunner_stall_ms = 999\n", "projector.runner_stall_ms"),
+            (
+                "[projector]\nrunner_stall_ms = 1000\n[[models]]\nname = \"m\"\nmax_step_ms = 1000\ntopics = [{ name = \"t\" }]\n",
+                "projector.runner_stall_ms (1000) must exceed every model's max_step_ms: model \"m\"",
+            ),
             ("[database]\nlock_timeout_ms = 5\n", "database.lock_timeout_ms"),
             ("[database]\nstatement_timeout_ms = 99\n", "database.statement_timeout_ms"),
             ("[database]\nidle_in_transaction_timeout_ms = 3000000000\n", "database.idle_in_transaction_timeout_ms"),

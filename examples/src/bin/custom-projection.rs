@@ -78,6 +78,7 @@ impl Projection for OrderEvents {
 
 fn main() -> ExitCode {
     let command = Command::new("custom-projection")
+        .version(parsley_infra::version!())
         .about("The projector with the order-events projection registered.")
         .arg(cli::config_arg());
     let config = cli::config_path(&cli::parse(command), |v| std::env::var_os(v));

@@ -1,5 +1,6 @@
 //! The gateway binary: `parsley-gateway [--config PATH]` serves until SIGINT/SIGTERM, then
-//! finishes the requests in flight.
+//! fails readiness for `gateway.shutdown_grace_ms` while still serving, and finishes the
+//! requests in flight.
 
 use std::path::PathBuf;
 
@@ -27,6 +28,7 @@ Logs: RUST_LOG (default info).";
 /// The command line: `parsley-gateway [--config PATH]`.
 fn command() -> Command {
     Command::new("parsley-gateway")
+        .version(parsley_infra::version!())
         .about(
             "Serves reads of your own writes: stamps writes with session tokens, gates reads on the projector's clock.",
         )
@@ -46,7 +48,9 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
     if config.shared.models.is_empty() {
         bail!("the configuration declares no [[models]]: the gateway has nothing to write to or serve");
     }
-    let shutdown = process::shutdown_on_signal(|| tracing::info!("shutting down: finishing the requests in flight"));
+    let shutdown = process::shutdown_on_signal(|| {
+        tracing::info!("shutting down: draining, then finishing the requests in flight")
+    });
     let gateway = Gateway::new(config)?;
     let listeners = gateway.bind().await?;
     let models: Vec<String> = gateway.state().config.shared.models.iter().map(|m| m.name.clone()).collect();

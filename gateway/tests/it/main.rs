@@ -15,6 +15,7 @@ mod hostile;
 mod numbers;
 mod ops;
 mod outcomes;
+mod probes;
 mod producers;
 mod queries;
 mod retention;

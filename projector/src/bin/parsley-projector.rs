@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context as _};
-use parsley_infra::cli::{self, Arg, ArgAction, Command};
+use parsley_infra::cli::{self, clap, Arg, ArgAction, Command};
 use parsley_infra::process;
 use parsley_projector::builder::{apply_model_migrations, connect};
 use parsley_projector::create_topics::{create_topics, Outcome};
@@ -14,7 +14,7 @@ use parsley_projector::skip::{self, SkipRequest};
 use parsley_projector::Projector;
 use parsley_settings::config::Config;
 use parsley_store::ordering::RecordFound;
-use parsley_store::{migrations, roles, status};
+use parsley_store::{migrations, roles, status, TaskStatus};
 use sqlx::PgPool;
 
 /// What `--help` says after the commands and options.
@@ -33,6 +33,7 @@ fn command() -> Command {
         Arg::new(name).long(name).value_name(value).action(ArgAction::Set).help(help)
     };
     Command::new("parsley-projector")
+        .version(parsley_infra::version!())
         .about("Delivers Kafka records into Postgres read models in causal order.")
         .after_help(AFTER_HELP)
         .arg(cli::config_arg())
@@ -43,7 +44,7 @@ fn command() -> Command {
         )
         .subcommand(
             Command::new("status")
-                .about("print every task's state from the database")
+                .about("print every task's state from the database; exit 3 when a task is refused")
                 .arg(models("a model to report (repeatable; default: every model with state)")),
         )
         .subcommand(
@@ -55,8 +56,16 @@ fn command() -> Command {
                 )
                 .arg(models("the model whose task is refused (exactly one)").required(true).action(ArgAction::Set))
                 .arg(skip_option("topic", "TOPIC", "the topic of the record").required(true))
-                .arg(skip_option("partition", "N", "its partition").required(true))
-                .arg(skip_option("position", "P", "its position (offset)").required(true))
+                .arg(
+                    skip_option("partition", "N", "its partition")
+                        .required(true)
+                        .value_parser(clap::value_parser!(i32).range(0..)),
+                )
+                .arg(
+                    skip_option("position", "P", "its position (offset)")
+                        .required(true)
+                        .value_parser(clap::value_parser!(i64).range(0..)),
+                )
                 .arg(skip_option("reason", "TEXT", "why it is skipped (recorded)").required(true))
                 .arg(skip_option("by", "WHO", "who skips it (recorded; default the OS user)")),
         )
@@ -69,6 +78,7 @@ fn command() -> Command {
                         .long("partitions")
                         .value_name("N")
                         .default_value("4")
+                        .value_parser(clap::value_parser!(u32).range(1..))
                         .help("partitions of each created topic"),
                 )
                 .arg(
@@ -76,6 +86,7 @@ fn command() -> Command {
                         .long("replication")
                         .value_name("R")
                         .default_value("1")
+                        .value_parser(clap::value_parser!(u32).range(1..))
                         .help("replicas of each created topic"),
                 ),
         )
@@ -103,8 +114,8 @@ struct Args {
     models: Vec<String>,
     /// `skip`'s options, by name (`--topic`, `--partition`, `--position`, `--reason`, `--by`).
     skip: Vec<(String, String)>,
-    /// `create-topics`' `--partitions` and `--replication`, as given.
-    create: Option<(String, String)>,
+    /// `create-topics`' `--partitions` and `--replication`.
+    create: Option<(u32, u32)>,
     /// `migrate --create-roles`, and its `--gateway-user`.
     roles: Option<Option<String>>,
 }
@@ -121,17 +132,21 @@ fn parse_args() -> Args {
     };
     let skip = SKIP_OPTIONS
         .iter()
-        .filter_map(|name| match sub.try_get_one::<String>(name) {
-            Ok(Some(v)) => Some((format!("--{name}"), v.clone())),
-            _ => None,
+        .filter_map(|name| {
+            let value = match *name {
+                "partition" => sub.try_get_one::<i32>(name).ok().flatten().map(i32::to_string),
+                "position" => sub.try_get_one::<i64>(name).ok().flatten().map(i64::to_string),
+                _ => sub.try_get_one::<String>(name).ok().flatten().cloned(),
+            };
+            value.map(|v| (format!("--{name}"), v))
         })
         .collect();
     let create = sub
-        .try_get_one::<String>("partitions")
+        .try_get_one::<u32>("partitions")
         .ok()
         .flatten()
-        .cloned()
-        .zip(sub.try_get_one::<String>("replication").ok().flatten().cloned());
+        .copied()
+        .zip(sub.try_get_one::<u32>("replication").ok().flatten().copied());
     let roles = sub
         .try_get_one::<bool>("create-roles")
         .ok()
@@ -164,17 +179,24 @@ fn skip_request(args: &Args) -> anyhow::Result<SkipRequest> {
 fn main() -> std::process::ExitCode {
     let args = parse_args();
     process::init_tracing("info,sqlx::postgres::notice=warn");
-    process::block_on_main(main_async(args))
+    process::block_on_status(main_async(args))
 }
 
-async fn main_async(args: Args) -> anyhow::Result<()> {
+/// The command's exit status when it succeeds: 0, or for `status` 3 when a task is refused
+/// (docs/operations.md, "Exit statuses").
+async fn main_async(args: Args) -> anyhow::Result<u8> {
     let config = Config::load(&args.config)?;
+    if args.command == "status" {
+        let pool = connect(&config, false).await?;
+        let refused = print_status(&pool, &args.models).await?;
+        return Ok(if refused { cli::exit::REFUSED } else { cli::exit::OK });
+    }
+    command_main(args, config).await.map(|()| cli::exit::OK)
+}
+
+async fn command_main(args: Args, config: Config) -> anyhow::Result<()> {
     match args.command.as_str() {
         "run" => run(config, &args.models).await,
-        "status" => {
-            let pool = connect(&config, false).await?;
-            print_status(&pool, &args.models).await
-        }
         "skip" => {
             let request = skip_request(&args)?;
             let pool = connect(&config, false).await?;
@@ -195,11 +217,7 @@ async fn main_async(args: Args) -> anyhow::Result<()> {
             Ok(())
         }
         "create-topics" => {
-            let (partitions, replication) = args.create.clone().unwrap_or_default();
-            let count = |name: &str, v: &str| {
-                v.parse::<u32>().with_context(|| format!("--{name} {v:?} is not a positive whole number"))
-            };
-            let (partitions, replication) = (count("partitions", &partitions)?, count("replication", &replication)?);
+            let (partitions, replication) = args.create.unwrap_or((4, 1));
             for (topic, outcome) in create_topics(&config, &args.models, partitions, replication).await? {
                 match outcome {
                     Outcome::Created(p) => println!("created topic {topic} ({p} partitions)"),
@@ -239,19 +257,24 @@ async fn main_async(args: Args) -> anyhow::Result<()> {
     }
 }
 
-async fn print_status(pool: &PgPool, only: &[String]) -> anyhow::Result<()> {
+/// Prints each model's report; `true` when a task of one is refused.
+async fn print_status(pool: &PgPool, only: &[String]) -> anyhow::Result<bool> {
     let mut conn = pool.acquire().await.context("acquiring a connection")?;
     let names = if only.is_empty() { status::models(&mut conn).await? } else { only.to_vec() };
     if names.is_empty() {
         println!("no models have state in this database");
     }
+    let mut refused = false;
     for name in names {
         match status::model_report(&mut conn, &name).await? {
-            Some(report) => print!("{}", status::render(&report)),
+            Some(report) => {
+                refused |= report.tasks.iter().any(|t| t.status == TaskStatus::Refused);
+                print!("{}", status::render(&report));
+            }
             None => println!("model {name}: no state in this database"),
         }
     }
-    Ok(())
+    Ok(refused)
 }
 
 /// `run`: the library's projector with the built-in projections, stopped by SIGINT/SIGTERM.

@@ -12,6 +12,7 @@ mod fold;
 mod leases;
 mod library;
 mod log_start;
+mod probes;
 mod prune;
 mod refusals;
 mod rejections;
