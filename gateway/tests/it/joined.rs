@@ -93,7 +93,7 @@ async fn concurrent_writes_of_one_session_are_joined_by_the_next_request() {
             w.token()
         })
         .collect();
-    let partitions: std::collections::BTreeSet<_> = answers.iter().map(|w| w.json["partition"].clone()).collect();
+    let partitions: std::collections::BTreeSet<_> = answers.iter().map(|w| w.json["partition"].as_u64()).collect();
     assert!(partitions.len() > 1, "the keys spread over partitions: {partitions:?}");
     let join = joined(&tokens);
     for w in &answers {
