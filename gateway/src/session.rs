@@ -1,7 +1,8 @@
 //! A request's session: its caller (the identity of a verified bearer JWT with
 //! authentication on, or the subject header's value with open access), the token opened from the `Parsley-Session` header with the key ring in use
 //! and the session's bounds (none starts an empty session; a bad one is refused, never
-//! read as empty), its hygiene against the log
+//! read as empty; several of one subject, the answers of a session's concurrent requests,
+//! are opened each and joined), its hygiene against the log
 //! (refuse positions beyond the log end, prune pairs of topics that are gone — never a pair
 //! for its log start: the token is stamped on writes), and the re-sealed token a response
 //! carries.
@@ -59,7 +60,9 @@ pub struct Sealed {
     pub expires_at: u64,
 }
 
-/// Establishes the caller and opens the session token, if any.
+/// Establishes the caller and opens the session token, if any — or the request's several
+/// tokens of one session ([`session_tokens`]), each checked as a lone token is, into their
+/// [`join`].
 ///
 /// With authentication on (`[gateway.auth]`), the caller is the identity of the request's
 /// bearer JWT (none or an invalid one: `401 unauthenticated`), its subject the `sub`. With

@@ -135,15 +135,29 @@ test("problems are typed errors", async () => {
 });
 
 test("50 concurrent writes on one session: each is read back, none lost from the session", async () => {
-  const s = new Session({ baseUrl });
+  // Every request's tokens sent and token answered, to check that no write's answer is
+  // dropped: each must reach the gateway again, alone or in a join.
+  const exchanges = [];
+  const spy = async (url, init) => {
+    const response = await fetch(url, init);
+    const sent = (init.headers["Parsley-Session"] ?? "").split(",").map((t) => t.trim()).filter(Boolean);
+    exchanges.push({ write: url.includes("/records"), sent, answered: response.headers.get("Parsley-Session") });
+    return response;
+  };
+  const s = new Session({ baseUrl, fetch: spy });
   const base = unique("concurrent");
   const keys = Array.from({ length: 50 }, (_, i) => `${base}-${i}`);
   const acks = await Promise.all(keys.map((key, i) => s.write(orders, key, { n: i })));
   assert.ok(new Set(acks.map((a) => a.partition)).size > 1, "the writes spread over partitions");
+  const answered = exchanges.filter((e) => e.write && e.answered).map((e) => e.answered);
+  assert.equal(answered.length, 50);
   // Every read carries the session's tokens, joined: each write reads back, however the
   // writes' answers interleaved (a read never waits on another session's writes here).
   const docs = await Promise.all(keys.map((key) => s.read(model, key)));
   docs.forEach((doc, i) => assert.deepEqual(doc, { key: keys[i], document: { n: i }, version: 1 }, keys[i]));
+  const resent = new Set(exchanges.filter((e) => !e.write).flatMap((e) => e.sent));
+  const lost = answered.filter((t) => !resent.has(t));
+  assert.equal(lost.length, 0, `${lost.length} of the 50 writes' tokens never reached the gateway again`);
   // The session's one token now names every write: a second session with only it reads them all.
   const token = await s.join();
   assert.equal(token.includes(","), false);
