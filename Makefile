@@ -36,6 +36,12 @@ test:
 failover:
 	@cargo build -p parsley-projector --bin parsley-projector && cargo test -p parsley-gateway --test it failover -- --nocapture --test-threads=1
 
+# The Kubernetes manifests validated (kubernetes-validate from PyPI) and held to the house
+# rules (part of `make test`). See scripts/kubernetes-check.sh.
+.PHONY: kubernetes-check
+kubernetes-check:
+	@bash scripts/kubernetes-check.sh
+
 # README.md's "Running it yourself" block run as written, in order, in one shell (part of
 # `make test`; about a minute once built). See scripts/readme-test.sh.
 .PHONY: readme-test

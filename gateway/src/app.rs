@@ -621,10 +621,69 @@ max_key_bytes = 16
         problem(Method::POST, WRITE, &[(crate::SESSION_HEADER, "%%%")], BODY, 400, "token-malformed").await;
         let t = sealed(10, None);
         problem(Method::POST, WRITE, &[(crate::SESSION_HEADER, &t)], BODY, 400, "token-expired").await;
-        let two = [(crate::SESSION_HEADER, t.as_str()), (crate::SESSION_HEADER, t.as_str())];
-        problem(Method::GET, READ, &two, "", 400, "token-malformed").await;
+        // Several tokens: one bad one refuses the request, never dropped from the join.
+        let now = crate::session::unix_now();
+        let good =
+            token::seal(&ring(), &Session { issued_at: now, expires_at: far, subject: None, past: CausalPast::new() });
+        let two = [(crate::SESSION_HEADER, good.as_str()), (crate::SESSION_HEADER, t.as_str())];
+        problem(Method::GET, READ, &two, "", 400, "token-expired").await;
+        let list = format!("{good},AQ");
+        problem(Method::GET, READ, &[(crate::SESSION_HEADER, &list)], "", 400, "token-malformed").await;
         let long = "s".repeat(300);
         problem(Method::GET, READ, &[("x-subject", &long)], "", 400, "invalid-subject").await;
+    }
+
+    /// `POST /v1/sessions` with several tokens answers their join (no infrastructure: it
+    /// opens and seals, nothing more), bounded by `token_max_per_request`.
+    #[tokio::test]
+    async fn several_tokens_are_joined_into_one() {
+        let far = session_far();
+        let c = |p| ChannelId::new(TopicId::from_bytes([7; 16]), p);
+        let seal = |issued_at, subject: Option<&str>, pairs: &[(u32, i64)]| {
+            let past = CausalPast::from_pairs(pairs.iter().map(|&(p, o)| (c(p), o)));
+            token::seal(&ring(), &Session { issued_at, expires_at: far, subject: subject.map(String::from), past })
+        };
+        let now = crate::session::unix_now();
+        let a = seal(now - 50, Some("alice"), &[(0, 3), (1, 9)]);
+        let b = seal(now - 90, Some("alice"), &[(0, 7)]);
+        let u = seal(now - 10, None, &[(2, 1)]);
+        let opened = |t: &str| {
+            token::open(&ring(), t, now, Some("alice"), &token::TokenLimits::default()).expect("the answer opens")
+        };
+        let join = CausalPast::from_pairs([(c(0), 7), (c(1), 9), (c(2), 1)]);
+        let list = format!("{a}, {b},{u}");
+        let forms: [Vec<(&str, &str)>; 2] = [
+            vec![(crate::SESSION_HEADER, &a), (crate::SESSION_HEADER, &b), (crate::SESSION_HEADER, &u)],
+            vec![(crate::SESSION_HEADER, &list)],
+        ];
+        for mut headers in forms {
+            headers.push(("x-subject", "alice"));
+            let (status, json, response) = call(Method::POST, "/v1/sessions", &headers, "").await;
+            assert_eq!(status, StatusCode::OK, "{json}");
+            let back = opened(response.headers()[crate::SESSION_HEADER].to_str().unwrap());
+            assert_eq!(back.past, join, "the pointwise maximum");
+            assert_eq!(back.issued_at, now - 90, "begun when the oldest began");
+            assert_eq!(back.subject.as_deref(), Some("alice"));
+        }
+        // Another subject's token among them, whoever asks.
+        let bob = seal(now, Some("bob"), &[(0, 1)]);
+        let mixed = format!("{a},{bob}");
+        for who in ["alice", "bob"] {
+            let h = [(crate::SESSION_HEADER, mixed.as_str()), ("x-subject", who)];
+            problem(Method::POST, "/v1/sessions", &h, "", 403, "token-subjects-differ").await;
+        }
+        // The bound (16 by default), however the tokens are sent; an empty element.
+        let many = vec![u.as_str(); 17].join(",");
+        let json =
+            problem(Method::POST, "/v1/sessions", &[(crate::SESSION_HEADER, &many)], "", 400, "too-many-tokens").await;
+        assert_eq!(json["limit"], 16);
+        let sixteen = vec![u.as_str(); 16].join(",");
+        let h = [(crate::SESSION_HEADER, sixteen.as_str()), (crate::SESSION_HEADER, u.as_str())];
+        problem(Method::POST, "/v1/sessions", &h, "", 400, "too-many-tokens").await;
+        let (status, _, _) = call(Method::POST, "/v1/sessions", &[(crate::SESSION_HEADER, &sixteen)], "").await;
+        assert_eq!(status, StatusCode::OK);
+        let empty = format!("{u},,{u}");
+        problem(Method::POST, "/v1/sessions", &[(crate::SESSION_HEADER, &empty)], "", 400, "token-malformed").await;
     }
 
     fn session_far() -> u64 {

@@ -52,6 +52,10 @@ problem_types! {
     /// The session began longer ago than `token_max_age_s`.
     TokenTooOld = ("token-too-old", "Session past its maximum age", BAD_REQUEST),
     TokenWrongSubject = ("token-wrong-subject", "Session token belongs to another subject", FORBIDDEN),
+    /// Several tokens on one request bound to different subjects: not one session's.
+    TokenSubjectsDiffer = ("token-subjects-differ", "Session tokens belong to different subjects", FORBIDDEN),
+    /// More `Parsley-Session` tokens on one request than `token_max_per_request`.
+    TooManyTokens = ("too-many-tokens", "Too many session tokens", BAD_REQUEST),
     TokenAheadOfLog = ("token-ahead-of-log", "Session token ahead of the log", BAD_REQUEST),
     InvalidSubject = ("invalid-subject", "Invalid subject", BAD_REQUEST),
     /// Authentication on, and no valid bearer JWT (answered with `WWW-Authenticate`).
@@ -368,6 +372,14 @@ impl ApiError {
                          omit the Parsley-Session header to start a new session"
                             .to_string()
                     }
+                    TokenError::TooManyTokens { limit, .. } => {
+                        let limit = *limit;
+                        return p(format!("{e}; join them first (POST /v1/sessions with at most {limit} of them)"))
+                            .with("limit", json!(limit));
+                    }
+                    TokenError::SubjectsDiffer => {
+                        format!("{e}; send only the tokens of the caller's own session")
+                    }
                     other => format!("{other}; omit the Parsley-Session header to start a new session"),
                 };
                 p(detail)
@@ -560,6 +572,8 @@ mod tests {
             (TokenError::Expired { expires_at: 1, now: 2 }, "token-expired", 400),
             (TokenError::WrongSubject, "token-wrong-subject", 403),
             (TokenError::TooOld { issued_at: 1, max_age_s: 1, now: 2 }, "token-too-old", 400),
+            (TokenError::SubjectsDiffer, "token-subjects-differ", 403),
+            (TokenError::TooManyTokens { count: 3, limit: 2 }, "too-many-tokens", 400),
         ];
         for (e, kind, status) in cases {
             let p = ApiError::Token(e).into_problem();
@@ -619,6 +633,8 @@ mod tests {
             TokenError::Tampered,
             TokenError::Expired { expires_at: 1, now: 2 },
             TokenError::WrongSubject,
+            TokenError::SubjectsDiffer,
+            TokenError::TooManyTokens { count: 3, limit: 2 },
         ];
         for e in errors {
             assert_eq!(ProblemType::from_kind(e.kind()).map(ProblemType::kind), Some(e.kind()), "{e:?}");

@@ -1,7 +1,8 @@
 //! A request's session: its caller (the identity of a verified bearer JWT with
 //! authentication on, or the subject header's value with open access), the token opened from the `Parsley-Session` header with the key ring in use
 //! and the session's bounds (none starts an empty session; a bad one is refused, never
-//! read as empty), its hygiene against the log
+//! read as empty; several of one subject, the answers of a session's concurrent requests,
+//! are opened each and joined), its hygiene against the log
 //! (refuse positions beyond the log end, prune pairs of topics that are gone — never a pair
 //! for its log start: the token is stamped on writes), and the re-sealed token a response
 //! carries.
@@ -59,7 +60,9 @@ pub struct Sealed {
     pub expires_at: u64,
 }
 
-/// Establishes the caller and opens the session token, if any.
+/// Establishes the caller and opens the session token, if any — or the request's several
+/// tokens of one session ([`session_tokens`]), each checked as a lone token is, into their
+/// [`join`].
 ///
 /// With authentication on (`[gateway.auth]`), the caller is the identity of the request's
 /// bearer JWT (none or an invalid one: `401 unauthenticated`), its subject the `sub`. With
@@ -81,8 +84,8 @@ pub async fn open_session(state: &AppState, headers: &HeaderMap, now: u64) -> Re
         Some(id) => Some(id.subject.clone()),
         None => header_subject(state, headers)?,
     };
-    let mut values = headers.get_all(SESSION_HEADER).iter();
-    let Some(value) = values.next() else {
+    let tokens = session_tokens(headers, state.config.settings.token_max_per_request)?;
+    if tokens.is_empty() {
         return Ok(Caller {
             subject,
             identity,
@@ -91,20 +94,68 @@ pub async fn open_session(state: &AppState, headers: &HeaderMap, now: u64) -> Re
             past: CausalPast::new(),
             sealed: None,
         });
-    };
-    if values.next().is_some() {
-        return Err(TokenError::Malformed("more than one Parsley-Session header".into()).into());
     }
-    let text = value.to_str().map_err(|_| TokenError::Malformed("not base64url without padding".into()))?;
     let settings = &state.config.settings;
     let ring = state.config.keys.current();
-    let (session, key_id) =
-        token::open_keyed(&ring, text, now, subject.as_deref(), &settings.limits(), &settings.validity())?;
-    // An unbound token opened by a caller with a subject comes back bound: sealed anew.
-    let sealed =
-        (session.subject == subject).then(|| Sealed { value: value.clone(), key_id, expires_at: session.expires_at });
-    let token_digest = Some(digest(value.as_bytes()));
-    Ok(Caller { subject, identity, token_digest, issued_at: Some(session.issued_at), past: session.past, sealed })
+    let (limits, validity) = (settings.limits(), settings.validity());
+    // The idempotency scope of a caller without a subject: the tokens as sent, in order
+    // (one token: its text, as before several were accepted).
+    let token_digest = Some(digest(tokens.join(",").as_bytes()));
+    if let [text] = tokens[..] {
+        let (session, key_id) = token::open_keyed(&ring, text, now, subject.as_deref(), &limits, &validity)?;
+        // An unbound token opened by a caller with a subject comes back bound: sealed anew.
+        let sealed = (session.subject == subject).then(|| Sealed {
+            value: HeaderValue::from_str(text).expect("a part of a header value is one"),
+            key_id,
+            expires_at: session.expires_at,
+        });
+        return Ok(Caller {
+            subject,
+            identity,
+            token_digest,
+            issued_at: Some(session.issued_at),
+            past: session.past,
+            sealed,
+        });
+    }
+    let opened = token::open_several(&ring, &tokens, now, subject.as_deref(), &limits, &validity)?;
+    let (issued_at, past) = join(opened.into_iter().map(|(session, _)| session));
+    Ok(Caller { subject, identity, token_digest, issued_at: Some(issued_at), past, sealed: None })
+}
+
+/// The tokens a request carries: every `Parsley-Session` header, each a comma-separated
+/// list (RFC 9110's list syntax; base64url holds no comma), blanks around them trimmed. An
+/// empty element or a value that is not visible ASCII is `token-malformed`; more than
+/// `max` tokens in all `too-many-tokens`.
+pub fn session_tokens(headers: &HeaderMap, max: usize) -> Result<Vec<&str>, TokenError> {
+    let mut tokens = Vec::new();
+    for value in headers.get_all(SESSION_HEADER) {
+        let text = value.to_str().map_err(|_| TokenError::Malformed("not base64url without padding".into()))?;
+        for token in text.split(',') {
+            let token = token.trim_matches([' ', '\t']);
+            if token.is_empty() {
+                return Err(TokenError::Malformed("an empty element in the Parsley-Session list".into()));
+            }
+            tokens.push(token);
+        }
+    }
+    if tokens.len() > max {
+        return Err(TokenError::TooManyTokens { count: tokens.len(), limit: max });
+    }
+    Ok(tokens)
+}
+
+/// The join of several sessions of one subject: the pointwise maximum of their pasts
+/// ([`CausalPast::merge_past`]), begun when the oldest of them began (a session's maximum age
+/// counts from its start, so a join is as old as its oldest part).
+pub fn join(sessions: impl IntoIterator<Item = Session>) -> (u64, CausalPast) {
+    let mut issued_at = u64::MAX;
+    let mut past = CausalPast::new();
+    for session in sessions {
+        issued_at = issued_at.min(session.issued_at);
+        past = past.merge_past(&session.past);
+    }
+    (issued_at, past)
 }
 
 /// SHA-256 of `bytes`.

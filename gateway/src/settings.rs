@@ -60,6 +60,9 @@ pub struct Settings {
     pub token_max_encoded_len: usize,
     /// Most channels a token may name.
     pub token_max_entries: usize,
+    /// Most `Parsley-Session` tokens one request may carry (repeated headers or a comma
+    /// list): the gateway answers their join. Beyond it `400 too-many-tokens`.
+    pub token_max_per_request: usize,
     /// Largest `parsley.causes` value the gateway stamps on a write, in bytes.
     pub metadata_budget: usize,
     /// Who may call the data routes: `"rules"` (the default with `[gateway.auth]`: a
@@ -187,6 +190,13 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 /// `gateway.database_max_connections` when unset: the gateway's Postgres pool.
 pub const DEFAULT_DATABASE_MAX_CONNECTIONS: u32 = 16;
 
+/// `gateway.token_max_per_request` when unset: the tokens a request may join.
+pub const DEFAULT_TOKEN_MAX_PER_REQUEST: usize = 16;
+
+/// Largest `gateway.token_max_per_request`: each token is opened (decrypted, decoded) on
+/// every request that carries it.
+pub const MAX_TOKEN_MAX_PER_REQUEST: usize = 64;
+
 /// `gateway.query_max_connections` when unset: the named queries' own pool.
 pub const DEFAULT_QUERY_MAX_CONNECTIONS: u32 = 4;
 
@@ -207,6 +217,7 @@ impl Default for Settings {
             token_keys_reload_ms: 10_000,
             token_max_encoded_len: limits.max_encoded_len,
             token_max_entries: limits.max_entries,
+            token_max_per_request: DEFAULT_TOKEN_MAX_PER_REQUEST,
             metadata_budget: parsley::codec::DEFAULT_METADATA_BUDGET,
             access: None,
             auth: None,
@@ -329,6 +340,9 @@ impl Settings {
         }
         if self.token_max_entries == 0 {
             bail!("gateway.token_max_entries must be at least 1");
+        }
+        if !(1..=MAX_TOKEN_MAX_PER_REQUEST).contains(&self.token_max_per_request) {
+            bail!("gateway.token_max_per_request must be from 1 to {MAX_TOKEN_MAX_PER_REQUEST}");
         }
         if self.metadata_budget < 16 {
             bail!("gateway.metadata_budget must be at least 16 bytes");

@@ -266,6 +266,13 @@ pub enum TokenError {
     TooOld { issued_at: u64, max_age_s: u64, now: u64 },
     #[error("token is bound to another subject")]
     WrongSubject,
+    /// A request carried several tokens bound to different subjects: they are not one
+    /// session's, and nothing joins them.
+    #[error("the request's tokens are bound to different subjects; only one subject's tokens join")]
+    SubjectsDiffer,
+    /// A request carried more tokens than `token_max_per_request`.
+    #[error("the request carries {count} session tokens, more than the {limit} a request may join")]
+    TooManyTokens { count: usize, limit: usize },
     #[error("token's causes are undecodable: {0}")]
     UndecodableCauses(String),
 }
@@ -281,6 +288,8 @@ impl TokenError {
             TokenError::Expired { .. } => "token-expired",
             TokenError::TooOld { .. } => "token-too-old",
             TokenError::WrongSubject => "token-wrong-subject",
+            TokenError::SubjectsDiffer => "token-subjects-differ",
+            TokenError::TooManyTokens { .. } => "too-many-tokens",
         }
     }
 }
@@ -360,6 +369,48 @@ pub fn open_keyed(
     limits: &TokenLimits,
     validity: &Validity,
 ) -> Result<(Session, String), TokenError> {
+    validate(unseal(ring, token, limits)?, now, subject, limits, validity)
+}
+
+/// Opens every token of a request that carries several of one session (the session's
+/// writes answered concurrently, each with its own token), as [`open_keyed`] opens one.
+///
+/// Each is first unsealed, so a malformed or tampered token is refused as it would be alone;
+/// then the subjects they are bound to must agree ([`TokenError::SubjectsDiffer`]: unbound
+/// tokens agree with any); then each is validated against `now` and the caller's `subject`.
+/// The caller joins the sessions; this function does not bound how many there are.
+pub fn open_several(
+    ring: &KeyRing,
+    tokens: &[&str],
+    now: u64,
+    subject: Option<&str>,
+    limits: &TokenLimits,
+    validity: &Validity,
+) -> Result<Vec<(Session, String)>, TokenError> {
+    let unsealed = tokens.iter().map(|t| unseal(ring, t, limits)).collect::<Result<Vec<_>, _>>()?;
+    let mut bound: Option<&str> = None;
+    for u in &unsealed {
+        match (bound, u.bound.as_deref()) {
+            (_, None) => {}
+            (None, Some(b)) => bound = Some(b),
+            (Some(a), Some(b)) if a != b => return Err(TokenError::SubjectsDiffer),
+            (Some(_), Some(_)) => {}
+        }
+    }
+    unsealed.into_iter().map(|u| validate(u, now, subject, limits, validity)).collect()
+}
+
+/// A token decrypted and its envelope parsed, nothing of it checked against the request.
+struct Unsealed {
+    key_id: String,
+    issued_at: u64,
+    expires_at: u64,
+    bound: Option<String>,
+    causes: Vec<u8>,
+}
+
+/// Size, format, key, authenticity and envelope of a token.
+fn unseal(ring: &KeyRing, token: &str, limits: &TokenLimits) -> Result<Unsealed, TokenError> {
     if token.len() > limits.max_encoded_len {
         return Err(TokenError::TooLarge { limit: limits.max_encoded_len });
     }
@@ -404,6 +455,19 @@ pub fn open_keyed(
     }
     let bound = std::str::from_utf8(&plaintext[18..causes_at]).map_err(|_| bad("subject is not UTF-8"))?;
     let bound = (!bound.is_empty()).then(|| bound.to_string());
+    let causes = plaintext[causes_at..].to_vec();
+    Ok(Unsealed { key_id: key_id.to_string(), issued_at, expires_at, bound, causes })
+}
+
+/// Expiry, subject binding, maximum age and the causes' strict decoding of an unsealed token.
+fn validate(
+    u: Unsealed,
+    now: u64,
+    subject: Option<&str>,
+    limits: &TokenLimits,
+    validity: &Validity,
+) -> Result<(Session, String), TokenError> {
+    let Unsealed { key_id, issued_at, expires_at, bound, causes } = u;
     if validity.expired(expires_at, now) {
         return Err(TokenError::Expired { expires_at, now });
     }
@@ -416,14 +480,14 @@ pub fn open_keyed(
         let max_age_s = validity.max_age_s.unwrap_or(u64::MAX);
         return Err(TokenError::TooOld { issued_at, max_age_s, now });
     }
-    let past = codec::decode(&plaintext[causes_at..], usize::MAX).map_err(|e| match e {
+    let past = codec::decode(&causes, usize::MAX).map_err(|e| match e {
         DecodeError::Undecodable(m) => TokenError::UndecodableCauses(format!("{m} ({})", m.class())),
         DecodeError::OverBudget { .. } => TokenError::UndecodableCauses(e.to_string()),
     })?;
     if past.len() > limits.max_entries {
         return Err(TokenError::TooManyEntries { count: past.len(), limit: limits.max_entries });
     }
-    Ok((Session { issued_at, expires_at, subject: bound, past }, key_id.to_string()))
+    Ok((Session { issued_at, expires_at, subject: bound, past }, key_id))
 }
 
 #[cfg(test)]

@@ -3,11 +3,53 @@
 /** Any JSON value: what a record's value and a document are. */
 export type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
 
-/** Where a session keeps its token. May be synchronous or asynchronous. */
+/**
+ * Where a session keeps its token: the `Parsley-Session` header value, one token or, while
+ * answers of concurrent requests are not yet joined, a comma-separated list. May be
+ * synchronous or asynchronous.
+ */
 export interface TokenStorage {
   get(): string | null | undefined | Promise<string | null | undefined>;
   set(token: string | null): void | Promise<void>;
+  /**
+   * Replaces the held value by `change(held)` atomically: no other change between the read
+   * and the write, for every session sharing what this storage keeps (other tabs included).
+   * Without it a session changes the storage through `get` and `set` one change at a time,
+   * which is atomic only among the sessions of one JavaScript realm using this very object.
+   */
+  update?(change: (held: string | null) => string | null): void | Promise<void>;
 }
+
+/** The Web Locks a `WebStorage` takes (`navigator.locks`). */
+export interface LockManagerLike {
+  request<T>(name: string, options: { mode: "exclusive" }, callback: () => Promise<T>): Promise<T>;
+}
+
+/**
+ * Keeps the tokens in a Web Storage entry (`localStorage`: shared by a browser's tabs of one
+ * origin; `sessionStorage`: one tab's). Each change is a read-modify-write under the Web Lock
+ * `parsley-session:<key>`, so tabs never overwrite each other's answers.
+ */
+export declare class WebStorage implements TokenStorage {
+  /** `locks`: default `navigator.locks`; `null`: none (atomic within the tab only). */
+  constructor(
+    storage: Pick<Storage, "getItem" | "setItem" | "removeItem">,
+    key?: string,
+    options?: { locks?: LockManagerLike | null },
+  );
+  get(): string | null;
+  set(token: string | null): void;
+  update(change: (held: string | null) => string | null): void | Promise<void>;
+}
+
+/** The tokens a held value names (a comma-separated list). */
+export declare function splitTokens(held: string | null | undefined): string[];
+
+/**
+ * The held value once an answer's token `fresh` came back for a request that sent `sent`: the
+ * tokens sent replaced by `fresh`, every other token kept.
+ */
+export declare function absorb(held: string | null, sent: readonly string[], fresh: string): string;
 
 /** Keeps the token in memory: the default storage. */
 export declare class MemoryStorage implements TokenStorage {
@@ -39,6 +81,12 @@ export interface SessionOptions {
   bearerToken?: () => string | null | undefined | Promise<string | null | undefined>;
   /** Makes the idempotency key of a write that was given none (default `crypto.randomUUID`). */
   newIdempotencyKey?: () => string;
+  /**
+   * Most tokens one request sends (default 8, at least 2; at most the gateway's
+   * `token_max_per_request`, and lowered to it when the gateway answers `too-many-tokens`).
+   * Beyond it the held tokens are joined first (`POST /v1/sessions`).
+   */
+  maxSessionTokens?: number;
 }
 
 export interface WriteOptions {
@@ -102,8 +150,13 @@ export declare class Session {
   constructor(options: SessionOptions);
   readonly baseUrl: string;
   readonly storage: TokenStorage;
-  /** The token this session holds (null: none yet). */
+  /**
+   * What this session holds (null: none yet): its token, or the tokens of concurrent answers
+   * not yet joined, as a comma-separated list.
+   */
   token(): Promise<string | null>;
+  /** Joins every token held into one (`POST /v1/sessions`); answers it. */
+  join(options?: { signal?: AbortSignal }): Promise<string | null>;
   /** Forgets the token: the next request starts a new session. */
   reset(): Promise<void>;
   write(topic: string, key: string, value: Json, options?: WriteOptions): Promise<WriteResult>;
@@ -127,6 +180,8 @@ export type ProblemKind =
   | "token-expired"
   | "token-too-old"
   | "token-wrong-subject"
+  | "token-subjects-differ"
+  | "too-many-tokens"
   | "token-ahead-of-log"
   | "invalid-subject"
   | "unauthenticated"
@@ -195,6 +250,8 @@ export interface Problem {
   parameter?: string;
   topic?: string;
   model?: string;
+  /** too-many-tokens: the most tokens a request may carry. */
+  limit?: number;
   [extension: string]: unknown;
 }
 

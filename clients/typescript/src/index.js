@@ -2,7 +2,10 @@
 //
 // A `Session` carries the session token (the `Parsley-Session` header): it sends the token it
 // holds with every request and keeps the one every answer returns, in a pluggable storage.
-// Errors are `ProblemError`s carrying the gateway's problem document. 503s (and a 409
+// Concurrent requests never lose a write: the storage holds the tokens of answers not yet
+// joined (the `Parsley-Session` header value, a comma-separated list), every request sends
+// them all, and its answer's token (their join, docs/gateway.md "Several tokens of one
+// session") replaces exactly the tokens it sent. Errors are `ProblemError`s carrying the gateway's problem document. 503s (and a 409
 // idempotency-key-in-flight) are retried after their `Retry-After`, and requests that did not
 // get an answer (a network error, a timeout) after a short backoff, a bounded number of
 // times. Every write carries an `Idempotency-Key` (a fresh UUID unless one is given), reused
@@ -15,6 +18,57 @@
 export const PROBLEM_BASE = "https://parsley.dev/problems/";
 
 const SESSION_HEADER = "Parsley-Session";
+
+/** The tokens a held value names (a comma-separated list: the header value). */
+export function splitTokens(held) {
+  if (!held) return [];
+  return held
+    .split(",")
+    .map((t) => t.trim())
+    .filter((t) => t !== "");
+}
+
+/**
+ * The held value once an answer's token `fresh` came back for a request that sent `sent`:
+ * the tokens it sent are gone (the answer joins them), every other token stays (answers of
+ * requests still in flight, or of other tabs), and `fresh` is added.
+ */
+export function absorb(held, sent, fresh) {
+  const tokens = splitTokens(held).filter((t) => !sent.includes(t));
+  if (!tokens.includes(fresh)) tokens.push(fresh);
+  return tokens.join(", ");
+}
+
+/** Read-modify-write chains of storages without `update`, per storage object. */
+const chains = new WeakMap();
+
+/**
+ * Keeps the tokens in a Web Storage (`localStorage`: shared by a browser's tabs of one
+ * origin, kept across reloads; `sessionStorage`: one tab's). Every change is a
+ * read-modify-write of one entry under the Web Lock named after it (`navigator.locks`), so
+ * tabs never overwrite each other's answers; without Web Locks a change is still atomic
+ * within the tab (synchronous), and tabs should each keep their own session
+ * (`sessionStorage`).
+ */
+export class WebStorage {
+  constructor(storage, key = "parsley-session", options = {}) {
+    this.storage = storage;
+    this.key = key;
+    this.locks = options.locks !== undefined ? options.locks : globalThis.navigator?.locks;
+  }
+  get() {
+    return this.storage.getItem(this.key);
+  }
+  set(token) {
+    if (token === null || token === "") this.storage.removeItem(this.key);
+    else this.storage.setItem(this.key, token);
+  }
+  update(change) {
+    const apply = () => this.set(change(this.get()));
+    if (!this.locks) return apply();
+    return this.locks.request(`parsley-session:${this.key}`, { mode: "exclusive" }, async () => apply());
+  }
+}
 
 /** Keeps the token in memory: the default storage. */
 export class MemoryStorage {
@@ -97,16 +151,26 @@ export class Session {
     this.headers = options.headers ?? {};
     this.bearerToken = options.bearerToken;
     this.newIdempotencyKey = options.newIdempotencyKey ?? (() => globalThis.crypto.randomUUID());
+    this.maxSessionTokens = Math.max(2, options.maxSessionTokens ?? 8);
   }
 
-  /** The token this session holds (null: none yet). */
+  /**
+   * What this session holds (null: none yet): its token, or, while answers of concurrent
+   * requests are not yet joined, their tokens as a comma-separated list (sent together).
+   */
   async token() {
-    return (await this.storage.get()) ?? null;
+    return (await this.storage.get()) || null;
+  }
+
+  /** Joins every token held into one (`POST /v1/sessions`), as the next request would. */
+  async join(options = {}) {
+    while (splitTokens(await this.storage.get()).length > 1) await this.#joinHeld(options.signal);
+    return this.token();
   }
 
   /** Forgets the token: the next request starts a new session (after token-expired, say). */
   async reset() {
-    await this.storage.set(null);
+    await this.#update(() => null);
   }
 
   /** Writes one record; answers its coordinate. */
@@ -181,34 +245,74 @@ export class Session {
     return headers;
   }
 
-  /** One request with its retries; keeps the token of every answer that carries one. */
-  /**
-   * The token an idempotent write carries on every attempt. The gateway scopes a caller's
-   * Idempotency-Keys by the token it sends (without a subject), so a write without one first
-   * starts a session (POST /v1/sessions): a retry of a first write could not be matched
-   * otherwise.
-   */
-  async #pinnedToken(signal) {
-    const held = await this.storage.get();
-    if (held) return held;
-    await this.#request("POST", "/v1/sessions", { signal });
-    return (await this.storage.get()) ?? undefined;
+  #joining;
+  #starting;
+
+  /** Applies `change` to the held value atomically (the storage's `update`, else in turn). */
+  async #update(change) {
+    if (typeof this.storage.update === "function") return this.storage.update(change);
+    const previous = chains.get(this.storage) ?? Promise.resolve();
+    const next = previous.then(async () => this.storage.set(change((await this.storage.get()) ?? null)));
+    chains.set(
+      this.storage,
+      next.catch(() => {}),
+    );
+    return next;
   }
 
-  async #request(method, path, { body, idempotencyKey, signal }) {
+  /** Joins up to `maxSessionTokens` of the held tokens into one; one join at a time. */
+  #joinHeld(signal) {
+    this.#joining ??= (async () => {
+      try {
+        const part = splitTokens(await this.storage.get()).slice(0, this.maxSessionTokens);
+        if (part.length > 1) await this.#request("POST", "/v1/sessions", { signal, tokens: part });
+      } finally {
+        this.#joining = undefined;
+      }
+    })();
+    return this.#joining;
+  }
+
+  /** The tokens a request sends: all held, joined first while there are more than the bound. */
+  async #sendable(signal) {
+    for (;;) {
+      const tokens = splitTokens(await this.storage.get());
+      if (tokens.length <= this.maxSessionTokens) return tokens;
+      await this.#joinHeld(signal);
+    }
+  }
+
+  /**
+   * The tokens an idempotent write carries on every attempt. The gateway scopes a caller's
+   * Idempotency-Keys by the tokens it sends (without a subject), so a write without one first
+   * starts a session (POST /v1/sessions; concurrent writes share one start): a retry of a
+   * first write could not be matched otherwise.
+   */
+  async #pinnedTokens(signal) {
+    const held = await this.#sendable(signal);
+    if (held.length > 0) return held;
+    this.#starting ??= this.#request("POST", "/v1/sessions", { signal, tokens: [] }).finally(() => {
+      this.#starting = undefined;
+    });
+    await this.#starting;
+    return this.#sendable(signal);
+  }
+
+  /** One request with its retries; keeps the token of every answer that carries one. */
+  async #request(method, path, { body, idempotencyKey, signal, tokens }) {
     const payload = body === undefined ? undefined : JSON.stringify(body);
-    // Every attempt of an idempotent write carries the same token, so that its key is
-    // matched; other requests carry the latest.
-    const pinned = idempotencyKey ? await this.#pinnedToken(signal) : undefined;
+    // Every attempt of an idempotent write carries the same tokens, so that its key is
+    // matched; a join carries the tokens it joins; other requests carry the latest.
+    let pinned = tokens ?? (idempotencyKey ? await this.#pinnedTokens(signal) : undefined);
     let lastNetworkError;
     for (let attempt = 0; ; attempt++) {
       const headers = await this.#headers();
       headers["Accept"] = "application/json, application/problem+json";
       if (payload !== undefined) headers["Content-Type"] = "application/json";
       if (idempotencyKey) headers["Idempotency-Key"] = idempotencyKey;
-      // The pinned token, else the latest: a retry carries what earlier answers handed back.
-      const token = pinned ?? (await this.storage.get());
-      if (token) headers[SESSION_HEADER] = token;
+      // The pinned tokens, else the latest: a retry carries what earlier answers handed back.
+      const sent = pinned ?? (await this.#sendable(signal));
+      if (sent.length > 0) headers[SESSION_HEADER] = sent.join(", ");
 
       const timeout = new AbortController();
       const timer = setTimeout(() => timeout.abort(new Error(`no answer within ${this.timeoutMs} ms`)), this.timeoutMs);
@@ -237,7 +341,7 @@ export class Session {
       }
 
       const fresh = response.headers.get(SESSION_HEADER);
-      if (fresh) await this.storage.set(fresh);
+      if (fresh) await this.#update((held) => absorb(held, sent, fresh));
       let json;
       try {
         json = text ? JSON.parse(text) : undefined;
@@ -252,6 +356,13 @@ export class Session {
           ? json
           : { type: `${PROBLEM_BASE}unknown`, title: response.statusText, status: response.status, detail: text ?? "" };
       const error = new ProblemError(response.status, problem, retryAfterMs);
+      // A gateway joining fewer tokens per request than this session sends: send fewer.
+      const limit = Number(problem.limit);
+      if (error.kind === "too-many-tokens" && tokens === undefined && limit >= 2 && limit < this.maxSessionTokens) {
+        this.maxSessionTokens = limit;
+        if (pinned !== undefined) pinned = await this.#pinnedTokens(signal);
+        continue;
+      }
       const retryable = response.status === 503 || (response.status === 409 && error.kind === "idempotency-key-in-flight");
       if (!retryable || attempt >= this.retries) throw error;
       const wait = retryAfterMs ?? this.backoffMs * 2 ** attempt;

@@ -133,3 +133,63 @@ test("problems are typed errors", async () => {
   const [tk] = await kindOf(tampered.read(model, "k"));
   assert.ok(["token-malformed", "token-invalid"].includes(tk), tk);
 });
+
+test("50 concurrent writes on one session: each is read back, none lost from the session", async () => {
+  // Every request's tokens sent and token answered, to check that no write's answer is
+  // dropped: each must reach the gateway again, alone or in a join.
+  const exchanges = [];
+  const spy = async (url, init) => {
+    const response = await fetch(url, init);
+    const sent = (init.headers["Parsley-Session"] ?? "").split(",").map((t) => t.trim()).filter(Boolean);
+    exchanges.push({ write: url.includes("/records"), sent, answered: response.headers.get("Parsley-Session") });
+    return response;
+  };
+  const s = new Session({ baseUrl, fetch: spy });
+  const base = unique("concurrent");
+  const keys = Array.from({ length: 50 }, (_, i) => `${base}-${i}`);
+  const acks = await Promise.all(keys.map((key, i) => s.write(orders, key, { n: i })));
+  assert.ok(new Set(acks.map((a) => a.partition)).size > 1, "the writes spread over partitions");
+  const answered = exchanges.filter((e) => e.write && e.answered).map((e) => e.answered);
+  assert.equal(answered.length, 50);
+  // Every read carries the session's tokens, joined: each write reads back, however the
+  // writes' answers interleaved (a read never waits on another session's writes here).
+  const docs = await Promise.all(keys.map((key) => s.read(model, key)));
+  docs.forEach((doc, i) => assert.deepEqual(doc, { key: keys[i], document: { n: i }, version: 1 }, keys[i]));
+  const resent = new Set(exchanges.filter((e) => !e.write).flatMap((e) => e.sent));
+  const lost = answered.filter((t) => !resent.has(t));
+  assert.equal(lost.length, 0, `${lost.length} of the 50 writes' tokens never reached the gateway again`);
+  // The session's one token now names every write: a second session with only it reads them all.
+  const token = await s.join();
+  assert.equal(token.includes(","), false);
+  const other = new Session({ baseUrl });
+  await other.storage.set(token);
+  const again = await Promise.all(keys.map((key) => other.read(model, key)));
+  again.forEach((doc, i) => assert.deepEqual(doc?.document, { n: i }, keys[i]));
+});
+
+test("tokens of concurrent answers sent together are joined by the gateway; bad ones refused by name", async () => {
+  const s = new Session({ baseUrl });
+  const [a, b] = [unique("ja"), unique("jb")];
+  await s.write(orders, a, 1);
+  const start = await s.token();
+  const one = new Session({ baseUrl });
+  const two = new Session({ baseUrl });
+  await one.storage.set(start);
+  await two.storage.set(start);
+  await one.write(orders, b, 2);
+  await two.write(orders, `${b}-2`, 3);
+  // Both tokens on one request (a comma list): the answer is their join.
+  const joined = new Session({ baseUrl });
+  await joined.storage.set(`${await one.token()}, ${await two.token()}`);
+  assert.equal((await joined.read(model, b)).document, 2);
+  assert.equal((await joined.read(model, `${b}-2`)).document, 3);
+  assert.equal((await joined.token()).includes(","), false, "one token again");
+  // Over the gateway's bound (config/api.toml: 16): the client joins in parts first.
+  const many = new Session({ baseUrl, maxSessionTokens: 64 });
+  await many.storage.set(Array(20).fill(await one.token()).join(", "));
+  assert.equal((await many.read(model, b)).document, 2);
+  const garbage = new Session({ baseUrl });
+  await garbage.storage.set(`${await one.token()}, AQ`);
+  const e = await garbage.read(model, b).catch((x) => x);
+  assert.ok(e instanceof ProblemError && e.kind === "token-malformed", String(e));
+});

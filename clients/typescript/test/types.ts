@@ -1,5 +1,15 @@
 // Compile-time check of index.d.ts (`npm run typecheck`): typical uses type-check, misuses do not.
-import { MemoryStorage, ProblemError, Session, type Document, type ProblemKind, type TokenStorage } from "../src/index.js";
+import {
+  MemoryStorage,
+  ProblemError,
+  Session,
+  WebStorage,
+  absorb,
+  splitTokens,
+  type Document,
+  type ProblemKind,
+  type TokenStorage,
+} from "../src/index.js";
 
 interface Order {
   total: number;
@@ -25,6 +35,13 @@ export async function uses(): Promise<void> {
       void [kind, status];
     }
   }
+  // Tabs sharing localStorage, changes under a Web Lock; several tokens joined.
+  const shared: TokenStorage = new WebStorage(localStorage, "orders-session", { locks: navigator.locks });
+  const tabs = new Session({ baseUrl: "http://127.0.0.1:8080", storage: shared, maxSessionTokens: 4 });
+  const joined: string | null = await tabs.join();
+  const held: string[] = splitTokens(await tabs.token());
+  const after: string = absorb("a, b", ["a"], "c");
+  void [joined, held, after];
   // @ts-expect-error: a value must be JSON
   await session.write("orders", "o-1", () => 1);
   // @ts-expect-error: not a problem kind

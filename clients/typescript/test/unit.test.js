@@ -2,7 +2,17 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
-import { MemoryStorage, NetworkError, PROBLEM_BASE, ProblemError, Session, parseRetryAfter } from "../src/index.js";
+import {
+  MemoryStorage,
+  NetworkError,
+  PROBLEM_BASE,
+  ProblemError,
+  Session,
+  WebStorage,
+  absorb,
+  parseRetryAfter,
+  splitTokens,
+} from "../src/index.js";
 
 /**
  * A fetch answering from `script` in turn, recording each request. `POST /v1/sessions` (a
@@ -64,10 +74,13 @@ test("a first write starts a session, and every attempt of a write carries the s
     ["t0", "t0"],
     "the retry carries the token its key is scoped by, not one a refusal handed back",
   );
-  assert.equal(await s.token(), "t1");
+  // The refusal's token answered an attempt that sent t0, and so did the acknowledgement:
+  // neither is known to hold the other, so both are kept and sent together.
+  assert.equal(await s.token(), "t-other, t1");
   await s.write("orders", "k", 2);
   assert.equal(sessions.length, 1, "a session held is not started again");
-  assert.equal(calls[2].headers["Parsley-Session"], "t1");
+  assert.equal(calls[2].headers["Parsley-Session"], "t-other, t1");
+  assert.equal(await s.token(), "t1", "the answer's token replaces the tokens sent");
 });
 
 test("the bearer token is asked for before every attempt", async () => {
@@ -191,4 +204,114 @@ test("the declared problem kinds are the gateway's (gateway/openapi.json)", () =
   const union = dts.split("export type ProblemKind =")[1].split(";")[0];
   const declared = [...union.matchAll(/"([a-z-]+)"/g)].map((m) => m[1]).sort();
   assert.deepEqual(declared, documented);
+});
+
+/** A response after `ms`, carrying token `token`. */
+const later = (ms, status, body, token) =>
+  new Promise((ok) =>
+    setTimeout(() => ok(new Response(JSON.stringify(body), { status, headers: { "Parsley-Session": token } })), ms),
+  );
+
+test("concurrent answers' tokens are all kept, sent together, and replaced by their join", async () => {
+  const sent = [];
+  let n = 0;
+  const fetch = async (url, init) => {
+    sent.push([url.replace("http://gw", ""), init.headers["Parsley-Session"]]);
+    if (url.endsWith("/v1/sessions")) {
+      const joined = splitTokens(init.headers["Parsley-Session"]).join("+");
+      return later(0, 200, { expires_at: 1 }, joined ? `j(${joined})` : "t0");
+    }
+    if (init.method === "POST") {
+      const i = ++n;
+      // The first write is answered last.
+      return later(i === 1 ? 30 : 5, 201, { topic: "orders", partition: i, offset: i }, `w${i}`);
+    }
+    return later(0, 200, { key: "k", document: 1, version: 1 }, "r");
+  };
+  const s = new Session({ baseUrl: "http://gw", fetch, maxSessionTokens: 3 });
+  await Promise.all([s.write("orders", "a", 1), s.write("orders", "b", 2), s.write("orders", "c", 3)]);
+  assert.deepEqual(
+    sent.filter(([p]) => p.startsWith("/v1/topics")).map(([, t]) => t),
+    ["t0", "t0", "t0"],
+    "one session started for the three writes",
+  );
+  assert.deepEqual(splitTokens(await s.token()).sort(), ["w1", "w2", "w3"], "no answer lost, whatever the order");
+  await s.read("shop", "k");
+  assert.equal(sent.at(-1)[1], "w2, w3, w1", "all sent at once, in the order they came");
+  assert.equal(await s.token(), "r");
+
+  // More than maxSessionTokens held: joined first by POST /v1/sessions, in parts.
+  await s.storage.set("a1, a2, a3, a4, a5");
+  await s.read("shop", "k");
+  const joins = sent.filter(([p]) => p === "/v1/sessions").slice(1);
+  assert.deepEqual(joins.map(([, t]) => t), ["a1, a2, a3"]);
+  assert.equal(sent.at(-1)[1], "a4, a5, j(a1+a2+a3)");
+  assert.equal(await s.token(), "r");
+  await s.storage.set("x, y");
+  assert.equal(await s.join(), "j(x+y)");
+});
+
+test("a gateway joining fewer tokens per request lowers the session's bound", async () => {
+  const sent = [];
+  const fetch = async (url, init) => {
+    const tokens = splitTokens(init.headers["Parsley-Session"]);
+    sent.push(tokens.length);
+    if (tokens.length > 2) {
+      const body = { type: PROBLEM_BASE + "too-many-tokens", title: "t", status: 400, detail: "d", limit: 2 };
+      return new Response(JSON.stringify(body), { status: 400 });
+    }
+    return later(0, 200, { key: "k", document: 1, version: 1 }, url.endsWith("/v1/sessions") ? "j" : "r");
+  };
+  const s = new Session({ baseUrl: "http://gw", fetch });
+  await s.storage.set("a, b, c");
+  await s.read("shop", "k");
+  assert.equal(s.maxSessionTokens, 2);
+  assert.deepEqual(sent, [3, 2, 2], "refused, then a join of two, then the read with two");
+  assert.equal(await s.token(), "r");
+});
+
+test("absorb replaces exactly the tokens a request sent", () => {
+  assert.equal(absorb(null, [], "t"), "t");
+  assert.equal(absorb("a, b, c", ["a", "c"], "d"), "b, d");
+  assert.equal(absorb("b", ["a"], "d"), "b, d", "a token absorbed meanwhile stays gone, the other stays");
+  assert.equal(absorb("d", ["a"], "d"), "d");
+  assert.deepEqual(splitTokens(" a ,b,, c "), ["a", "b", "c"]);
+});
+
+test("WebStorage changes its entry under a Web Lock; tabs sharing it lose no answer", async () => {
+  const entries = new Map();
+  const local = {
+    getItem: (k) => entries.get(k) ?? null,
+    setItem: (k, v) => void entries.set(k, String(v)),
+    removeItem: (k) => void entries.delete(k),
+  };
+  // A lock manager that runs callbacks one at a time, in order, like navigator.locks.
+  const taken = [];
+  let queue = Promise.resolve();
+  const locks = {
+    request: (name, options, callback) => {
+      taken.push([name, options.mode]);
+      const run = queue.then(() => callback());
+      queue = run.catch(() => {});
+      return run;
+    },
+  };
+  // Two "tabs": two sessions over two WebStorage objects of one entry.
+  const answers = [];
+  const fetch = async (url, init) => {
+    const i = answers.length;
+    answers.push(init.headers["Parsley-Session"]);
+    return later(10 - i, 201, { topic: "orders", partition: 0, offset: i }, `w${i}`);
+  };
+  const tab = () => new Session({ baseUrl: "http://gw", fetch, storage: new WebStorage(local, "s", { locks }) });
+  local.setItem("s", "t0");
+  await Promise.all([tab().write("orders", "a", 1), tab().write("orders", "b", 2), tab().write("orders", "c", 3)]);
+  assert.deepEqual(splitTokens(local.getItem("s")).sort(), ["w0", "w1", "w2"]);
+  assert.ok(taken.every(([name, mode]) => name === "parsley-session:s" && mode === "exclusive"));
+  await tab().reset();
+  assert.equal(local.getItem("s"), null);
+  // Without Web Locks: the change is one synchronous read-modify-write.
+  const plain = new WebStorage(local, "p", { locks: null });
+  plain.update(() => "x");
+  assert.equal(plain.get(), "x");
 });

@@ -12,6 +12,7 @@ mod edge;
 mod failover;
 mod fleet;
 mod hostile;
+mod joined;
 mod numbers;
 mod ops;
 mod outcomes;
