@@ -352,6 +352,32 @@ fn kept_sweep() {
 /// Characterizes a known limit of the design (see `Scenario::audit`): the only
 /// violations are writes-follow-reads at the auditor, and they do occur. If this starts
 /// failing because none occur, the limit was lifted: move the scenario into the sweeps.
+/// Open defects, found by the long sweep of `scopes` (docs/verification.md, Findings): a task
+/// that left a model channel and joins it again (here after the operator withdrew a
+/// removal another task refused) seeds it above what its delivered past names there, and
+/// the delivered past may name positions it never applied (a session token's pairs, which
+/// a read's refresh over-approximates, carried by records it delivered while it did not
+/// receive the channel): the records in between are never applied (seeds 13592 and 14398),
+/// or the channel's entry was pruned meanwhile and the owner records nothing there until a
+/// new record arrives, so reads wait (seed 6254). This test pins the seeds and what they
+/// show; when it fails because they pass, the defect is fixed: delete it.
+#[test]
+fn rejoining_a_model_channel_shows_the_open_defects() {
+    use ViolationKind::*;
+    let cases: [(u64, &[ViolationKind]); 3] = [
+        (6254, &[ReadNeverCovered]),
+        (13592, &[RestartOrder, Fifo, Incomplete, ReadYourWrites, StaleRead, MonotonicReads]),
+        (14398, &[Fifo, CausalOrder, MissedRefusal, Incomplete, ReadYourWrites, StaleRead, MonotonicReads]),
+    ];
+    for (seed, kinds) in cases {
+        let report = run(seed, &Scenario::scopes(), Sabotage::None);
+        assert!(!report.passed(), "seed {seed} of scopes passes: the rejoin defect is fixed, delete this test");
+        for v in &report.violations {
+            assert!(kinds.contains(&v.kind), "seed {seed} broke something else: {v}");
+        }
+    }
+}
+
 #[test]
 fn audit_scenario_shows_the_known_writes_follow_reads_limit() {
     let reports = run_all(&seeds(150), &Scenario::audit(), Sabotage::None);
