@@ -18,6 +18,7 @@ mod refusals;
 mod rejections;
 mod restart;
 mod robustness;
+mod snapshot;
 mod sql;
 mod store;
 mod support;
