@@ -326,7 +326,7 @@ fn bad_endpoints_are_refused_at_start() {
             let status = running.0.wait().unwrap();
             let err = std::fs::read_to_string(&log).unwrap();
             assert_eq!(status.code(), Some(1), "{name} with {telemetry}: {err}");
-            assert!(err.contains(&reason), "{name} with {telemetry}: {err}");
+            assert!(err.contains(reason), "{name} with {telemetry}: {err}");
         }
     }
 }
