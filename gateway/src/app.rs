@@ -119,7 +119,7 @@ fn finish(router: Router<AppState>, state: &AppState) -> Router<AppState> {
                 // The route template, not the path: paths carry keys, and logs carry
                 // coordinates.
                 let route = req.extensions().get::<MatchedPath>().map_or("unmatched", |m| m.as_str());
-                tracing::info_span!("request", method = %req.method(), route)
+                crate::trace::request_span(req.headers(), req.method(), route)
             })
             // A 503 not-yet-covered is an answer, not a failure; internal errors are
             // logged once where they become a 500.

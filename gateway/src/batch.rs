@@ -36,6 +36,7 @@ use crate::state::AppState;
 use crate::trace::TraceContext;
 use crate::transactions::blocking;
 use crate::write::{self, body_bytes, Settled, Written};
+use tracing::Instrument as _;
 
 pub async fn post_batch(
     State(state): State<AppState>,
@@ -69,34 +70,35 @@ pub async fn post_batch(
     state.contracts.check_batch(&records)?;
     let past = session::sanitize(&state, &caller.past).await?;
     let id = write::claim_id(&headers, &caller)?;
-    let (trace, caller_parent) = TraceContext::continued(&headers);
-    let started_ns = parsley_infra::otlp::now_unix_ns();
     let route = "/v1/records".to_string();
+    let (span, trace) = crate::trace::write_span(&headers, &format!("POST {route}"));
     let written = {
         let (state, past, bytes) = (state.clone(), past.clone(), bytes.clone());
-        write::written_apart(&state.clone(), id, route, bytes.clone(), move |claim| async move {
-            // Parsed again inside the task, which owns its bytes; checked above already.
-            let settings = &state.config.settings;
-            let written = match body::parse_batch(&bytes, settings.max_key_bytes, settings.max_batch_records) {
-                Ok(records) => produce_batch(&state, &facts, &past, &records, &trace).await,
-                Err(e) => Err(e.into()),
-            };
-            match written {
-                Ok(acked) => {
-                    let attributes = vec![("messaging.batch.message_count".to_string(), acked.len().to_string())];
-                    trace.export(&state, caller_parent, "POST /v1/records", started_ns, attributes);
-                    let body = json!({"records": acked.iter().map(|(topic, c, offset)| json!({
+        write::written_apart(&state.clone(), id, route, bytes.clone(), move |claim| {
+            async move {
+                // Parsed again inside the task, which owns its bytes; checked above already.
+                let settings = &state.config.settings;
+                let written = match body::parse_batch(&bytes, settings.max_key_bytes, settings.max_batch_records) {
+                    Ok(records) => produce_batch(&state, &facts, &past, &records, &trace).await,
+                    Err(e) => Err(e.into()),
+                };
+                match written {
+                    Ok(acked) => {
+                        tracing::Span::current().record("messaging.batch.message_count", acked.len());
+                        let body = json!({"records": acked.iter().map(|(topic, c, offset)| json!({
                         "topic": topic, "partition": c.partition, "offset": offset,
                     })).collect::<Vec<_>>()});
-                    let coordinates: Vec<(ChannelId, i64)> = acked.iter().map(|(_, c, o)| (*c, *o)).collect();
-                    write::settle(&state, claim, Settled::Done(&write::acknowledgement(&body, &coordinates))).await;
-                    Ok((body, coordinates))
-                }
-                Err(e) => {
-                    write::settle(&state, claim, Settled::failed(&e)).await;
-                    Err(e)
+                        let coordinates: Vec<(ChannelId, i64)> = acked.iter().map(|(_, c, o)| (*c, *o)).collect();
+                        write::settle(&state, claim, Settled::Done(&write::acknowledgement(&body, &coordinates))).await;
+                        Ok((body, coordinates))
+                    }
+                    Err(e) => {
+                        write::settle(&state, claim, Settled::failed(&e)).await;
+                        Err(e)
+                    }
                 }
             }
+            .instrument(span)
         })
         .await?
     };

@@ -160,8 +160,8 @@ pub struct Settings {
     pub idempotency_window_s: u64,
     /// Most records one batch write (`POST /v1/records`) may carry.
     pub max_batch_records: usize,
-    /// Where to send a span per traced write over OTLP/HTTP (`http://collector:4318`, the
-    /// path defaulting to `/v1/traces`); absent: no export.
+    /// The gateway's OTLP endpoint, replacing `telemetry.otlp_endpoint` (the rest of the
+    /// export's settings are `[telemetry]`'s); absent: that one.
     pub otlp_endpoint: Option<String>,
     /// How often the background checks probe the database, the migrations and Kafka for
     /// `/readyz` (which answers from their cache), in milliseconds.
@@ -424,9 +424,6 @@ impl Settings {
         for origin in &self.cors_allowed_origins {
             check_origin(origin).map_err(|e| anyhow::anyhow!("gateway.cors_allowed_origins: {e}"))?;
         }
-        if let Some(url) = &self.otlp_endpoint {
-            parsley_infra::otlp::Endpoint::parse(url).map_err(|e| anyhow::anyhow!("gateway.otlp_endpoint: {e:#}"))?;
-        }
         if !(1..=MAX_BATCH_RECORDS_LIMIT).contains(&self.max_batch_records) {
             bail!("gateway.max_batch_records must be from 1 to {MAX_BATCH_RECORDS_LIMIT}");
         }
@@ -642,6 +639,7 @@ impl GatewayConfig {
         let settings = Settings::from_table(shared.gateway.as_ref())?;
         settings.validate()?;
         let (verifier, access) = load_access(&shared, &settings)?;
+        shared.telemetry.export(settings.otlp_endpoint.as_deref(), "gateway.otlp_endpoint")?;
         Ok(GatewayConfig {
             shared,
             settings,
@@ -661,7 +659,14 @@ impl GatewayConfig {
         let keys = Arc::new(load_keys(&settings, &var)?);
         let admin_token = load_admin_token(&settings, &var)?;
         let (verifier, access) = load_access(&shared, &settings)?;
+        shared.telemetry.export(settings.otlp_endpoint.as_deref(), "gateway.otlp_endpoint")?;
         Ok(GatewayConfig { shared, settings, keys, admin_token, verifier, access })
+    }
+
+    /// The gateway's OTLP export (`gateway.otlp_endpoint`, else `telemetry.otlp_endpoint`,
+    /// with `[telemetry]`'s settings); `None`: nothing is exported. Checked at load.
+    pub fn telemetry_export(&self) -> anyhow::Result<Option<parsley_infra::telemetry::Export>> {
+        self.shared.telemetry.export(self.settings.otlp_endpoint.as_deref(), "gateway.otlp_endpoint")
     }
 }
 

@@ -47,8 +47,6 @@ pub struct Inner {
     pub shapes: crate::shapes::Shapes,
     /// Per model, covered document snapshots (keys and pages) kept in memory (`gateway.read_cache_bytes`).
     pub kept: crate::read_cache::KeptReads,
-    /// The span exporter, when `otlp_endpoint` is set.
-    pub otlp: Option<parsley_infra::otlp::Exporter>,
     pub metrics: Arc<Metrics>,
     /// Names of the topics some configured model receives; ask [`Inner::receives`].
     pub received_topics: BTreeSet<String>,
@@ -135,13 +133,6 @@ impl AppState {
             config.settings.read_cache_bytes,
             Duration::from_millis(config.settings.read_cache_max_age_ms),
         );
-        let otlp = match &config.settings.otlp_endpoint {
-            Some(url) => Some(parsley_infra::otlp::Exporter::start(
-                parsley_infra::otlp::Endpoint::parse(url)?,
-                "parsley-gateway",
-            )?),
-            None => None,
-        };
         let received_topics =
             config.shared.models.iter().flat_map(|m| m.topics.iter().map(|t| t.name.clone())).collect();
         let contracts = crate::contracts::Contracts::of(&config.shared);
@@ -153,6 +144,8 @@ impl AppState {
             .collect();
         let in_flight = Arc::new(Semaphore::new(config.settings.max_in_flight));
         let metrics = Metrics::new(METRICS);
+        // Through the process's meter provider: exported when the binary configured OTLP.
+        parsley_infra::telemetry::export_registry(&metrics);
         keys::publish(&metrics, None, &config.keys.current());
         let reads = Arc::new(parsley_infra::pg::Reuse::new(
             pool.clone(),
@@ -184,7 +177,6 @@ impl AppState {
             feeds,
             shapes: crate::shapes::Shapes::default(),
             kept,
-            otlp,
             metrics,
             received_topics,
             contracts,

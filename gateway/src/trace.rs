@@ -2,6 +2,12 @@
 //! trace, or starts one, and puts its own `traceparent` on every record it produces, so the
 //! projector's log line for the step that applied the record names the same trace.
 //!
+//! Each request runs in a `request` span (the caller's `traceparent` its remote parent) and
+//! each write in a `write` span inside it ([`write_span`]); with OpenTelemetry export on
+//! (`[telemetry]`), both are exported and the record's `traceparent` names the write span,
+//! so the projector's span for the record is its child. Without export, the same ids are
+//! drawn here. Both spans carry `trace_id` and `span_id`, which every log line inside names.
+//!
 //! A request's `traceparent` (`00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>`) is
 //! continued: the record carries the same trace id and flags with a new parent id (the
 //! gateway's span). A missing or invalid one (all-zero ids, wrong lengths, upper-case hex,
@@ -61,29 +67,6 @@ impl TraceContext {
         }
     }
 
-    /// Exports the gateway's span for this context (when an exporter is configured).
-    pub fn export(
-        &self,
-        state: &crate::state::AppState,
-        caller_parent: Option<[u8; 8]>,
-        name: &str,
-        start_unix_ns: u64,
-        attributes: Vec<(String, String)>,
-    ) {
-        if let Some(exporter) = &state.otlp {
-            exporter.record(parsley_infra::otlp::Span {
-                trace_id: self.trace_id,
-                span_id: self.parent_id,
-                parent_span_id: caller_parent,
-                name: name.to_string(),
-                kind: 4,
-                start_unix_ns,
-                end_unix_ns: parsley_infra::otlp::now_unix_ns(),
-                attributes,
-            });
-        }
-    }
-
     /// The `traceparent` value.
     pub fn header(&self) -> String {
         format!("00-{}-{}-{:02x}", to_hex(&self.trace_id), to_hex(&self.parent_id), self.flags)
@@ -103,6 +86,53 @@ impl TraceContext {
         }
         self
     }
+}
+
+/// The span of a write named `name` (`POST /v1/…`), inside the request's span, and the
+/// trace context its records carry: the exported span's own ids when OpenTelemetry export
+/// is on, else ids drawn here (continuing the request's `traceparent`).
+pub fn write_span(headers: &axum::http::HeaderMap, name: &str) -> (tracing::Span, TraceContext) {
+    let span = tracing::info_span!(
+        "write",
+        otel.name = name,
+        otel.kind = "producer",
+        trace_id = tracing::field::Empty,
+        span_id = tracing::field::Empty,
+        messaging.system = "kafka",
+        messaging.destination.name = tracing::field::Empty,
+        messaging.kafka.destination.partition = tracing::field::Empty,
+        messaging.kafka.message.offset = tracing::field::Empty,
+        messaging.batch.message_count = tracing::field::Empty,
+    );
+    let trace = match parsley_infra::telemetry::span_ids(&span) {
+        Some((trace_id, parent_id, flags)) => TraceContext { trace_id, parent_id, flags },
+        None => TraceContext::continued(headers).0,
+    };
+    span.record("trace_id", trace.trace_id_hex());
+    span.record("span_id", to_hex(&trace.parent_id));
+    (span, trace)
+}
+
+/// The span of a request: the caller's valid `traceparent` is its remote parent, so the
+/// exported trace continues the caller's.
+pub fn request_span(headers: &axum::http::HeaderMap, method: &axum::http::Method, route: &str) -> tracing::Span {
+    let span = tracing::info_span!(
+        "request",
+        method = %method,
+        route,
+        otel.name = format!("{method} {route}"),
+        otel.kind = "server",
+        trace_id = tracing::field::Empty,
+        span_id = tracing::field::Empty,
+    );
+    if let Some(t) = headers.get(TRACEPARENT).and_then(|v| v.to_str().ok()).and_then(TraceContext::parse) {
+        parsley_infra::telemetry::set_remote_parent(&span, t.trace_id, t.parent_id, t.flags);
+    }
+    if let Some((trace_id, span_id, _)) = parsley_infra::telemetry::span_ids(&span) {
+        span.record("trace_id", to_hex(&trace_id));
+        span.record("span_id", to_hex(&span_id));
+    }
+    span
 }
 
 fn span_id() -> [u8; 8] {

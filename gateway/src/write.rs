@@ -42,6 +42,7 @@ use crate::session::{self, kafka_unavailable, SESSION_HEADER};
 use crate::state::AppState;
 use crate::store_errors;
 use crate::trace::{TraceContext, TRACEPARENT};
+use tracing::Instrument as _;
 
 /// The body's bytes, or why there are none.
 pub fn body_bytes(body: Result<Bytes, BytesRejection>, max_body_bytes: usize) -> Result<Bytes, ApiError> {
@@ -329,31 +330,31 @@ pub async fn post_record(
     let past = session::sanitize(&state, &caller.past).await?;
     let route = format!("/v1/topics/{topic}/records");
     let id = claim_id(&headers, &caller)?;
-    let (trace, caller_parent) = TraceContext::continued(&headers);
-    let started_ns = parsley_infra::otlp::now_unix_ns();
+    let (span, trace) = crate::trace::write_span(&headers, &format!("POST {route}"));
     let written = {
         let (state, topic, past, bytes, route) =
             (state.clone(), topic.clone(), past.clone(), bytes.clone(), route.clone());
-        written_apart(&state.clone(), id, route.clone(), bytes.clone(), move |claim| async move {
-            // Parsed again inside the task, which owns its bytes; checked above already.
-            let written = match body::parse(&bytes, state.config.settings.max_key_bytes) {
-                Ok(request) => produce_one(&state, &topic, fact, &past, &request, &trace).await,
-                Err(e) => Err(e.into()),
-            };
-            match &written {
-                Ok((channel, offset)) => {
-                    let attributes = vec![
-                        ("messaging.destination.name".to_string(), topic.clone()),
-                        ("messaging.kafka.destination.partition".to_string(), channel.partition.to_string()),
-                        ("messaging.kafka.message.offset".to_string(), offset.to_string()),
-                    ];
-                    trace.export(&state, caller_parent, &format!("POST {route}"), started_ns, attributes);
-                    let body = ack_body(&topic, *channel, *offset);
-                    settle(&state, claim, Settled::Done(&acknowledgement(&body, &[(*channel, *offset)]))).await;
+        written_apart(&state.clone(), id, route.clone(), bytes.clone(), move |claim| {
+            async move {
+                // Parsed again inside the task, which owns its bytes; checked above already.
+                let written = match body::parse(&bytes, state.config.settings.max_key_bytes) {
+                    Ok(request) => produce_one(&state, &topic, fact, &past, &request, &trace).await,
+                    Err(e) => Err(e.into()),
+                };
+                match &written {
+                    Ok((channel, offset)) => {
+                        let span = tracing::Span::current();
+                        span.record("messaging.destination.name", topic.as_str());
+                        span.record("messaging.kafka.destination.partition", channel.partition);
+                        span.record("messaging.kafka.message.offset", *offset);
+                        let body = ack_body(&topic, *channel, *offset);
+                        settle(&state, claim, Settled::Done(&acknowledgement(&body, &[(*channel, *offset)]))).await;
+                    }
+                    Err(e) => settle(&state, claim, Settled::failed(e)).await,
                 }
-                Err(e) => settle(&state, claim, Settled::failed(e)).await,
+                written
             }
-            written
+            .instrument(span)
         })
         .await?
     };

@@ -18,9 +18,10 @@
 //! - [`metrics`]: the Prometheus registry both services export (each declares its metric
 //!   names once, as an enum, with [`metric_names!`]), rendered in the text exposition
 //!   format, and the bare `GET /metrics` listener.
-//! - [`otlp`]: the optional export of trace spans over OTLP/HTTP (JSON), off by default.
+//! - [`telemetry`]: the binaries' logs (text or JSON lines carrying trace ids) and the
+//!   optional OpenTelemetry export of spans and metrics (OTLP over gRPC or HTTP).
 //! - [`backoff`]: the one retry backoff (exponential, capped, with jitter).
-//! - [`process`]: the binaries' start-up scaffolding (logging, runtime, shutdown signal).
+//! - [`process`]: the binaries' start-up scaffolding (runtime, shutdown signal).
 //! - [`cli`]: the binaries' one argument parser (clap's builder), the shared `--config`
 //!   option, and how help and usage errors end the process.
 //! - (feature `test-support`, tests only) `headers::produce`: records with raw header names,
@@ -33,10 +34,10 @@ pub mod headers;
 pub mod http;
 pub mod kafka;
 pub mod metrics;
-pub mod otlp;
 pub mod pg;
 pub mod process;
 pub mod services;
+pub mod telemetry;
 pub mod topic_id;
 
 pub use kafka::PartitionOffsets;

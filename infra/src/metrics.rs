@@ -213,6 +213,45 @@ fn labels(pairs: &[(&str, &str)]) -> String {
     out
 }
 
+/// Which number of a series [`Registry::series_of`] answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SeriesPart {
+    /// A counter's or gauge's value.
+    Value,
+    /// A histogram's observation count.
+    Count,
+    /// A histogram's sum.
+    Sum,
+}
+
+/// The pairs of a label set as [`labels`] rendered it (`k="v",...`, values escaped).
+fn parse_labels(rendered: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut rest = rendered;
+    while let Some((key, after)) = rest.split_once("=\"") {
+        let mut value = String::new();
+        let mut chars = after.char_indices();
+        let mut end = after.len();
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '\\' => match chars.next() {
+                    Some((_, 'n')) => value.push('\n'),
+                    Some((_, other)) => value.push(other),
+                    None => {}
+                },
+                '"' => {
+                    end = i + 1;
+                    break;
+                }
+                c => value.push(c),
+            }
+        }
+        out.push((key.to_string(), value));
+        rest = after[end..].strip_prefix(',').unwrap_or(&after[end..]);
+    }
+    out
+}
+
 /// The `Content-Type` of the text exposition format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4";
 
@@ -267,6 +306,32 @@ impl<M: MetricName> Registry<M> {
     /// The current value of a counter or gauge (tests, status).
     pub fn value(&self, metric: M, l: &[(&str, &str)]) -> Option<f64> {
         self.lock().values.get(&(metric.name(), labels(l))).copied()
+    }
+
+    /// The metrics this registry exports, in exposition order.
+    pub fn exported(&self) -> &'static [M] {
+        self.exported
+    }
+
+    /// Every series of `metric` now: its labels and, for a counter or gauge, its value; for
+    /// a histogram, its count or sum (OTLP export, [`crate::telemetry::export_registry`]).
+    pub fn series_of(&self, metric: M, part: SeriesPart) -> Vec<(Vec<(String, String)>, f64)> {
+        let name = metric.name();
+        let r = self.lock();
+        match part {
+            SeriesPart::Value => r
+                .values
+                .range((name, String::new())..)
+                .take_while(|((n, _), _)| *n == name)
+                .map(|((_, l), v)| (parse_labels(l), *v))
+                .collect(),
+            SeriesPart::Count | SeriesPart::Sum => r
+                .histograms
+                .range((name, String::new())..)
+                .take_while(|((n, _), _)| *n == name)
+                .map(|((_, l), h)| (parse_labels(l), if part == SeriesPart::Sum { h.sum } else { h.count as f64 }))
+                .collect(),
+        }
     }
 
     /// The text exposition format, version 0.0.4.
@@ -390,6 +455,16 @@ pub async fn bind(address: &str) -> anyhow::Result<(TcpListener, SocketAddr)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn label_sets_read_back_as_rendered() {
+        for pairs in [vec![], vec![("model", "m")], vec![("a", "x\"y\\z\nw"), ("b", ""), ("c", "p,q=\"r")]] {
+            let rendered = labels(&pairs);
+            let back = parse_labels(&rendered);
+            let back: Vec<(&str, &str)> = back.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            assert_eq!(back, pairs, "{rendered}");
+        }
+    }
 
     #[test]
     fn label_values_are_escaped_for_the_exposition() {

@@ -1,21 +1,10 @@
-//! Start-up scaffolding shared by the service binaries: logs on stderr, the async runtime
-//! around `main`, and the shutdown signal. Each binary keeps its own arguments and messages.
+//! Start-up scaffolding shared by the service binaries: the async runtime around `main`, and
+//! the shutdown signal (logs and telemetry: [`crate::telemetry`]). Each binary keeps its own arguments and messages.
 
 use std::future::Future;
 use std::process::ExitCode;
 
 use tokio::sync::watch;
-
-/// Logs to stderr, filtered by `RUST_LOG`, else by `default_filter`.
-pub fn init_tracing(default_filter: &str) {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-}
 
 /// Runs `main` on a multi-threaded runtime. A failure (or a runtime that will not start) is
 /// printed once, with its whole context chain, and exits 1 ([`crate::cli::exit::FAILURE`]).

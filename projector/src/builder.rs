@@ -225,6 +225,8 @@ impl ProjectorBuilder {
         });
 
         let metrics = Metrics::new(METRICS);
+        // Through the process's meter provider: exported when the binary configured OTLP.
+        parsley_infra::telemetry::export_registry(&metrics);
         metrics.set(
             Metric::BuildInfo,
             &[("version", env!("CARGO_PKG_VERSION")), ("commit", env!("PARSLEY_BUILD_COMMIT"))],

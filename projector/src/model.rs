@@ -79,8 +79,6 @@ pub struct ModelPlan {
     pub lease: Duration,
     /// How often the instance renews its membership and leases and rebalances.
     pub heartbeat: Duration,
-    /// The span exporter, when `projector.otlp_endpoint` is set.
-    pub otlp: Option<parsley_infra::otlp::Exporter>,
     pub kafka: KafkaConfig,
 }
 
@@ -287,13 +285,6 @@ impl<P: Projection> ModelProjector<P> {
             on_rejected: model.on_rejected,
             lease: config.projector.lease(),
             heartbeat: config.projector.heartbeat(),
-            otlp: match &config.projector.otlp_endpoint {
-                Some(url) => Some(parsley_infra::otlp::Exporter::start(
-                    parsley_infra::otlp::Endpoint::parse(url)?,
-                    "parsley-projector",
-                )?),
-                None => None,
-            },
             kafka: config.kafka.clone(),
         });
         if let Some(t) = model.tasks.iter().flatten().find(|t| **t >= width) {

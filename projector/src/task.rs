@@ -83,60 +83,72 @@ pub enum StepOutcome {
     Fenced,
 }
 
-/// Logs each applied record that carries a W3C `traceparent` header (a client opted into
-/// tracing it, e.g. through the gateway), naming its trace, so a write can be followed from
-/// the HTTP request to the step that applied it. Records without one are not logged one by
-/// one.
-fn log_traced(plan: &ModelPlan, task: u32, deliveries: &[Delivery<RecordData>], step_started_ns: u64) {
-    for d in deliveries {
-        let Some(value) = d.payload.headers.iter().find_map(|(name, value)| {
-            (name.eq_ignore_ascii_case(b"traceparent")).then_some(value.as_deref()).flatten()
-        }) else {
+/// The spans of a step's traced records: each delivery that carries a W3C `traceparent`
+/// header (a client opted into tracing it, e.g. through the gateway) gets an `apply` span,
+/// the child of the span the header names (the writer's), open from before the step's
+/// transaction to its commit. With OpenTelemetry export on they are exported; either way
+/// the line [`log_traced`] logs in each names the trace. Records without one get none.
+fn traced_spans(plan: &ModelPlan, task: u32, deliveries: &[Delivery<RecordData>]) -> Vec<(usize, tracing::Span)> {
+    let mut spans = Vec::new();
+    for (i, d) in deliveries.iter().enumerate() {
+        let Some(traceparent) = traceparent_of(d) else { continue };
+        let mut parts = traceparent.split('-');
+        let (Some(_), Some(trace), Some(parent), Some(flags)) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
             continue;
         };
-        let Ok(traceparent) = std::str::from_utf8(value) else { continue };
-        let Some(trace_id) = traceparent.split('-').nth(1).filter(|t| t.len() == 32) else { continue };
-        tracing::info!(model = %plan.name, task, record = %plan.describe(&d.channel), position = d.position,
-            trace_id, traceparent, skipped = d.payload.skipped, "applied a traced record");
-        if let Some(exporter) = &plan.otlp {
-            if let Some(span) = applied_span(plan, task, d, traceparent, step_started_ns) {
-                exporter.record(span);
-            }
+        let (Some(trace_id), Some(parent_id), Some([flags])) =
+            (hex_array::<16>(trace), hex_array::<8>(parent), hex_array::<1>(flags))
+        else {
+            continue;
+        };
+        let span = tracing::info_span!(
+            parent: None,
+            "apply",
+            otel.name = format!("apply {}", plan.topic_name(&d.channel.topic).unwrap_or("?")),
+            otel.kind = "consumer",
+            otel.status_code = tracing::field::Empty,
+            trace_id = trace,
+            span_id = tracing::field::Empty,
+            parsley.model = %plan.name,
+            parsley.task = task,
+            messaging.system = "kafka",
+            messaging.kafka.destination.partition = d.channel.partition,
+            messaging.kafka.message.offset = d.position,
+        );
+        parsley_infra::telemetry::set_remote_parent(&span, trace_id, parent_id, flags);
+        if let Some((_, span_id, _)) = parsley_infra::telemetry::span_ids(&span) {
+            span.record("span_id", parsley_infra::telemetry::hex(&span_id));
         }
+        spans.push((i, span));
     }
+    spans
 }
 
-/// The projector's span for an applied traced record: a child of the record's
-/// `traceparent` (the writer's span), from the step's start to its commit.
-fn applied_span(
-    plan: &ModelPlan,
-    task: u32,
-    d: &Delivery<RecordData>,
-    traceparent: &str,
-    start_unix_ns: u64,
-) -> Option<parsley_infra::otlp::Span> {
-    let mut parts = traceparent.split('-').skip(1);
-    let trace_id = hex_array::<16>(parts.next()?)?;
-    let parent = hex_array::<8>(parts.next()?)?;
-    let end = parsley_infra::otlp::now_unix_ns();
-    // Unique enough per record: the coordinate and the time, mixed (not a secret).
-    let mut span_id = (end ^ (d.position as u64).rotate_left(17) ^ u64::from(task).rotate_left(41)).to_be_bytes();
-    span_id[0] |= 0x80;
-    Some(parsley_infra::otlp::Span {
-        trace_id,
-        span_id,
-        parent_span_id: Some(parent),
-        name: format!("apply {}", plan.topic_name(&d.channel.topic).unwrap_or("?")),
-        kind: 5,
-        start_unix_ns,
-        end_unix_ns: end,
-        attributes: vec![
-            ("parsley.model".to_string(), plan.name.clone()),
-            ("parsley.task".to_string(), task.to_string()),
-            ("messaging.kafka.destination.partition".to_string(), d.channel.partition.to_string()),
-            ("messaging.kafka.message.offset".to_string(), d.position.to_string()),
-        ],
-    })
+/// A delivery's `traceparent` header, when it has one in UTF-8 naming a 32-digit trace.
+fn traceparent_of(d: &Delivery<RecordData>) -> Option<&str> {
+    let value =
+        d.payload.headers.iter().find_map(|(name, value)| {
+            (name.eq_ignore_ascii_case(b"traceparent")).then_some(value.as_deref()).flatten()
+        })?;
+    let traceparent = std::str::from_utf8(value).ok()?;
+    traceparent.split('-').nth(1).filter(|t| t.len() == 32).map(|_| traceparent)
+}
+
+/// Logs each applied traced record inside its span (after the step committed), naming its
+/// trace, so a write can be followed from the HTTP request to the step that applied it; the
+/// spans end here.
+fn log_traced(plan: &ModelPlan, task: u32, deliveries: &[Delivery<RecordData>], spans: Vec<(usize, tracing::Span)>) {
+    for (i, span) in spans {
+        let d = &deliveries[i];
+        let Some(traceparent) = traceparent_of(d) else { continue };
+        let trace_id = traceparent.split('-').nth(1).unwrap_or_default();
+        span.in_scope(|| {
+            tracing::info!(model = %plan.name, task, record = %plan.describe(&d.channel), position = d.position,
+                trace_id, traceparent, skipped = d.payload.skipped, "applied a traced record");
+        });
+    }
 }
 
 fn hex_array<const N: usize>(s: &str) -> Option<[u8; N]> {
@@ -1134,7 +1146,7 @@ impl<P: Projection> TaskRunner<P> {
             return StepOutcome::Idle;
         };
         let step_started = Instant::now();
-        let step_started_ns = parsley_infra::otlp::now_unix_ns();
+        let spans = traced_spans(&plan, self.task, deliveries);
         // The consumer is taken out while the transaction runs, to read ahead meanwhile; a
         // step dropped midway restores with a new consumer anyway.
         let mut consumer = self.consumer.take();
@@ -1146,6 +1158,11 @@ impl<P: Projection> TaskRunner<P> {
             None => self.commit(&plan, deliveries, &commit, views).await,
         };
         self.consumer = consumer;
+        if !matches!(committed, Ok(true)) {
+            for (_, span) in &spans {
+                span.record("otel.status_code", "error");
+            }
+        }
         match committed {
             Err(e) => match e.downcast::<Rejection>() {
                 Ok(Rejection { record: Some((channel, position, coordinate)), reason, refusal }) if fed <= 1 => {
@@ -1183,7 +1200,7 @@ impl<P: Projection> TaskRunner<P> {
                 let held = self.host.engine().held_count();
                 tracing::debug!(model = %plan.name, task = self.task, fed, replayed, delivered = deliveries.len(),
                     held, "step committed");
-                log_traced(&plan, self.task, deliveries, step_started_ns);
+                log_traced(&plan, self.task, deliveries, spans);
                 if let Some(r) = commit.changes.refusal {
                     self.metric_reason(&r);
                     self.become_refused(r.clone());

@@ -9,12 +9,13 @@
 //! in `docs/configuration.md`.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use parsley_infra::kafka::{self, Cluster};
 use parsley_infra::pg::SessionBounds;
+use parsley_infra::telemetry::{check_headers, Endpoint, Export, LogFormat, Protocol};
 use serde::Deserialize;
 
 use crate::contract::Contract;
@@ -41,6 +42,9 @@ pub struct Config {
     pub database: DatabaseConfig,
     #[serde(default)]
     pub projector: ProjectorSettings,
+    /// Logs and OpenTelemetry, for both services.
+    #[serde(default)]
+    pub telemetry: TelemetryConfig,
     #[serde(default)]
     pub models: Vec<ModelConfig>,
     /// The gateway's own table: parsed (strictly) by the gateway, carried through here.
@@ -201,6 +205,86 @@ impl DatabaseConfig {
     }
 }
 
+/// The `[telemetry]` table: how both services log, and where they export spans and
+/// metrics (docs/configuration.md, "[telemetry]"). `Debug` prints header values as `***`.
+#[derive(Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// `"text"` (the default) or `"json"`: one JSON object per log line.
+    #[serde(default)]
+    pub log_format: LogFormat,
+    /// The OTLP collector's base URL (`http://collector:4318`, `https://collector:4317`);
+    /// absent: nothing is exported. `gateway.otlp_endpoint` and `projector.otlp_endpoint`
+    /// replace it for their service.
+    #[serde(default)]
+    pub otlp_endpoint: Option<String>,
+    /// `"http"` (OTLP/HTTP, protobuf; the default) or `"grpc"`.
+    #[serde(default)]
+    pub otlp_protocol: Protocol,
+    /// Headers (gRPC metadata) sent with every export: a hosted collector's key, say.
+    #[serde(default)]
+    pub otlp_headers: BTreeMap<String, String>,
+    /// PEM certificates to trust for an `https://` endpoint instead of the system's roots.
+    #[serde(default)]
+    pub otlp_ca_file: Option<PathBuf>,
+    /// Resource attributes added to every span and metric (`deployment.environment`, …).
+    #[serde(default)]
+    pub resource_attributes: BTreeMap<String, String>,
+    /// How often metrics are exported, in milliseconds (at least 100).
+    #[serde(default = "default_otlp_metrics_interval_ms")]
+    pub otlp_metrics_interval_ms: u64,
+}
+
+fn default_otlp_metrics_interval_ms() -> u64 {
+    60_000
+}
+
+impl std::fmt::Debug for TelemetryConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let headers: BTreeMap<&str, &str> = self.otlp_headers.keys().map(|k| (k.as_str(), "***")).collect();
+        f.debug_struct("TelemetryConfig")
+            .field("log_format", &self.log_format)
+            .field("otlp_endpoint", &self.otlp_endpoint)
+            .field("otlp_protocol", &self.otlp_protocol)
+            .field("otlp_headers", &headers)
+            .field("otlp_ca_file", &self.otlp_ca_file)
+            .field("resource_attributes", &self.resource_attributes)
+            .field("otlp_metrics_interval_ms", &self.otlp_metrics_interval_ms)
+            .finish()
+    }
+}
+
+impl TelemetryConfig {
+    /// The checked export settings for a service whose own `otlp_endpoint` key (if set)
+    /// replaces `telemetry.otlp_endpoint`; `None`: no endpoint, nothing exported. `key`
+    /// names the endpoint's key in errors.
+    pub fn export(&self, service_endpoint: Option<&str>, key: &str) -> anyhow::Result<Option<Export>> {
+        let (url, key) = match service_endpoint {
+            Some(url) => (url, key),
+            None => match &self.otlp_endpoint {
+                Some(url) => (url.as_str(), "telemetry.otlp_endpoint"),
+                None => return Ok(None),
+            },
+        };
+        let endpoint = Endpoint::parse(url, self.otlp_protocol).map_err(|e| anyhow::anyhow!("{key} {url:?}: {e}"))?;
+        check_headers(&self.otlp_headers).map_err(|e| anyhow::anyhow!("telemetry.otlp_headers: {e}"))?;
+        if self.otlp_ca_file.is_some() && !endpoint.tls {
+            bail!("telemetry.otlp_ca_file is set but {key} {url:?} is not an https:// URL");
+        }
+        if self.otlp_metrics_interval_ms < 100 {
+            bail!("telemetry.otlp_metrics_interval_ms must be at least 100, not {}", self.otlp_metrics_interval_ms);
+        }
+        Ok(Some(Export {
+            endpoint,
+            protocol: self.otlp_protocol,
+            headers: self.otlp_headers.clone(),
+            ca_file: self.otlp_ca_file.clone(),
+            resource: self.resource_attributes.clone(),
+            metrics_interval: Duration::from_millis(self.otlp_metrics_interval_ms),
+        }))
+    }
+}
+
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ProjectorSettings {
@@ -250,8 +334,8 @@ pub struct ProjectorSettings {
     /// milliseconds; less than a third of `lease_ms`.
     #[serde(default = "default_heartbeat_ms")]
     pub heartbeat_ms: u64,
-    /// Where to send a span per applied traced record over OTLP/HTTP
-    /// (`http://collector:4318`); absent: no export.
+    /// The projector's OTLP endpoint, replacing `telemetry.otlp_endpoint` (see
+    /// [`TelemetryConfig`]); absent: that one.
     #[serde(default)]
     pub otlp_endpoint: Option<String>,
     /// How long one step of a task runner may take before `/livez` fails (the runner is
@@ -882,9 +966,7 @@ impl Config {
                 self.projector.refused_recheck_ms
             );
         }
-        if let Some(url) = &self.projector.otlp_endpoint {
-            parsley_infra::otlp::Endpoint::parse(url).map_err(|e| anyhow::anyhow!("projector.otlp_endpoint: {e:#}"))?;
-        }
+        self.telemetry.export(self.projector.otlp_endpoint.as_deref(), "projector.otlp_endpoint")?;
         if self.projector.lease_ms < MIN_LEASE_MS || self.projector.lease_ms > i32::MAX as u64 {
             bail!(
                 "projector.lease_ms must be between {MIN_LEASE_MS} and {}, not {}",

@@ -82,9 +82,19 @@ fn main() -> ExitCode {
         .about("The projector with the order-events projection registered.")
         .arg(cli::config_arg());
     let config = cli::config_path(&cli::parse(command), |v| std::env::var_os(v));
-    process::init_tracing("info,sqlx::postgres::notice=warn");
     process::block_on_main(async move {
         let config = Config::load(&config)?;
-        Projector::builder(config).projection("order-events", OrderEvents::from_model).run().await
+        // Logs and OpenTelemetry as `[telemetry]` says, as the projector binary does.
+        let export = config.telemetry.export(config.projector.otlp_endpoint.as_deref(), "projector.otlp_endpoint")?;
+        let telemetry = parsley_infra::telemetry::init(
+            "info,sqlx::postgres::notice=warn",
+            config.telemetry.log_format,
+            "custom-projection",
+            env!("CARGO_PKG_VERSION"),
+            export.as_ref(),
+        )?;
+        let ran = Projector::builder(config).projection("order-events", OrderEvents::from_model).run().await;
+        let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
+        ran
     })
 }

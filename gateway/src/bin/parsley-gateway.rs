@@ -8,7 +8,7 @@ use anyhow::bail;
 use parsley_gateway::metrics::Metric;
 use parsley_gateway::{Gateway, GatewayConfig};
 use parsley_infra::cli::{self, Command};
-use parsley_infra::process;
+use parsley_infra::{process, telemetry};
 
 /// What `--help` says after the options.
 const AFTER_HELP: &str = "\
@@ -23,7 +23,8 @@ Environment overrides: every key as PARSLEY_<SECTION>__<KEY> (e.g. PARSLEY_GATEW
 and PARSLEY_KAFKA_BOOTSTRAP, PARSLEY_DATABASE_URL (or DATABASE_URL),
 PARSLEY_GATEWAY_LISTEN, PARSLEY_GATEWAY_ADMIN_LISTEN, PARSLEY_GATEWAY_READ_WAIT_MS,
 PARSLEY_GATEWAY_RETRY_AFTER_S, PARSLEY_GATEWAY_TOKEN_TTL_S, PARSLEY_GATEWAY_SUBJECT_HEADER.
-Logs: RUST_LOG (default info).";
+Logs: RUST_LOG (default info); telemetry.log_format = \"json\" for JSON lines; NO_COLOR.
+OpenTelemetry: [telemetry] otlp_endpoint (or gateway.otlp_endpoint), docs/configuration.md.";
 
 /// The command line: `parsley-gateway [--config PATH]`.
 fn command() -> Command {
@@ -39,12 +40,29 @@ fn command() -> Command {
 fn main() -> std::process::ExitCode {
     let matches = cli::parse(command());
     let path = cli::config_path(&matches, |v| std::env::var_os(v));
-    process::init_tracing("info");
     process::block_on_main(run(path))
 }
 
 async fn run(path: PathBuf) -> anyhow::Result<()> {
     let config = GatewayConfig::load(&path)?;
+    let export = config.telemetry_export()?;
+    let telemetry = telemetry::init(
+        "info",
+        config.shared.telemetry.log_format,
+        "parsley-gateway",
+        env!("CARGO_PKG_VERSION"),
+        export.as_ref(),
+    )?;
+    if let Some(e) = &export {
+        tracing::info!(endpoint = %e.endpoint.base, protocol = ?e.protocol, "exporting spans and metrics over OTLP");
+    }
+    let served = serve(config).await;
+    // What is still queued is exported before the process ends (blocking: off the workers).
+    let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
+    served
+}
+
+async fn serve(config: GatewayConfig) -> anyhow::Result<()> {
     if config.shared.models.is_empty() {
         bail!("the configuration declares no [[models]]: the gateway has nothing to write to or serve");
     }

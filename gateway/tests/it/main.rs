@@ -24,4 +24,5 @@ mod roles;
 mod secured;
 mod sessions;
 mod support;
+mod telemetry;
 mod tokens;

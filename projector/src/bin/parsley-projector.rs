@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context as _};
 use parsley_infra::cli::{self, clap, Arg, ArgAction, Command};
-use parsley_infra::process;
+use parsley_infra::{process, telemetry};
 use parsley_projector::builder::{apply_model_migrations, connect};
 use parsley_projector::create_topics::{create_topics, Outcome};
 use parsley_projector::skip::{self, SkipRequest};
@@ -22,7 +22,8 @@ const AFTER_HELP: &str = "\
 The configuration file is --config, else $PARSLEY_CONFIG, else config/parsley.toml.
 Environment overrides: every key as PARSLEY_<SECTION>__<KEY> (e.g. PARSLEY_DATABASE__URL,
 PARSLEY_MODELS__0__MAX_STEP_MS), and PARSLEY_KAFKA_BOOTSTRAP, PARSLEY_DATABASE_URL (or
-DATABASE_URL), PARSLEY_METRICS_ADDRESS, PARSLEY_OWNER. Logs: RUST_LOG (default info).";
+DATABASE_URL), PARSLEY_METRICS_ADDRESS, PARSLEY_OWNER. Logs: RUST_LOG (default info); telemetry.log_format = \"json\" for JSON lines; NO_COLOR.
+OpenTelemetry: [telemetry] otlp_endpoint (or projector.otlp_endpoint), docs/configuration.md.";
 
 /// The command line: `run`, `status`, `skip`, `create-topics` and `migrate`, each taking
 /// `--config PATH`.
@@ -178,14 +179,39 @@ fn skip_request(args: &Args) -> anyhow::Result<SkipRequest> {
 
 fn main() -> std::process::ExitCode {
     let args = parse_args();
-    process::init_tracing("info,sqlx::postgres::notice=warn");
     process::block_on_status(main_async(args))
+}
+
+/// Logs as `telemetry.log_format` says; for `run`, spans and metrics exported when an OTLP
+/// endpoint is configured.
+fn init_telemetry(config: &Config, command: &str) -> anyhow::Result<telemetry::Telemetry> {
+    let export = config.telemetry.export(config.projector.otlp_endpoint.as_deref(), "projector.otlp_endpoint")?;
+    let export = export.filter(|_| command == "run");
+    let t = telemetry::init(
+        "info,sqlx::postgres::notice=warn",
+        config.telemetry.log_format,
+        "parsley-projector",
+        env!("CARGO_PKG_VERSION"),
+        export.as_ref(),
+    )?;
+    if let Some(e) = &export {
+        tracing::info!(endpoint = %e.endpoint.base, protocol = ?e.protocol, "exporting spans and metrics over OTLP");
+    }
+    Ok(t)
 }
 
 /// The command's exit status when it succeeds: 0, or for `status` 3 when a task is refused
 /// (docs/operations.md, "Exit statuses").
 async fn main_async(args: Args) -> anyhow::Result<u8> {
     let config = Config::load(&args.config)?;
+    let telemetry = init_telemetry(&config, &args.command)?;
+    let status = command_status(args, config).await;
+    // What is still queued is exported before the process ends (blocking: off the workers).
+    let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
+    status
+}
+
+async fn command_status(args: Args, config: Config) -> anyhow::Result<u8> {
     if args.command == "status" {
         let pool = connect(&config, false).await?;
         let refused = print_status(&pool, &args.models).await?;
