@@ -108,7 +108,10 @@ async fn concurrent_writes_of_one_session_are_joined_by_the_next_request() {
         let r = read_with(&s, key, &repeated).await;
         assert_eq!(r.status, StatusCode::OK, "{key}: {}", r.json);
         assert_eq!(r.json["document"], json!({"n": i}));
-        assert_eq!(open(&r.token()).past, eight, "the answer's token is the join of the tokens sent");
+        // The join of the tokens sent, and what the read proved besides (the served task's
+        // positions, which later writes of the twelve may have moved on).
+        let answer = open(&r.token()).past;
+        assert!(answer.covers(&eight), "the answer's token holds the join of the tokens sent: {answer:?} {eight:?}");
     }
 
     // A comma list (and the two forms together): the same.
@@ -119,7 +122,8 @@ async fn concurrent_writes_of_one_session_are_joined_by_the_next_request() {
         let r = read_with(&s, key, &both).await;
         assert_eq!(r.status, StatusCode::OK, "{key}: {}", r.json);
         assert_eq!(r.json["document"], json!({"n": i}));
-        assert_eq!(open(&r.token()).past, join);
+        let answer = open(&r.token()).past;
+        assert!(answer.covers(&join), "the answer's token holds the join: {answer:?} {join:?}");
     }
 
     // A write carrying several tokens stamps their join and answers it with its own coordinate.
