@@ -3,15 +3,13 @@
 //! own token, joined by the next request — repeated headers or a comma list, at most
 //! `token_max_per_request`, one subject's only — and the answer's token is their join.
 
-use axum::body::Body;
-use axum::http::{Method, Request, StatusCode};
+use axum::http::{Method, StatusCode};
 use axum::Router;
 use parsley::CausalPast;
 use parsley_gateway::session::unix_now;
 use parsley_gateway::token::{self, Session, TokenLimits};
 use parsley_gateway::SESSION_HEADER;
 use serde_json::{json, Value};
-use tower::ServiceExt as _;
 
 use crate::support::*;
 
@@ -23,24 +21,8 @@ async fn send_with(
     headers: &[(&str, &str)],
     body: Option<&Value>,
 ) -> Reply {
-    let mut req = Request::builder().method(method).uri(uri);
-    for (name, value) in headers {
-        req = req.header(*name, *value);
-    }
-    let body = match body {
-        Some(b) => {
-            req = req.header("content-type", "application/json");
-            Body::from(serde_json::to_vec(b).unwrap())
-        }
-        None => Body::empty(),
-    };
-    let response = router.clone().oneshot(req.body(body).unwrap()).await.unwrap();
-    let status = response.status();
-    let header = |name: &str| response.headers().get(name).map(|v| v.to_str().unwrap().to_string());
-    let (token, retry_after, content_type) = (header(SESSION_HEADER), header("retry-after"), header("content-type"));
-    let bytes = axum::body::to_bytes(response.into_body(), 16 << 20).await.unwrap();
-    let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    Reply { status, json, token, retry_after, content_type }
+    let body = body.map(|b| serde_json::to_vec(b).unwrap());
+    send_headers(router, method, uri, headers, body.as_deref()).await
 }
 
 /// The join of the sessions `tokens` name: their pasts' pointwise maximum.

@@ -156,9 +156,21 @@ pub async fn send(router: &Router, method: Method, uri: &str, token: Option<&str
 
 /// Sends one request with a body of exactly `body` through `router`.
 pub async fn send_raw(router: &Router, method: Method, uri: &str, token: Option<&str>, body: Option<&[u8]>) -> Reply {
+    let headers: Vec<(&str, &str)> = token.map(|t| (SESSION_HEADER, t)).into_iter().collect();
+    send_headers(router, method, uri, &headers, body).await
+}
+
+/// Sends one request with `headers` (repeated names kept) and a body of exactly `body`.
+pub async fn send_headers(
+    router: &Router,
+    method: Method,
+    uri: &str,
+    headers: &[(&str, &str)],
+    body: Option<&[u8]>,
+) -> Reply {
     let mut req = Request::builder().method(method).uri(uri);
-    if let Some(t) = token {
-        req = req.header(SESSION_HEADER, t);
+    for (name, value) in headers {
+        req = req.header(*name, *value);
     }
     let body = match body {
         Some(b) => {
